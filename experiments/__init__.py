@@ -1,0 +1,1 @@
+"""Experiments: the `hetsim` command, configs and scripts that call the library."""

@@ -1,0 +1,285 @@
+"""Closed-form evaluator of data-parallel plans, vectorised over workers with numpy.
+
+BSP is evaluated as the max-plus recursion the DES executes, one iteration
+at a time over arrays: pulls delivered -> forward and backward per layer
+group -> pushes delivered -> each shard's FIFO of aggregation and update
+tasks -> next pulls. Without link contention every step is the DES's own
+arithmetic, so the two agree to float rounding. With fair sharing each
+flow's rate is min(bw_src / k_src, bw_dst / k_dst), where k is the
+time-averaged number of flows it overlaps on that link, found by a short
+fixed-point iteration (the DES tracks the same sharing exactly). Once two
+successive iterations take the same time, the rest are extrapolated, so the
+cost is a few iterations whatever ``job.iterations`` is.
+
+ASP and SSP use steady-state cycle times: a worker's cycle is its pull,
+compute, push and PS service; throughput is sum(b_w / cycle_w) (ASP) or
+sum(b_w) / max(cycle_w) (SSP), scaled down by the utilisation of the busiest
+PS resource when that exceeds one.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sim.costmodel import PlanCosts, plan_costs
+from sim.plan import Plan
+from sim.problem import Problem
+from sim.result import DeviceUsage, RunResult
+
+_FIXED_POINT_PASSES = 4
+
+
+def _overlap_sum(a: np.ndarray, b: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """For each interval i: sum_j m_j * overlap([a_i, b_i], [a_j, b_j]) over the given intervals."""
+    oa, ob = np.argsort(a, kind="stable"), np.argsort(b, kind="stable")
+    sa, sb = a[oa], b[ob]
+    na_c = np.concatenate([[0.0], np.cumsum(m[oa])])
+    nb_c = np.concatenate([[0.0], np.cumsum(m[ob])])
+    ca = np.concatenate([[0.0], np.cumsum(m[oa] * sa)])
+    cb = np.concatenate([[0.0], np.cumsum(m[ob] * sb)])
+
+    def G(t: np.ndarray) -> np.ndarray:  # sum_j m_j * clip(t - a_j, 0, b_j - a_j)
+        i = np.searchsorted(sa, t, side="left")
+        k = np.searchsorted(sb, t, side="left")
+        return (na_c[i] * t - ca[i]) - (nb_c[k] * t - cb[k])
+
+    return G(b) - G(a)
+
+
+def _flow_finish(start: np.ndarray, nbytes: np.ndarray, src: np.ndarray, dst: np.ndarray,
+                 weight: tuple[np.ndarray, np.ndarray], bw: np.ndarray, fair: bool) -> np.ndarray:
+    """Finish time (before latency) of flows started at ``start`` over links src -> dst.
+
+    ``weight`` gives, per flow and per end (src, dst), how many identical flows
+    it stands for on that link (workers are evaluated one per equivalence class).
+    """
+    full = np.minimum(bw[src], bw[dst])
+    finish = start + nbytes / full
+    if not fair:
+        return finish
+    active = nbytes > 0
+    for _ in range(_FIXED_POINT_PASSES):
+        share = np.full(start.shape, np.inf)
+        for links, m in zip((src, dst), weight):
+            k = np.ones(start.shape)
+            for link in np.unique(links[active]):
+                sel = np.flatnonzero(active & (links == link))
+                a, b = start[sel], finish[sel]
+                length = b - a
+                ov = _overlap_sum(a, b, m[sel].astype(float))
+                k[sel] = np.where(length > 0, ov / np.where(length > 0, length, 1.0), 1.0)
+            share = np.minimum(share, bw[links] / np.maximum(k, 1.0))
+        new = start + nbytes / share
+        done = np.allclose(new, finish, rtol=1e-12, atol=0.0)
+        finish = new
+        if done:
+            break
+    return finish
+
+
+def _fifo(ready: np.ndarray, keys: np.ndarray, cost: np.ndarray) -> np.ndarray:
+    """Completion times of one FIFO server serving tasks in (ready, key) order."""
+    order = np.lexsort((keys, ready))
+    r, c = ready[order], cost[order]
+    done_sorted = np.empty_like(r)
+    t = -np.inf
+    for i in range(len(r)):  # sequential by nature; the DES does the same sums in this order
+        t = (r[i] if r[i] > t else t) + c[i]
+        done_sorted[i] = t
+    done = np.empty_like(ready)
+    done[order] = done_sorted
+    return done
+
+
+def _classes(c: PlanCosts) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Group identical workers: (representative index, inverse map, multiplicity)."""
+    rows = np.hstack([c.fwd_s, c.bwd_s, c.pull_bytes, c.push_bytes, c.agg_s, c.worker_bw[:, None]])
+    rows = np.ascontiguousarray(rows)
+    view = rows.view(np.dtype((np.void, rows.dtype.itemsize * rows.shape[1]))).ravel()
+    _, first, inverse, counts = np.unique(view, return_index=True, return_inverse=True, return_counts=True)
+    order = np.argsort(first, kind="stable")  # keep classes in order of first appearance
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))
+    return first[order], rank[inverse.ravel()], counts[order]
+
+
+class _BSP:
+    """The BSP recursion over arrays, one row per class of identical workers."""
+
+    def __init__(self, problem: Problem, c: PlanCosts) -> None:
+        self.c = c
+        rep, self.inverse, mult = _classes(c)
+        self.rep, self.mult = rep, mult.astype(float)
+        K, S, C = len(rep), len(c.shards), c.n_chunks
+        self.K, self.S, self.C = K, S, C
+        self.fair = problem.cluster.network.sharing == "fair"
+        self.fwd, self.bwd = c.fwd_s[rep], c.bwd_s[rep]
+        self.pull_b, self.push_b = c.pull_bytes[rep], c.push_bytes[rep]
+        self.agg = c.agg_s[rep]
+        wbw = c.worker_bw[rep]
+        self.bw = np.concatenate([wbw, wbw, c.shard_bw, c.shard_bw])
+        k_idx = np.repeat(np.arange(K), C)
+        self.c_idx = np.tile(np.arange(C), K)
+        sh = c.chunk_shard[self.c_idx]
+        ones, m = np.ones(K * C), self.mult[k_idx]
+        self.pull_links = (2 * K + sh, K + k_idx, (m, ones))
+        self.push_links = (k_idx, 2 * K + S + sh, (ones, m))
+        self.groups = [np.flatnonzero(c.chunk_group == g) for g in range(c.n_groups)]
+        self.lat = c.latency_s
+        self.busy_shard = np.zeros(S)
+        # first worker index of each class: ties on a shard are served by worker index
+        self.key_w = rep
+
+    def pulls(self, start_c: np.ndarray) -> np.ndarray:
+        """(K, C) delivery times of pulls starting at ``start_c`` per chunk."""
+        src, dst, wt = self.pull_links
+        fin = _flow_finish(start_c[self.c_idx], self.pull_b.ravel(), src, dst, wt, self.bw, self.fair)
+        return (fin + self.lat).reshape(self.K, self.C)
+
+    def iteration(self, t: np.ndarray, R: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """One iteration from class clocks ``t`` and pull deliveries ``R`` -> (t', U per chunk)."""
+        c = self.c
+        P = np.empty((self.K, self.C))
+        for g, chunks in enumerate(self.groups):
+            if chunks.size:
+                t = np.maximum(t, R[:, chunks].max(axis=1))
+            t = t + self.fwd[:, g]
+        for g in range(c.n_groups - 1, -1, -1):
+            t = t + self.bwd[:, g]
+            P[:, self.groups[g]] = t[:, None]
+        src, dst, wt = self.push_links
+        fin = _flow_finish(P.ravel(), self.push_b.ravel(), src, dst, wt, self.bw, self.fair)
+        A = (fin + self.lat).reshape(self.K, self.C)
+        U = np.empty(self.C)
+        n_keys = len(c.workers) + 1
+        for s in range(self.S):
+            cs = np.flatnonzero(c.chunk_shard == s)
+            if cs.size == 0:
+                continue
+            # aggregation tasks (identical workers back to back), then the update after the last
+            ready = np.concatenate([A[:, cs].T.ravel(), A[:, cs].max(axis=0)])
+            keys = np.concatenate([
+                (cs[:, None] * n_keys + self.key_w[None, :]).ravel(),
+                cs * n_keys + n_keys - 1,
+            ])
+            cost = np.concatenate([(self.agg[:, cs] * self.mult[:, None]).T.ravel(), c.apply_s[cs]])
+            done = _fifo(ready, keys, cost)
+            U[cs] = done[-cs.size:]
+            self.busy_shard[s] += cost.sum()
+        return t, U
+
+
+def evaluate(problem: Problem, plan: Plan) -> RunResult:
+    """Evaluate ``plan`` analytically; same RunResult schema as the DES."""
+    c = plan_costs(problem, plan)
+    if problem.job.sync == "bsp":
+        return _evaluate_bsp(problem, plan, c)
+    return _evaluate_async(problem, plan, c)
+
+
+def _evaluate_bsp(problem: Problem, plan: Plan, c: PlanCosts) -> RunResult:
+    job = problem.job
+    m = _BSP(problem, c)
+    n_iter = job.iterations
+    t = np.zeros(m.K)
+    R = m.pulls(np.zeros(m.C))
+    ends: list[float] = []
+    blocked_on_pull = np.zeros(m.K)
+    prev_d = None
+    while len(ends) < n_iter:
+        t0 = ends[-1] if ends else 0.0
+        blocked_on_pull += (R.max(axis=1) - t).clip(min=0)
+        t, U = m.iteration(t, R)
+        ends.append(float(U.max()))
+        d = ends[-1] - t0
+        if prev_d is not None and abs(d - prev_d) <= 1e-12 * d and len(ends) < n_iter:
+            # periodic from here on: the remaining iterations repeat the last one
+            done, last = len(ends), ends[-1]
+            ends.extend([last + d * k for k in range(1, n_iter - done + 1)])
+            m.busy_shard *= n_iter / done
+            blocked_on_pull *= n_iter / done
+            break
+        prev_d = d
+        if len(ends) < n_iter:
+            R = m.pulls(U)
+    T = ends[-1]
+    compute = ((c.fwd_s.sum(axis=1) + c.bwd_s.sum(axis=1)) * n_iter)
+    comm = np.minimum(blocked_on_pull[m.inverse], T - compute)
+    devices = _devices(problem, c, compute, comm, T - compute - comm, m.busy_shard)
+    return RunResult(
+        name=problem.name, evaluator="analytic", scheduler=plan.scheduler, seed=problem.seed,
+        iter_end_s=ends, iter_samples=[int(c.batch.sum())] * len(ends), devices=devices,
+        warmup=job.warmup_iterations, extra=_dyn_note(problem),
+    )
+
+
+def _evaluate_async(problem: Problem, plan: Plan, c: PlanCosts) -> RunResult:
+    job = problem.job
+    N = len(c.workers)
+    fair = problem.cluster.network.sharing == "fair"
+    compute = c.fwd_s.sum(axis=1) + c.bwd_s.sum(axis=1)
+    shard_bw = c.shard_bw[c.chunk_shard]
+    pull = c.pull_bytes / np.minimum(c.worker_bw[:, None], shard_bw[None, :])
+    push = c.push_bytes / np.minimum(c.worker_bw[:, None], shard_bw[None, :])
+    service = c.agg_s + c.apply_one_s
+    if fair:  # a worker's concurrent chunks share its own link
+        pull = np.maximum(pull, c.pull_bytes.sum(axis=1, keepdims=True) / c.worker_bw[:, None])
+        push = np.maximum(push, c.push_bytes.sum(axis=1, keepdims=True) / c.worker_bw[:, None])
+    lat = c.latency_s
+    # cycle: pull of the chunks (in parallel), compute, push, shard service, per chunk the slowest path
+    cycle = compute + (pull + lat).max(axis=1) + (push + lat + service).max(axis=1)
+    # utilisation of each shard's processor and links at these cycle times
+    util = []
+    for s in range(len(c.shards)):
+        cs = c.chunk_shard == s
+        util.append(float((service[:, cs].sum(axis=1) / cycle).sum()))
+        if fair:
+            util.append(float((c.pull_bytes[:, cs].sum(axis=1) / cycle).sum() / c.shard_bw[s]))
+            util.append(float((c.push_bytes[:, cs].sum(axis=1) / cycle).sum() / c.shard_bw[s]))
+    rho = max(util) if util else 0.0
+    if job.sync == "ssp":
+        rate = float(c.batch.sum() / cycle.max())
+    else:
+        rate = float((c.batch / cycle).sum())
+    if rho > 1.0:
+        rate /= rho
+    B = job.global_batch
+    d = B / rate
+    warm = float(cycle.max())  # the first global batch also waits for the first pulls
+    ends = [warm + k * d for k in range(job.iterations)]
+    T = ends[-1]
+    frac = compute / cycle
+    busy = compute * (T / cycle)
+    comm = (1 - frac) * T
+    shard_busy = np.array([float((service[:, c.chunk_shard == s].sum(axis=1) * T / cycle).sum())
+                           for s in range(len(c.shards))]) / max(rho, 1.0)
+    devices = _devices(problem, c, busy, comm, np.zeros(N), shard_busy)
+    extra = _dyn_note(problem)
+    extra["ps_utilization_max"] = rho
+    return RunResult(
+        name=problem.name, evaluator="analytic", scheduler=plan.scheduler, seed=problem.seed,
+        iter_end_s=ends, iter_samples=[B] * len(ends), devices=devices,
+        warmup=job.warmup_iterations, extra=extra,
+    )
+
+
+def _devices(problem: Problem, c: PlanCosts, compute: np.ndarray, comm: np.ndarray,
+             wait: np.ndarray, shard_busy: np.ndarray) -> list[DeviceUsage]:
+    cl = problem.cluster
+    out = []
+    for w, dev_id in enumerate(c.workers):
+        d = cl.device(dev_id)
+        out.append(DeviceUsage(dev_id, "worker", d.type.price_per_hour, d.type.power_w.idle,
+                               d.type.power_w.active, busy_s=float(compute[w]), compute_s=float(compute[w]),
+                               comm_s=float(comm[w]), wait_s=float(max(wait[w], 0.0))))
+    for s, sid in enumerate(c.shards):
+        d = cl.device(sid)
+        out.append(DeviceUsage(sid, "ps", d.type.price_per_hour, d.type.power_w.idle,
+                               d.type.power_w.active, busy_s=float(shard_busy[s])))
+    return out
+
+
+def _dyn_note(problem: Problem) -> dict[str, object]:
+    if problem.dynamics:
+        return {"note": "the analytic evaluator is steady-state: dynamics (slowdowns, failures) are ignored"}
+    return {}

@@ -1,0 +1,190 @@
+"""The experiment config (YAML): typed, validated, documented.
+
+Every field carries a description; unknown fields are errors. A config is
+turned into a :class:`sim.problem.Problem` by :func:`sim.problem.build_problem`.
+The resolved config (defaults filled in) is written next to every result.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from sim.errors import ConfigError
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class DeviceEntry(_Strict):
+    """One line of the inventory: ``count`` devices of profile ``type``."""
+
+    type: str = Field(description="device profile name, e.g. 'v100'")
+    count: int = Field(1, ge=1, description="how many exist")
+
+
+class PSConfig(_Strict):
+    """Parameter-server shards; parameters are partitioned across them by bytes."""
+
+    shards: int = Field(1, ge=1, description="number of PS shards")
+    type: str = Field("cpu-16c", description="device profile each shard runs on")
+
+
+class NetworkConfig(_Strict):
+    """Per-node NIC bandwidth and latency; flows share a link's bandwidth equally."""
+
+    bandwidth_gbps: float | None = Field(
+        None, gt=0, description="every node's NIC, Gbit/s (default: each profile's nic_bw_Bps)"
+    )
+    latency_us: float = Field(50.0, ge=0, description="one-way latency of a message, microseconds")
+    sharing: Literal["fair", "none"] = Field(
+        "fair",
+        description="fair: a link's bandwidth is split among its concurrent flows; "
+        "none: an ideal non-blocking network (every flow gets its endpoints' full bandwidth)",
+    )
+    overrides: dict[str, float] = Field(
+        default_factory=dict, description="device id (e.g. 't4:1' or 'ps:0') -> NIC Gbit/s"
+    )
+
+    @field_validator("overrides")
+    @classmethod
+    def _pos(cls, v: dict[str, float]) -> dict[str, float]:
+        for k, x in v.items():
+            if not x > 0:
+                raise ValueError(f"bandwidth of {k!r} must be > 0")
+        return v
+
+
+class ClusterConfig(_Strict):
+    devices: list[DeviceEntry] = Field(min_length=1, description="the inventory")
+    ps: PSConfig = Field(default_factory=PSConfig)
+    network: NetworkConfig = Field(default_factory=NetworkConfig)
+
+
+QuantSpec = Literal["none", "adaptive", 32, 16, 8, 4, 2]
+
+
+class JobConfig(_Strict):
+    """What to train and how."""
+
+    model: str | dict[str, Any] = Field(
+        description="zoo name | {file: model.yaml} | {torch: 'pkg.mod:fn', input: [..]}"
+    )
+    global_batch: int = Field(gt=0, description="samples per (global) iteration")
+    dtype: Literal["fp32", "fp16", "bf16"] = Field("fp32", description="compute dtype")
+    iterations: int | None = Field(None, gt=0, description="iterations to run")
+    samples: int | None = Field(None, gt=0, description="or: samples to process")
+    target_loss: float | None = Field(None, gt=0, description="or: train to this loss")
+    sync: Literal["bsp", "asp", "ssp"] = Field("bsp", description="synchronisation mode")
+    staleness: int = Field(0, ge=0, description="SSP bound: iterations a worker may run ahead")
+    pipeline: bool = Field(False, description="layer-wise overlap of push/pull with compute")
+    quantization: QuantSpec = Field("none", description="gradient bits on the wire")
+    failure_timeout_s: float = Field(5.0, gt=0, description="BSP failure-detection timeout")
+    warmup_iterations: int = Field(1, ge=0, description="iterations excluded from throughput")
+
+    @model_validator(mode="after")
+    def _amount(self) -> JobConfig:
+        given = [k for k in ("iterations", "samples", "target_loss") if getattr(self, k) is not None]
+        if len(given) > 1:
+            raise ValueError(f"give one of iterations, samples, target_loss (got {', '.join(given)})")
+        if not given:
+            self.iterations = 100
+        return self
+
+
+class ObjectiveConfig(_Strict):
+    minimize: Literal["time", "cost", "energy"] = "time"
+    throughput_min: float | None = Field(None, gt=0, description="samples/s at least")
+    deadline_s: float | None = Field(None, gt=0)
+    budget_usd: float | None = Field(None, gt=0)
+
+
+class SchedulerConfig(_Strict):
+    name: str = Field("proportional", description="registered scheduler name")
+    params: dict[str, Any] = Field(default_factory=dict, description="scheduler parameters")
+
+
+class DynamicsEntry(_Strict):
+    """A change of one worker's status at a time: a slowdown factor or a failure."""
+
+    worker: int = Field(ge=0, description="worker index in inventory order")
+    at_s: float = Field(ge=0, description="simulated time of the change")
+    slowdown: float | None = Field(None, gt=0, description="compute-time multiplier from at_s on")
+    fail: bool = Field(False, description="the worker dies at at_s")
+
+    @model_validator(mode="after")
+    def _one(self) -> DynamicsEntry:
+        if (self.slowdown is None) == (not self.fail):
+            raise ValueError("give exactly one of slowdown: X or fail: true")
+        return self
+
+
+class Config(_Strict):
+    """A whole experiment: cluster, job, objective, scheduler, dynamics."""
+
+    name: str = "experiment"
+    seed: int = Field(0, ge=0)
+    profiles: list[str] = Field(default_factory=list, description="extra profile folders")
+    cluster: ClusterConfig
+    job: JobConfig
+    objective: ObjectiveConfig = Field(default_factory=ObjectiveConfig)
+    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
+    dynamics: list[DynamicsEntry] = Field(default_factory=list)
+
+
+_TYPE_TAGS = {"str", "int", "float", "bool", "none", "dict", "list"}
+
+
+def _loc(loc: tuple[Any, ...]) -> str:
+    """pydantic's error location as 'a.b[0].c' (union and validator tags dropped)."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif any(ch in str(part) for ch in "[(") or str(part) in _TYPE_TAGS:
+            continue
+        else:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+def validation_error(source: str, e: ValidationError) -> ConfigError:
+    """The first pydantic error as a one-line ConfigError."""
+    err = e.errors()[0]
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        msg = "unknown field"
+    elif err["type"] == "missing":
+        msg = "missing required field"
+    return ConfigError(source, _loc(tuple(err["loc"])), msg)
+
+
+def config_from_dict(data: Any, source: str) -> Config:
+    if not isinstance(data, dict):
+        raise ConfigError(source, "", "a config must be a YAML mapping")
+    try:
+        return Config.model_validate(data)
+    except ValidationError as e:
+        raise validation_error(source, e) from None
+
+
+def read_yaml(path: str | Path) -> Any:
+    """Parse a YAML file; missing or malformed files become one-line ConfigErrors."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(str(p), "", "file not found")
+    try:
+        return yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(str(p), where, f"malformed YAML: {getattr(e, 'problem', None) or e}") from None
+
+
+def load_config(path: str | Path) -> Config:
+    """Read and validate a YAML config file."""
+    return config_from_dict(read_yaml(path), str(path))

@@ -1,0 +1,264 @@
+"""The cost model shared by the analytic evaluator and the DES.
+
+time(layer, phase, b, d) = d.launch_overhead_s * kernels(layer, phase)
+                         + max(flops / (peak[dtype] * eff(op, flops)), bytes / mem_bw)
+
+unless the device's measured profile has a per-layer table for the layer's
+signature, which is then interpolated in batch size. A message of n bytes on
+a link takes latency_s + n / bw_Bps (bandwidth shared among concurrent flows
+in the DES when the network's sharing is 'fair').
+
+:class:`PlanCosts` turns a (Problem, data-parallel Plan) pair into the arrays
+both evaluators consume: per-worker compute per layer group, and per-chunk
+message bytes and PS work. Sharing this seam is what makes the evaluators
+agree exactly where they model the same thing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+import numpy as np
+
+from hardware_profiles import DeviceProfile
+from sim.errors import ConfigError
+from sim.plan import Plan
+from sim.problem import Problem
+from sim.workload import Layer, Model
+
+#: Memory passes of a PS shard per gradient byte aggregated (read sum, read grad, write sum).
+AGG_PASSES = 3.0
+#: Memory passes per parameter byte updated (read param, read grad, write param).
+APPLY_PASSES = 3.0
+#: Bytes of scale metadata per quantized tensor piece (an fp32 scale and an fp32 offset).
+QUANT_META_BYTES = 8.0
+
+_ACT_SCALE = {"fp32": 1.0, "fp16": 0.5, "bf16": 0.5}
+
+
+def _table_time(batch: list[int], times: list[float], b: float) -> float:
+    """Piecewise-linear in batch; linear extrapolation through the end segments."""
+    if len(batch) == 1:
+        return times[0] * b / batch[0]
+    i = int(np.searchsorted(batch, b))
+    i = min(max(i, 1), len(batch) - 1)
+    x0, x1, y0, y1 = batch[i - 1], batch[i], times[i - 1], times[i]
+    return max(0.0, y0 + (y1 - y0) * (b - x0) / (x1 - x0))
+
+
+def layer_time_s(layer: Layer, phase: str, b: float, dev: DeviceProfile, dtype: str,
+                 input_bytes: float) -> float:
+    """Seconds for one layer's forward ('fwd') or backward ('bwd') pass on ``b`` samples."""
+    if b <= 0:
+        return 0.0
+    if dev.layers and layer.signature in dev.layers:
+        t = dev.layers[layer.signature]
+        return _table_time(t.batch, t.fwd_s if phase == "fwd" else t.bwd_s, b)
+    act = _ACT_SCALE.get(dtype, 1.0)
+    if phase == "fwd":
+        flops = layer.fwd_flops * b
+        kernels = layer.kernels
+        weights = _touched_param_bytes(layer, b)
+        nbytes = weights + b * act * (input_bytes + layer.activation_bytes)
+    else:
+        flops = layer.bwd_flops * b
+        kernels = 2 * layer.kernels
+        weights = 2.0 * _touched_param_bytes(layer, b)  # read weights, write their gradient
+        nbytes = weights + b * act * (input_bytes + 2.0 * layer.activation_bytes)
+    compute = flops / (dev.peak(dtype) * dev.eff(layer.op, flops)) if flops > 0 else 0.0
+    return dev.launch_overhead_s * kernels + max(compute, nbytes / dev.mem_bw_Bps)
+
+
+def _touched_param_bytes(layer: Layer, b: float) -> float:
+    """Parameter bytes a pass reads: the whole layer, or the touched rows of a sparse table."""
+    if layer.sparse is None:
+        return layer.param_bytes
+    return min(layer.param_bytes, b * layer.sparse.rows_per_sample * layer.sparse.row_bytes)
+
+
+def _layer_times(model: Model, dev: DeviceProfile, dtype: str, b: int) -> tuple[np.ndarray, np.ndarray]:
+    fwd = np.array([layer_time_s(ly, "fwd", b, dev, dtype, model.input_bytes_of(i))
+                    for i, ly in enumerate(model.layers)])
+    bwd = np.array([layer_time_s(ly, "bwd", b, dev, dtype, model.input_bytes_of(i))
+                    for i, ly in enumerate(model.layers)])
+    fwd.flags.writeable = False
+    bwd.flags.writeable = False
+    return fwd, bwd
+
+
+_CACHE: dict[tuple[int, int, str, int], tuple[Model, DeviceProfile, np.ndarray, np.ndarray]] = {}
+
+
+def layer_times(model: Model, dev: DeviceProfile, dtype: str, b: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-layer forward and backward seconds of ``model`` on ``b`` samples (cached, read-only)."""
+    key = (id(model), id(dev), dtype, int(b))
+    hit = _CACHE.get(key)
+    if hit is not None and hit[0] is model and hit[1] is dev:
+        return hit[2], hit[3]
+    if len(_CACHE) > 8192:
+        _CACHE.clear()
+    fwd, bwd = _layer_times(model, dev, dtype, int(b))
+    _CACHE[key] = (model, dev, fwd, bwd)  # holding the objects keeps their ids unique
+    return fwd, bwd
+
+
+def iteration_compute_s(model: Model, dev: DeviceProfile, dtype: str, b: int) -> float:
+    """Forward plus backward seconds of one iteration on ``b`` samples."""
+    f, w = layer_times(model, dev, dtype, b)
+    return float(f.sum() + w.sum())
+
+
+def message_time_s(nbytes: float, bw_Bps: float, latency_s: float) -> float:
+    """An uncontended message: latency plus bytes over bandwidth."""
+    return latency_s + nbytes / bw_Bps
+
+
+def quantized_bytes(fp32_bytes: float, bits: int) -> float:
+    """Bytes on the wire of ``fp32_bytes`` of gradient sent with ``bits`` bits per value."""
+    if bits >= 32 or fp32_bytes <= 0:
+        return fp32_bytes
+    return fp32_bytes * bits / 32.0 + QUANT_META_BYTES
+
+
+def shard_partition(model: Model, n_shards: int) -> np.ndarray:
+    """Fraction of each layer's parameters held by each shard, shape (shards, layers).
+
+    Dense parameters are laid end to end in layer order and cut into equal
+    byte ranges (key-range partitioning); sparse tables are hash-partitioned,
+    so each shard holds 1/S of every table and of its touched rows.
+    """
+    L = len(model.layers)
+    frac = np.zeros((n_shards, L))
+    dense_total = model.dense_param_bytes
+    cut = dense_total / n_shards if dense_total > 0 else 0.0
+    offset = 0.0
+    for j, ly in enumerate(model.layers):
+        if ly.sparse is not None:
+            frac[:, j] = 1.0 / n_shards
+            continue
+        if ly.param_bytes <= 0:
+            continue
+        lo, hi = offset, offset + ly.param_bytes
+        for s in range(n_shards):
+            a, b = s * cut, (s + 1) * cut if s < n_shards - 1 else float("inf")
+            overlap = min(hi, b) - max(lo, a)
+            if overlap > 0:
+                frac[s, j] = overlap / ly.param_bytes
+        offset = hi
+    return frac
+
+
+@dataclass(frozen=True)
+class PlanCosts:
+    """Everything an evaluator needs about a data-parallel plan, as arrays.
+
+    Work is cut into groups (compute) and chunks (messages). Without
+    pipelining there is one group holding every layer and one chunk per
+    shard; with pipelining a group per layer and a chunk per (layer, shard)
+    piece, so a layer's gradient leaves as soon as its backward is done.
+
+    Attributes:
+        workers: device ids, plan order; ``batch`` their shares.
+        fwd_s, bwd_s: (workers, groups) compute seconds at nominal speed.
+        chunk_shard, chunk_group: (chunks,) owner shard and group of each chunk.
+        pull_bytes, push_bytes: (workers, chunks) bytes on the wire per iteration.
+        agg_s: (workers, chunks) shard seconds to aggregate one worker's gradient.
+        apply_s: (chunks,) shard seconds to apply the update once all arrived (BSP).
+        apply_one_s: (workers, chunks) shard seconds to apply one worker's update (ASP/SSP).
+        worker_bw, shard_bw: NIC bytes/s; ``latency_s`` per message.
+    """
+
+    workers: tuple[str, ...]
+    batch: np.ndarray
+    fwd_s: np.ndarray
+    bwd_s: np.ndarray
+    chunk_shard: np.ndarray
+    chunk_group: np.ndarray
+    pull_bytes: np.ndarray
+    push_bytes: np.ndarray
+    agg_s: np.ndarray
+    apply_s: np.ndarray
+    apply_one_s: np.ndarray
+    worker_bw: np.ndarray
+    shard_bw: np.ndarray
+    latency_s: float
+    shards: tuple[str, ...]
+
+    @property
+    def n_groups(self) -> int:
+        return int(self.fwd_s.shape[1])
+
+    @property
+    def n_chunks(self) -> int:
+        return int(self.chunk_shard.shape[0])
+
+
+def plan_costs(problem: Problem, plan: Plan) -> PlanCosts:
+    """Build the :class:`PlanCosts` of a single-stage (data-parallel) plan."""
+    if len(plan.stages) != 1:
+        raise ConfigError("<plan>", "stages", "multi-stage (layer placement) plans are not supported "
+                          "by this evaluator yet; give a single data-parallel stage")
+    job, model, cl = problem.job, problem.job.model, problem.cluster
+    reps = plan.stages[0].replicas
+    shards = [cl.device(s) for s in plan.ps_shards]
+    S, L, N = len(shards), len(model.layers), len(reps)
+    devs = [cl.device(r.device) for r in reps]
+    batch = np.array([r.batch for r in reps], dtype=float)
+
+    fwd_l = np.empty((N, L))
+    bwd_l = np.empty((N, L))
+    for i, (r, d) in enumerate(zip(reps, devs)):  # cached per (type, batch): cheap for 1e5 workers
+        fwd_l[i], bwd_l[i] = layer_times(model, d.type, job.dtype, r.batch)
+
+    frac = shard_partition(model, S)  # (S, L)
+    dense = np.array([0.0 if ly.sparse else ly.param_bytes for ly in model.layers])
+    # Touched sparse bytes per worker and layer (all shards together).
+    sparse_touch = np.zeros((N, L))
+    for j, ly in enumerate(model.layers):
+        if ly.sparse is not None:
+            sparse_touch[:, j] = np.minimum(ly.param_bytes, batch * ly.sparse.rows_per_sample * ly.sparse.row_bytes)
+    # piece bytes (fp32) per worker, shard, layer
+    piece = frac[None, :, :] * (dense[None, None, :] + sparse_touch[:, None, :])  # (N, S, L)
+
+    if job.pipeline:
+        keep = [(s, j) for j in range(L) for s in range(S) if piece[:, s, j].max() > 0]
+        chunk_shard = np.array([s for s, _ in keep], dtype=int)
+        chunk_group = np.array([j for _, j in keep], dtype=int)
+        fp32 = np.stack([piece[:, s, j] for s, j in keep], axis=1) if keep else np.zeros((N, 0))
+        fwd_s, bwd_s = fwd_l, bwd_l
+        dense_chunk = np.array([frac[s, j] * dense[j] for s, j in keep])
+    else:
+        tot = piece.sum(axis=2)  # (N, S)
+        keep_s = [s for s in range(S) if tot[:, s].max() > 0]
+        chunk_shard = np.array(keep_s, dtype=int)
+        chunk_group = np.zeros(len(keep_s), dtype=int)
+        fp32 = tot[:, keep_s]
+        fwd_s = fwd_l.sum(axis=1, keepdims=True)
+        bwd_s = bwd_l.sum(axis=1, keepdims=True)
+        dense_chunk = np.array([(frac[s] * dense).sum() for s in keep_s])
+
+    bits = job.quant_bits
+    push = fp32 if bits >= 32 else np.where(fp32 > 0, fp32 * bits / 32.0 + QUANT_META_BYTES, 0.0)
+    shard_mbw = np.array([shards[s].type.mem_bw_Bps for s in chunk_shard]) if len(chunk_shard) else np.zeros(0)
+    agg = AGG_PASSES * fp32 / shard_mbw[None, :] if fp32.size else fp32
+    sparse_chunk = fp32.sum(axis=0) - N * dense_chunk if fp32.size else np.zeros(0)
+    apply_s = APPLY_PASSES * (dense_chunk + sparse_chunk) / shard_mbw if fp32.size else np.zeros(0)
+    apply_one = APPLY_PASSES * fp32 / shard_mbw[None, :] if fp32.size else fp32
+    for a in (batch, fwd_s, bwd_s, fp32, push, agg, apply_s, apply_one):
+        a.flags.writeable = False
+    return PlanCosts(
+        workers=tuple(r.device for r in reps),
+        batch=batch,
+        fwd_s=np.ascontiguousarray(fwd_s),
+        bwd_s=np.ascontiguousarray(bwd_s),
+        chunk_shard=chunk_shard,
+        chunk_group=chunk_group,
+        pull_bytes=fp32,
+        push_bytes=push,
+        agg_s=agg,
+        apply_s=apply_s,
+        apply_one_s=apply_one,
+        worker_bw=np.array([d.nic_bw_Bps for d in devs]),
+        shard_bw=np.array([s.nic_bw_Bps for s in shards]),
+        latency_s=cl.network.latency_s,
+        shards=tuple(plan.ps_shards),
+    )

@@ -1,0 +1,373 @@
+"""The data-parallel PS training job as SimPy processes.
+
+Workers are processes (forward/backward as timeouts, one per layer group);
+messages go through :class:`FlowNetwork`; shards aggregate and apply on a
+:class:`ShardServer`. The synchronisation modes differ only in when a
+worker's pull of a chunk may start and when a shard applies:
+
+* BSP: a shard applies chunk c once every live worker's gradient of the
+  current iteration has arrived (aggregated on arrival), then sends the new
+  parameters to every worker. The iteration ends when every chunk is applied.
+* ASP: a shard applies each worker's gradient on arrival and sends that
+  worker the fresh chunk; no one waits for anyone.
+* SSP(s): as ASP, but a worker may start iteration k only when the slowest
+  live worker has finished iteration k - s - 1.
+
+For ASP and SSP a "global iteration" ends each time another global batch of
+samples has been applied.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import simpy
+
+from sim.costmodel import PlanCosts
+from sim.des.network import FlowNetwork
+from sim.des.shard import ShardServer
+from sim.plan import Plan
+from sim.problem import Problem
+from sim.result import DeviceUsage, RunResult, Trace
+
+_COMPUTE, _BLOCKED, _DONE = 0, 1, 2
+
+
+class _Acct:
+    """Per-worker time split: compute, blocked on own transfers (comm), blocked otherwise (wait)."""
+
+    __slots__ = ("state", "t", "inflight", "compute", "comm", "wait")
+
+    def __init__(self) -> None:
+        self.state = _BLOCKED
+        self.t = 0.0
+        self.inflight = 0
+        self.compute = 0.0
+        self.comm = 0.0
+        self.wait = 0.0
+
+    def advance(self, now: float) -> None:
+        dt = now - self.t
+        self.t = now
+        if self.state == _COMPUTE:
+            self.compute += dt
+        elif self.state == _BLOCKED:
+            if self.inflight > 0:
+                self.comm += dt
+            else:
+                self.wait += dt
+
+
+class DataParallelSim:
+    """One DES run of a single-stage plan. Use :func:`sim.des.simulate`."""
+
+    def __init__(self, problem: Problem, plan: Plan, costs: PlanCosts, trace: bool = True) -> None:
+        self.problem, self.plan, self.c = problem, plan, costs
+        self.env = env = simpy.Environment()
+        job = problem.job
+        N, S, C = len(costs.workers), len(costs.shards), costs.n_chunks
+        self.N, self.S, self.C, self.G = N, S, C, costs.n_groups
+        self.n_iter = job.iterations
+        self.sync = job.sync
+        # link ids: worker up w, worker down N+w, shard up 2N+s, shard down 2N+S+s
+        bw = list(costs.worker_bw) * 2 + list(costs.shard_bw) * 2
+        self.net = FlowNetwork(env, bw, costs.latency_s, fair=problem.cluster.network.sharing == "fair")
+        self.trace = Trace() if trace else None
+        self.servers = [ShardServer(env, self._span_cb(s) if trace else None) for s in range(S)]
+        self.groups: list[list[int]] = [[] for _ in range(self.G)]
+        for c_, g in enumerate(costs.chunk_group):
+            self.groups[int(g)].append(c_)
+        # Plain Python lists: indexing numpy scalars in the hot path is slow.
+        self.fwd = costs.fwd_s.tolist()
+        self.bwd = costs.bwd_s.tolist()
+        self.pull_b = costs.pull_bytes.tolist()
+        self.push_b = costs.push_bytes.tolist()
+        self.agg = costs.agg_s.tolist()
+        self.apply_all = costs.apply_s.tolist()
+        self.apply_one = costs.apply_one_s.tolist()
+        self.chunk_shard = [int(s) for s in costs.chunk_shard]
+        self.batch = [int(b) for b in costs.batch]
+        self.slow = [1.0] * N
+        self.alive = [True] * N
+        self.acct = [_Acct() for _ in range(N)]
+        self.ready: dict[tuple[int, int, int], simpy.Event] = {}
+        self.iter_end: list[float] = []
+        self.iter_samples: list[int] = []
+        self.failures: list[dict[str, Any]] = []
+        self.finished = env.event()
+        self.procs: list[simpy.Process] = []
+        # BSP state
+        self.chunk_iter = [0] * C
+        self.missing = [set(range(N)) for _ in range(C)]
+        self.applied_in_iter: dict[int, int] = {}
+        self.samples_in_iter: dict[int, int] = {}
+        # ASP/SSP state
+        self.version = [0] * C
+        self.pulled_version = [[0] * C for _ in range(N)]
+        self.staleness: list[int] = []
+        self.worker_chunks_applied: dict[tuple[int, int], int] = {}
+        self.samples_applied = 0
+        self.completed = [0] * N
+        self.ssp_waiters: list[tuple[int, simpy.Event]] = []
+
+    # ------------------------------------------------------------------ helpers
+    def _span_cb(self, s: int) -> Any:
+        def cb(label: str, t0: float, t1: float) -> None:
+            assert self.trace is not None
+            self.trace.span("ps", s, self.c.shards[s], label, t0, t1)
+        return cb
+
+    def _ready(self, w: int, it: int, c: int) -> simpy.Event:
+        key = (w, it, c)
+        ev = self.ready.get(key)
+        if ev is None:
+            ev = self.ready[key] = self.env.event()
+        return ev
+
+    def _flow_start(self, w: int) -> None:
+        a = self.acct[w]
+        a.advance(self.env.now)
+        a.inflight += 1
+
+    def _flow_end(self, w: int) -> None:
+        a = self.acct[w]
+        a.advance(self.env.now)
+        a.inflight -= 1
+
+    def _pull(self, w: int, it: int, c: int) -> None:
+        """Send chunk c's parameters for iteration ``it`` from its shard to worker w."""
+        s = self.chunk_shard[c]
+        self._flow_start(w)
+        t0 = self.env.now
+        ev = self._ready(w, it, c)
+
+        def delivered() -> None:
+            self._flow_end(w)
+            if self.trace is not None:
+                self.trace.span("network", w, self.c.workers[w], f"pull c{c}", t0, self.env.now)
+            ev.succeed()
+
+        self.net.transfer(2 * self.N + s, self.N + w, self.pull_b[w][c], delivered)
+
+    def _push(self, w: int, it: int, c: int) -> None:
+        s = self.chunk_shard[c]
+        self._flow_start(w)
+        t0 = self.env.now
+
+        def delivered() -> None:
+            self._flow_end(w)
+            if self.trace is not None:
+                self.trace.span("network", w, self.c.workers[w], f"push c{c}", t0, self.env.now)
+            self._arrive(w, it, c)
+
+        self.net.transfer(w, 2 * self.N + self.S + s, self.push_b[w][c], delivered)
+
+    # --------------------------------------------------------------- shard side
+    def _arrive(self, w: int, it: int, c: int) -> None:
+        srv = self.servers[self.chunk_shard[c]]
+        if self.sync == "bsp":
+            miss = self.missing[c]
+            miss.discard(w)
+            if miss:
+                srv.submit((c, w), self.agg[w][c], f"agg c{c}", None)
+            else:
+                srv.submit((c, w), self.agg[w][c] + self.apply_all[c], f"agg+apply c{c}",
+                           lambda: self._bsp_applied(c))
+        else:
+            srv.submit((c, w), self.agg[w][c] + self.apply_one[w][c], f"apply c{c}",
+                       lambda: self._async_applied(w, it, c))
+
+    def _bsp_applied(self, c: int) -> None:
+        it = self.chunk_iter[c]
+        self.chunk_iter[c] = it + 1
+        self.missing[c] = {w for w in range(self.N) if self.alive[w]}
+        n = self.applied_in_iter.get(it, 0) + 1
+        self.applied_in_iter[it] = n
+        if n == self.C:
+            self._end_iteration(self.samples_in_iter.pop(it, 0))
+        if it + 1 < self.n_iter:
+            for w in range(self.N):
+                if self.alive[w]:
+                    self._pull(w, it + 1, c)
+
+    def _async_applied(self, w: int, it: int, c: int) -> None:
+        self.staleness.append(self.version[c] - self.pulled_version[w][c])
+        self.version[c] += 1
+        key = (w, it)
+        n = self.worker_chunks_applied.get(key, 0) + 1
+        if n == self.C:
+            self.worker_chunks_applied.pop(key, None)
+            self.samples_applied += self.batch[w]
+            B = self.problem.job.global_batch
+            while self.samples_applied >= (len(self.iter_end) + 1) * B and not self.finished.triggered:
+                self._end_iteration(B)
+        else:
+            self.worker_chunks_applied[key] = n
+        if not self.finished.triggered and self.alive[w]:
+            self.pulled_version[w][c] = self.version[c]
+            self._pull(w, it + 1, c)
+
+    def _end_iteration(self, samples: int) -> None:
+        self.iter_end.append(self.env.now)
+        self.iter_samples.append(samples)
+        if len(self.iter_end) >= self.n_iter and not self.finished.triggered:
+            self.finished.succeed()
+
+    # -------------------------------------------------------------- worker side
+    def _worker(self, w: int) -> Any:
+        env, acct = self.env, self.acct[w]
+        fwd, bwd, groups = self.fwd[w], self.bwd[w], self.groups
+        tr = self.trace
+        name = self.c.workers[w]
+        it = 0
+        try:
+            while it < self.n_iter or self.sync != "bsp":
+                if self.finished.triggered:
+                    break
+                if self.sync == "ssp":
+                    yield from self._ssp_gate(w, it)
+                for g in range(self.G):
+                    for c in groups[g]:
+                        ev = self._ready(w, it, c)
+                        if not ev.triggered:
+                            acct.advance(env.now)
+                            acct.state = _BLOCKED
+                            yield ev
+                        del self.ready[(w, it, c)]
+                    acct.advance(env.now)
+                    acct.state = _COMPUTE
+                    t0 = env.now
+                    yield env.timeout(fwd[g] * self.slow[w])
+                    if tr is not None:
+                        tr.span("workers", w, name, "fwd" if self.G == 1 else f"fwd g{g}", t0, env.now)
+                for g in range(self.G - 1, -1, -1):
+                    t0 = env.now
+                    yield env.timeout(bwd[g] * self.slow[w])
+                    if tr is not None:
+                        tr.span("workers", w, name, "bwd" if self.G == 1 else f"bwd g{g}", t0, env.now)
+                    for c in groups[g]:
+                        self._push(w, it, c)
+                acct.advance(env.now)
+                acct.state = _BLOCKED
+                if self.sync == "bsp":
+                    self.samples_in_iter[it] = self.samples_in_iter.get(it, 0) + self.batch[w]
+                else:
+                    self.completed[w] = it + 1
+                    self._ssp_release()
+                it += 1
+        except simpy.Interrupt:
+            pass
+        acct.advance(env.now)
+        acct.state = _DONE
+
+    def _ssp_gate(self, w: int, it: int) -> Any:
+        bound = self.problem.job.staleness
+        while it - self._slowest() > bound:
+            ev = self.env.event()
+            self.ssp_waiters.append((it - bound, ev))
+            self.acct[w].advance(self.env.now)
+            self.acct[w].state = _BLOCKED
+            yield ev
+
+    def _slowest(self) -> int:
+        live = [self.completed[v] for v in range(self.N) if self.alive[v]]
+        return min(live) if live else 0
+
+    def _ssp_release(self) -> None:
+        if not self.ssp_waiters:
+            return
+        slowest = self._slowest()
+        keep = []
+        for need, ev in self.ssp_waiters:
+            if slowest >= need:
+                ev.succeed()
+            else:
+                keep.append((need, ev))
+        self.ssp_waiters = keep
+
+    # ----------------------------------------------------------------- dynamics
+    def _slowdown(self, w: int, at_s: float, factor: float) -> Any:
+        yield self.env.timeout(at_s)
+        self.slow[w] = factor
+
+    def _failure(self, w: int, at_s: float) -> Any:
+        yield self.env.timeout(at_s)
+        if not self.alive[w] or self.finished.triggered:
+            return
+        self.alive[w] = False
+        self.procs[w].interrupt()
+        failed_at = self.env.now
+        rec = {"worker": self.c.workers[w], "failed_at_s": failed_at, "detected_at_s": None, "lost_s": None}
+        self.failures.append(rec)
+        if self.sync != "bsp":
+            rec["detected_at_s"], rec["lost_s"] = failed_at, 0.0
+            self._ssp_release()
+            return
+        yield self.env.timeout(self.problem.job.failure_timeout_s)
+        rec["detected_at_s"] = self.env.now
+        rec["lost_s"] = self.env.now - failed_at
+        for c in range(self.C):
+            miss = self.missing[c]
+            if w in miss:
+                miss.discard(w)
+                if not miss:
+                    srv = self.servers[self.chunk_shard[c]]
+                    srv.submit((c, self.N), self.apply_all[c], f"apply c{c}", lambda c=c: self._bsp_applied(c))
+
+    # --------------------------------------------------------------------- run
+    def run(self) -> RunResult:
+        env = self.env
+        for w in range(self.N):
+            for c in range(self.C):
+                self._pull(w, 0, c)
+        self.procs = [env.process(self._worker(w)) for w in range(self.N)]
+        for d in self.problem.dynamics:
+            w = self._worker_index(d.worker)
+            if w is None:
+                continue
+            if d.fail:
+                env.process(self._failure(w, d.at_s))
+            elif d.slowdown is not None:
+                env.process(self._slowdown(w, d.at_s, d.slowdown))
+        try:
+            env.run(until=self.finished)
+        except RuntimeError:
+            pass  # every worker died: the result holds the iterations that completed
+        end = env.now
+        for a in self.acct:
+            a.advance(end) if a.state != _DONE else None
+        return self._result(end)
+
+    def _worker_index(self, inventory_index: int) -> int | None:
+        dev_id = self.problem.cluster.devices[inventory_index].id
+        try:
+            return self.c.workers.index(dev_id)
+        except ValueError:
+            return None  # that device is not in the plan
+
+    def _result(self, end: float) -> RunResult:
+        cl, job = self.problem.cluster, self.problem.job
+        devices = []
+        for w, dev_id in enumerate(self.c.workers):
+            d = cl.device(dev_id)
+            a = self.acct[w]
+            devices.append(DeviceUsage(dev_id, "worker", d.type.price_per_hour, d.type.power_w.idle,
+                                       d.type.power_w.active, busy_s=a.compute, compute_s=a.compute,
+                                       comm_s=a.comm, wait_s=a.wait))
+        for s, sid in enumerate(self.c.shards):
+            d = cl.device(sid)
+            devices.append(DeviceUsage(sid, "ps", d.type.price_per_hour, d.type.power_w.idle,
+                                       d.type.power_w.active, busy_s=self.servers[s].busy_s))
+        extra: dict[str, Any] = {}
+        if self.sync != "bsp" and self.staleness:
+            st = np.asarray(self.staleness)
+            extra["staleness"] = {"mean": float(st.mean()), "max": int(st.max())}
+        if self.trace is not None and self.trace.dropped:
+            extra["trace_events_dropped"] = self.trace.dropped
+        return RunResult(
+            name=self.problem.name, evaluator="des", scheduler=self.plan.scheduler,
+            seed=self.problem.seed, iter_end_s=list(self.iter_end), iter_samples=list(self.iter_samples),
+            devices=devices, warmup=job.warmup_iterations, failures=self.failures, extra=extra,
+            trace=self.trace.events if self.trace is not None else [],
+        )

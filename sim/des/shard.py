@@ -1,0 +1,52 @@
+"""A PS shard's processor: one FIFO server for aggregation and update work."""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+
+import simpy
+
+
+class ShardServer:
+    """Serves tasks one at a time in order of (ready time, key).
+
+    Tasks that become ready at the same instant are collected by a zero-delay
+    settle event and served in key order, so the order never depends on which
+    SimPy event happened to fire first; the analytic evaluator sorts the same
+    way.
+    """
+
+    def __init__(self, env: simpy.Environment, on_span: Callable[[str, float, float], None] | None = None) -> None:
+        self.env = env
+        self._heap: list[tuple[float, tuple[int, ...], float, str, Callable[[], None] | None]] = []
+        self._busy = False
+        self._settle_pending = False
+        self.busy_s = 0.0
+        self._on_span = on_span
+
+    def submit(self, key: tuple[int, ...], cost_s: float, label: str,
+               on_done: Callable[[], None] | None) -> None:
+        heapq.heappush(self._heap, (self.env.now, key, cost_s, label, on_done))
+        if not self._busy and not self._settle_pending:
+            self._settle_pending = True
+            self.env.timeout(0).callbacks.append(self._start)
+
+    def _start(self, _ev: object = None) -> None:
+        self._settle_pending = False
+        if self._busy or not self._heap:
+            return
+        _, _, cost, label, cb = heapq.heappop(self._heap)
+        self._busy = True
+        self.busy_s += cost
+        t0 = self.env.now
+        ev = self.env.timeout(cost)
+        ev.callbacks.append(lambda _e: self._finish(cb, label, t0))
+
+    def _finish(self, cb: Callable[[], None] | None, label: str, t0: float) -> None:
+        self._busy = False
+        if self._on_span is not None:
+            self._on_span(label, t0, self.env.now)
+        if cb is not None:
+            cb()
+        self._start()

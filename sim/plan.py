@@ -1,0 +1,159 @@
+"""Plans: what a scheduler decides, as versioned JSON.
+
+One type serves both problems of ARCHITECTURE.md: data-parallel PS training
+(H-PS) is the one-stage plan with uneven per-replica batch shares; layer
+placement (HeterPS) is the multi-stage plan.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sim.errors import ConfigError
+
+PLAN_SCHEMA = 1
+
+
+@dataclass(frozen=True)
+class Replica:
+    """One device instance of a stage and the samples it processes per iteration."""
+
+    device: str
+    batch: int
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A contiguous layer range [first_layer, end_layer) run data-parallel on ``replicas``."""
+
+    first_layer: int
+    end_layer: int
+    replicas: tuple[Replica, ...]
+    device_type: str | None = None  # set when every replica has one type
+
+    @property
+    def batch(self) -> int:
+        return sum(r.batch for r in self.replicas)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Stages plus the PS shards that hold the parameters."""
+
+    stages: tuple[Stage, ...]
+    ps_shards: tuple[str, ...]
+    scheduler: str = ""
+    options: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def replicas(self) -> tuple[Replica, ...]:
+        return tuple(r for s in self.stages for r in s.replicas)
+
+    def with_shares(self, shares: dict[str, int]) -> Plan:
+        """The same single-stage plan with new per-device batch shares (0 drops a replica)."""
+        if len(self.stages) != 1:
+            raise ValueError("with_shares applies to single-stage (data-parallel) plans")
+        st = self.stages[0]
+        reps = tuple(Replica(r.device, int(shares.get(r.device, r.batch))) for r in st.replicas)
+        reps = tuple(r for r in reps if r.batch > 0)
+        return Plan((Stage(st.first_layer, st.end_layer, reps, st.device_type),), self.ps_shards,
+                    self.scheduler, dict(self.options))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": PLAN_SCHEMA,
+            "scheduler": self.scheduler,
+            "stages": [
+                {
+                    "layers": [s.first_layer, s.end_layer],
+                    "device_type": s.device_type,
+                    "replicas": [{"device": r.device, "batch": r.batch} for r in s.replicas],
+                }
+                for s in self.stages
+            ],
+            "ps_shards": list(self.ps_shards),
+            "options": self.options,
+        }
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_dict(), indent=2) + "\n"
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.dumps())
+
+
+def plan_from_dict(d: Any, source: str = "<plan>") -> Plan:
+    """Parse plan JSON (schema 1) with one-line errors."""
+    if not isinstance(d, dict):
+        raise ConfigError(source, "", "a plan must be a JSON object")
+    if d.get("schema") != PLAN_SCHEMA:
+        raise ConfigError(source, "schema", f"unsupported plan schema {d.get('schema')!r} (expected 1)")
+    unknown = set(d) - {"schema", "scheduler", "stages", "ps_shards", "options"}
+    if unknown:
+        raise ConfigError(source, sorted(unknown)[0], "unknown field")
+    stages = []
+    raw_stages = d.get("stages")
+    if not isinstance(raw_stages, list) or not raw_stages:
+        raise ConfigError(source, "stages", "must be a non-empty list")
+    for i, s in enumerate(raw_stages):
+        try:
+            a, b = s["layers"]
+            reps = tuple(Replica(str(r["device"]), int(r["batch"])) for r in s["replicas"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise ConfigError(source, f"stages[{i}]", f"malformed stage ({e})") from None
+        stages.append(Stage(int(a), int(b), reps, s.get("device_type")))
+    return Plan(tuple(stages), tuple(d.get("ps_shards", ())), str(d.get("scheduler", "")),
+                dict(d.get("options") or {}))
+
+
+def load_plan(path: str | Path) -> Plan:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(str(p), "", "file not found")
+    try:
+        data = json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(str(p), f"line {e.lineno}", f"malformed JSON: {e.msg}") from None
+    return plan_from_dict(data, str(p))
+
+
+def check_plan(plan: Plan, problem: Any, source: str = "<plan>") -> None:
+    """Raise ConfigError unless ``plan`` is executable for ``problem``.
+
+    Checks: layer ranges tile the model in order, devices exist and are used
+    once, batch shares are positive and each stage's sum to the global batch,
+    the PS shards exist.
+    """
+    n_layers = len(problem.job.model.layers)
+    expect = 0
+    used: set[str] = set()
+    for i, st in enumerate(plan.stages):
+        if st.first_layer != expect or st.end_layer <= st.first_layer:
+            raise ConfigError(source, f"stages[{i}].layers", "stages must tile the layers in order")
+        expect = st.end_layer
+        if not st.replicas:
+            raise ConfigError(source, f"stages[{i}].replicas", "a stage needs at least one replica")
+        for k, r in enumerate(st.replicas):
+            where = f"stages[{i}].replicas[{k}]"
+            if not problem.cluster.has(r.device) or r.device.startswith("ps:"):
+                raise ConfigError(source, f"{where}.device", f"unknown device {r.device!r}")
+            if r.device in used:
+                raise ConfigError(source, f"{where}.device", f"device {r.device!r} used twice")
+            used.add(r.device)
+            if r.batch <= 0:
+                raise ConfigError(source, f"{where}.batch", f"must be > 0, got {r.batch}")
+        if st.batch != problem.job.global_batch:
+            raise ConfigError(
+                source, f"stages[{i}].replicas",
+                f"batch shares sum to {st.batch}, not the global batch {problem.job.global_batch}",
+            )
+    if expect != n_layers:
+        raise ConfigError(source, "stages", f"stages cover {expect} of {n_layers} layers")
+    for k, s in enumerate(plan.ps_shards):
+        if not problem.cluster.has(s) or not s.startswith("ps:"):
+            raise ConfigError(source, f"ps_shards[{k}]", f"unknown PS shard {s!r}")
+    if not plan.ps_shards:
+        raise ConfigError(source, "ps_shards", "a plan needs at least one PS shard")

@@ -1,0 +1,153 @@
+"""Problem = cluster + job + objective (+ dynamics): everything a scheduler may read."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from hardware_profiles import load_profile
+from sim.cluster import Cluster, Device, Network
+from sim.config import Config
+from sim.errors import ConfigError
+from sim.workload import Model, resolve_model
+
+
+@dataclass(frozen=True)
+class Job:
+    """A training job.
+
+    Attributes:
+        model: the layer chain.
+        global_batch: samples per iteration, summed over workers.
+        dtype: compute dtype (selects the peak FLOP/s entry).
+        iterations: iterations to run (from ``samples`` when given so).
+        target_loss: train to this loss instead (needs the convergence model).
+        sync: 'bsp' | 'asp' | 'ssp'.
+        staleness: SSP bound.
+        pipeline: layer-wise overlap of push/pull with compute.
+        quant_bits: gradient bits on the wire (32 = no quantization).
+        failure_timeout_s: BSP failure-detection timeout.
+        warmup_iterations: iterations excluded from throughput.
+    """
+
+    model: Model
+    global_batch: int
+    dtype: str = "fp32"
+    iterations: int = 100
+    target_loss: float | None = None
+    sync: str = "bsp"
+    staleness: int = 0
+    pipeline: bool = False
+    quant_bits: int = 32
+    failure_timeout_s: float = 5.0
+    warmup_iterations: int = 1
+
+
+@dataclass(frozen=True)
+class Objective:
+    minimize: str = "time"
+    throughput_min: float | None = None
+    deadline_s: float | None = None
+    budget_usd: float | None = None
+
+
+@dataclass(frozen=True)
+class Dynamic:
+    """Worker ``worker`` (index into ``cluster.devices``) slows down or fails at ``at_s``."""
+
+    worker: int
+    at_s: float
+    slowdown: float | None = None
+    fail: bool = False
+
+
+@dataclass(frozen=True)
+class Problem:
+    name: str
+    seed: int
+    cluster: Cluster
+    job: Job
+    objective: Objective = Objective()
+    dynamics: tuple[Dynamic, ...] = ()
+
+
+def build_problem(cfg: Config, base_dir: Path, source: str = "<config>") -> Problem:
+    """Resolve profiles and the model of a validated config into a Problem.
+
+    Raises:
+        ConfigError: unknown device types or models, bad dynamics, unsupported options.
+    """
+    dirs = [(base_dir / p) if not Path(p).is_absolute() else Path(p) for p in cfg.profiles]
+    for i, d in enumerate(dirs):
+        if not d.is_dir():
+            raise ConfigError(source, f"profiles[{i}]", f"folder {str(d)!r} not found")
+    net = cfg.cluster.network
+    devices: list[Device] = []
+    for i, entry in enumerate(cfg.cluster.devices):
+        prof = load_profile(entry.type, dirs, source=source, field=f"cluster.devices[{i}].type")
+        start = sum(1 for d in devices if d.type.name == prof.name)
+        for k in range(entry.count):
+            dev_id = f"{prof.name}:{start + k}"
+            devices.append(Device(dev_id, prof, _bw(net, dev_id, prof.nic_bw_Bps)))
+    ps_prof = load_profile(cfg.cluster.ps.type, dirs, source=source, field="cluster.ps.type")
+    shards = tuple(
+        Device(f"ps:{k}", ps_prof, _bw(net, f"ps:{k}", ps_prof.nic_bw_Bps))
+        for k in range(cfg.cluster.ps.shards)
+    )
+    known = {d.id for d in devices} | {s.id for s in shards}
+    for dev_id in net.overrides:
+        if dev_id not in known:
+            raise ConfigError(source, f"cluster.network.overrides.{dev_id}", "no such device id")
+    cluster = Cluster(tuple(devices), shards, Network(net.latency_us * 1e-6, net.sharing))
+
+    j = cfg.job
+    model = resolve_model(j.model, base_dir, source)
+    if j.quantization == "adaptive":
+        raise ConfigError(
+            source, "job.quantization", "adaptive quantization is not implemented yet; use none or 32/16/8/4/2"
+        )
+    if j.target_loss is not None:
+        raise ConfigError(
+            source, "job.target_loss", "training to a target loss needs the convergence model (not yet built); use iterations or samples"
+        )
+    iterations = j.iterations if j.iterations is not None else math.ceil((j.samples or 0) / j.global_batch)
+    if j.sync == "ssp" and j.staleness == 0:
+        pass  # SSP(0) is legal: lock-step without a global barrier
+    job = Job(
+        model=model,
+        global_batch=j.global_batch,
+        dtype=j.dtype,
+        iterations=iterations,
+        target_loss=j.target_loss,
+        sync=j.sync,
+        staleness=j.staleness,
+        pipeline=j.pipeline,
+        quant_bits=32 if j.quantization == "none" else int(j.quantization),
+        failure_timeout_s=j.failure_timeout_s,
+        warmup_iterations=min(j.warmup_iterations, max(iterations - 1, 0)),
+    )
+    dyn = []
+    for i, d in enumerate(cfg.dynamics):
+        if d.worker >= len(devices):
+            raise ConfigError(
+                source, f"dynamics[{i}].worker", f"worker {d.worker} does not exist ({len(devices)} devices)"
+            )
+        dyn.append(Dynamic(d.worker, d.at_s, d.slowdown, d.fail))
+    o = cfg.objective
+    return Problem(
+        name=cfg.name,
+        seed=cfg.seed,
+        cluster=cluster,
+        job=job,
+        objective=Objective(o.minimize, o.throughput_min, o.deadline_s, o.budget_usd),
+        dynamics=tuple(sorted(dyn, key=lambda d: (d.at_s, d.worker))),
+    )
+
+
+def _bw(net: object, dev_id: str, default_Bps: float) -> float:
+    overrides = net.overrides  # type: ignore[attr-defined]
+    if dev_id in overrides:
+        return float(overrides[dev_id]) * 1e9 / 8
+    gbps = net.bandwidth_gbps  # type: ignore[attr-defined]
+    return float(gbps) * 1e9 / 8 if gbps is not None else float(default_Bps)

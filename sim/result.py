@@ -1,0 +1,216 @@
+"""RunResult: one schema for whatever produced it (analytic, des, runtime).
+
+Headline metrics are derived from recorded facts (iteration boundaries, busy
+times, provisioned devices), never stored twice. ``write`` produces
+summary.json, iterations.csv and trace.json (Chrome trace format).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SUMMARY_SCHEMA = 1
+HEADLINE_KEYS = (
+    "throughput_sps", "iteration_time_mean_s", "iteration_time_p50_s", "iteration_time_p95_s",
+    "iterations", "elapsed_s", "time_to_target_s", "cost_usd", "energy_j",
+)
+
+
+@dataclass
+class DeviceUsage:
+    """A provisioned device: what it costs and how long it was busy.
+
+    Attributes:
+        id: device id.
+        role: 'worker' or 'ps'.
+        price_per_hour: USD per hour.
+        idle_w, active_w: power draw.
+        busy_s: seconds doing work (compute for workers, aggregation/apply for shards).
+        compute_s, comm_s, wait_s: worker time split (compute; blocked on its own
+            transfers; blocked on others, i.e. barrier wait). Shards leave them 0.
+    """
+
+    id: str
+    role: str
+    price_per_hour: float
+    idle_w: float
+    active_w: float
+    busy_s: float = 0.0
+    compute_s: float = 0.0
+    comm_s: float = 0.0
+    wait_s: float = 0.0
+
+
+@dataclass
+class RunResult:
+    """What one evaluation of a plan produced.
+
+    Attributes:
+        iter_end_s: end time of each (global) iteration; iteration i spans
+            (iter_end_s[i-1], iter_end_s[i]], the first starts at 0.
+        iter_samples: samples whose updates each iteration applied.
+        warmup: leading iterations excluded from throughput and iteration-time stats.
+    """
+
+    name: str
+    evaluator: str
+    scheduler: str
+    seed: int
+    iter_end_s: list[float]
+    iter_samples: list[int]
+    devices: list[DeviceUsage]
+    warmup: int = 1
+    time_to_target_s: float | None = None
+    failures: list[dict[str, Any]] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+    trace: list[dict[str, Any]] = field(default_factory=list)
+
+    # ---- derived metrics -------------------------------------------------
+    @property
+    def elapsed_s(self) -> float:
+        return float(self.iter_end_s[-1]) if self.iter_end_s else 0.0
+
+    def iteration_times(self) -> np.ndarray:
+        ends = np.asarray(self.iter_end_s, dtype=float)
+        return np.diff(np.concatenate([[0.0], ends]))
+
+    def _measured(self) -> slice:
+        n = len(self.iter_end_s)
+        w = self.warmup if n > self.warmup else 0
+        return slice(w, n)
+
+    @property
+    def throughput_sps(self) -> float:
+        """Samples per second over the iterations after warm-up."""
+        sl = self._measured()
+        ends = np.asarray(self.iter_end_s, dtype=float)
+        if len(ends) == 0:
+            return 0.0
+        t0 = ends[sl.start - 1] if sl.start > 0 else 0.0
+        span = ends[-1] - t0
+        samples = float(np.sum(np.asarray(self.iter_samples, dtype=float)[sl]))
+        return samples / span if span > 0 else 0.0
+
+    @property
+    def cost_usd(self) -> float:
+        """Price times wall time of every provisioned device and shard."""
+        return float(sum(d.price_per_hour for d in self.devices) * self.elapsed_s / 3600.0)
+
+    @property
+    def energy_j(self) -> float:
+        """Idle power over the run plus (active - idle) x busy time, summed over devices."""
+        T = self.elapsed_s
+        return float(sum(d.idle_w * T + (d.active_w - d.idle_w) * min(d.busy_s, T) for d in self.devices))
+
+    def utilization(self) -> dict[str, float]:
+        T = self.elapsed_s
+        return {d.id: (min(d.busy_s, T) / T if T > 0 else 0.0) for d in self.devices}
+
+    def summary(self) -> dict[str, Any]:
+        """summary.json: the headline metrics (schema 1), then per-worker detail."""
+        it = self.iteration_times()[self._measured()]
+        stats = {
+            "mean": float(it.mean()) if it.size else 0.0,
+            "p50": float(np.percentile(it, 50)) if it.size else 0.0,
+            "p95": float(np.percentile(it, 95)) if it.size else 0.0,
+        }
+        out: dict[str, Any] = {
+            "schema": SUMMARY_SCHEMA,
+            "name": self.name,
+            "evaluator": self.evaluator,
+            "scheduler": self.scheduler,
+            "seed": self.seed,
+            "throughput_sps": self.throughput_sps,
+            "iteration_time_s": stats,
+            "iterations": len(self.iter_end_s),
+            "elapsed_s": self.elapsed_s,
+            "time_to_target_s": self.time_to_target_s,
+            "cost_usd": self.cost_usd,
+            "energy_j": self.energy_j,
+            "utilization": self.utilization(),
+            "workers": {
+                d.id: {"compute_s": d.compute_s, "comm_s": d.comm_s, "wait_s": d.wait_s}
+                for d in self.devices if d.role == "worker"
+            },
+            "failures": self.failures,
+        }
+        out.update(self.extra)
+        return out
+
+    def headline(self) -> dict[str, Any]:
+        """The flat row used by comparison.csv and sweep tables."""
+        s = self.summary()
+        return {
+            "throughput_sps": s["throughput_sps"],
+            "iteration_time_mean_s": s["iteration_time_s"]["mean"],
+            "iteration_time_p50_s": s["iteration_time_s"]["p50"],
+            "iteration_time_p95_s": s["iteration_time_s"]["p95"],
+            "iterations": s["iterations"],
+            "elapsed_s": s["elapsed_s"],
+            "time_to_target_s": s["time_to_target_s"],
+            "cost_usd": s["cost_usd"],
+            "energy_j": s["energy_j"],
+        }
+
+    # ---- files ----------------------------------------------------------
+    def summary_json(self) -> str:
+        return json.dumps(self.summary(), indent=2) + "\n"
+
+    def iterations_csv(self) -> str:
+        buf = io.StringIO()
+        w = csv.writer(buf, lineterminator="\n")
+        w.writerow(["iteration", "start_s", "end_s", "time_s", "samples"])
+        start = 0.0
+        for i, (end, n) in enumerate(zip(self.iter_end_s, self.iter_samples)):
+            w.writerow([i, repr(float(start)), repr(float(end)), repr(float(end - start)), int(n)])
+            start = end
+        return buf.getvalue()
+
+    def trace_json(self) -> str:
+        return json.dumps({"traceEvents": self.trace, "displayTimeUnit": "ms"}) + "\n"
+
+    def write(self, out_dir: str | Path) -> None:
+        """Write summary.json, iterations.csv and trace.json into ``out_dir``."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "summary.json").write_text(self.summary_json())
+        (out / "iterations.csv").write_text(self.iterations_csv())
+        (out / "trace.json").write_text(self.trace_json())
+
+
+class Trace:
+    """Collects Chrome-trace complete events ('X'), capped so huge runs stay readable."""
+
+    PIDS = {"workers": 0, "network": 1, "ps": 2}
+
+    def __init__(self, max_events: int = 200_000) -> None:
+        self.events: list[dict[str, Any]] = []
+        self.max_events = max_events
+        self._named: set[tuple[int, int]] = set()
+        self.dropped = 0
+
+    def span(self, track: str, tid: int, tname: str, name: str, t0_s: float, t1_s: float,
+             args: dict[str, Any] | None = None) -> None:
+        if len(self.events) >= self.max_events:
+            self.dropped += 1
+            return
+        pid = self.PIDS[track]
+        if (pid, tid) not in self._named:
+            self._named.add((pid, tid))
+            self.events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid,
+                                "args": {"name": tname}})
+            if pid not in {p for p, _ in self._named if (p, _) != (pid, tid)}:
+                self.events.append({"name": "process_name", "ph": "M", "pid": pid, "tid": 0,
+                                    "args": {"name": track}})
+        ev: dict[str, Any] = {"name": name, "ph": "X", "pid": pid, "tid": tid,
+                              "ts": t0_s * 1e6, "dur": (t1_s - t0_s) * 1e6}
+        if args:
+            ev["args"] = args
+        self.events.append(ev)

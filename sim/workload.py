@@ -1,0 +1,286 @@
+"""Workloads: layers and models as the simulator sees them.
+
+A :class:`Model` is an ordered chain of :class:`Layer` records carrying the
+per-sample work of each layer (FLOPs, bytes), which is all the cost model
+needs. Models come from three places, all producing the same type:
+
+* the built-in zoo (``sim.zoo``): layer lists extracted once from real torch
+  modules and shipped as YAML, so simulating never needs torch;
+* a layer-list YAML file written by a user (format in ARCHITECTURE.md);
+* any ``torch.nn.Module`` through :func:`from_torch`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from sim.errors import ConfigError
+
+OpClass = Literal["gemm", "conv", "embedding", "elementwise", "attention"]
+OP_CLASSES: tuple[str, ...] = ("gemm", "conv", "embedding", "elementwise", "attention")
+
+
+@dataclass(frozen=True)
+class Sparse:
+    """Sparse-access description of an embedding table.
+
+    Attributes:
+        rows_per_sample: table rows read (forward) and updated (backward) per sample.
+        row_bytes: bytes of one row.
+    """
+
+    rows_per_sample: float
+    row_bytes: float
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One layer's per-sample work.
+
+    Attributes:
+        name: unique within its model.
+        op: op class; selects the device efficiency curve.
+        fwd_flops: forward FLOPs per sample (multiply-add = 2 FLOPs).
+        bwd_flops: backward FLOPs per sample (input and weight gradients).
+        param_bytes: bytes of trainable parameters (fp32 master copy).
+        activation_bytes: bytes of the layer's output per sample.
+        sparse: set for embedding tables of which only touched rows travel.
+        kernels: kernel launches of one forward pass (backward counts twice).
+    """
+
+    name: str
+    op: OpClass
+    fwd_flops: float
+    bwd_flops: float
+    param_bytes: float
+    activation_bytes: float
+    sparse: Sparse | None = None
+    kernels: int = 1
+
+    @property
+    def signature(self) -> str:
+        """Key for measured per-layer tables: identical signatures cost the same."""
+        sp = f":{self.sparse.rows_per_sample:g}x{self.sparse.row_bytes:g}" if self.sparse else ""
+        return (
+            f"{self.op}:{self.fwd_flops:.6g}:{self.bwd_flops:.6g}:"
+            f"{self.param_bytes:.6g}:{self.activation_bytes:.6g}{sp}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        if self.sparse is None:
+            del d["sparse"]
+        if self.kernels == 1:
+            del d["kernels"]
+        return d
+
+
+@dataclass(frozen=True)
+class Model:
+    """An ordered chain of layers.
+
+    Attributes:
+        name: model name.
+        layers: layers in forward order.
+        input_bytes: bytes of one input sample (read by the first layer).
+    """
+
+    name: str
+    layers: tuple[Layer, ...]
+    input_bytes: float = 0.0
+    meta: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        if not self.layers:
+            raise ValueError(f"model {self.name!r} has no layers")
+        names = [ly.name for ly in self.layers]
+        if len(set(names)) != len(names):
+            dup = next(n for n in names if names.count(n) > 1)
+            raise ValueError(f"model {self.name!r}: duplicate layer name {dup!r}")
+
+    @property
+    def param_bytes(self) -> float:
+        return float(sum(ly.param_bytes for ly in self.layers))
+
+    @property
+    def dense_param_bytes(self) -> float:
+        return float(sum(ly.param_bytes for ly in self.layers if ly.sparse is None))
+
+    @property
+    def fwd_flops(self) -> float:
+        return float(sum(ly.fwd_flops for ly in self.layers))
+
+    @property
+    def bwd_flops(self) -> float:
+        return float(sum(ly.bwd_flops for ly in self.layers))
+
+    def input_bytes_of(self, i: int) -> float:
+        """Per-sample bytes entering layer ``i`` (the previous layer's output)."""
+        return self.input_bytes if i == 0 else self.layers[i - 1].activation_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"name": self.name}
+        if self.input_bytes:
+            d["input_bytes"] = self.input_bytes
+        d["layers"] = [ly.to_dict() for ly in self.layers]
+        return d
+
+
+_LAYER_KEYS = {
+    "name", "op", "fwd_flops", "bwd_flops", "param_bytes", "activation_bytes", "sparse", "kernels",
+}
+
+
+def model_from_dict(d: Any, source: str = "<model>") -> Model:
+    """Build a :class:`Model` from a layer-list mapping, with one-line errors.
+
+    Raises:
+        ConfigError: naming ``source`` and the offending field.
+    """
+    if not isinstance(d, Mapping):
+        raise ConfigError(source, "", "a model file must be a mapping with 'name' and 'layers'")
+    unknown = set(d) - {"name", "layers", "input_bytes"}
+    if unknown:
+        raise ConfigError(source, sorted(unknown)[0], "unknown field")
+    raw_layers = d.get("layers")
+    if not isinstance(raw_layers, Sequence) or isinstance(raw_layers, str) or not raw_layers:
+        raise ConfigError(source, "layers", "must be a non-empty list of layers")
+    layers: list[Layer] = []
+    seen: set[str] = set()
+    for i, raw in enumerate(raw_layers):
+        where = f"layers[{i}]"
+        if not isinstance(raw, Mapping):
+            raise ConfigError(source, where, "each layer must be a mapping")
+        bad = set(raw) - _LAYER_KEYS
+        if bad:
+            raise ConfigError(source, f"{where}.{sorted(bad)[0]}", "unknown field")
+        for key in ("name", "op", "fwd_flops", "bwd_flops", "param_bytes", "activation_bytes"):
+            if key not in raw:
+                raise ConfigError(source, f"{where}.{key}", "missing required field")
+        name = str(raw["name"])
+        if name in seen:
+            raise ConfigError(source, f"{where}.name", f"duplicate layer name {name!r}")
+        seen.add(name)
+        if raw["op"] not in OP_CLASSES:
+            raise ConfigError(
+                source, f"{where}.op", f"{raw['op']!r} is not one of {', '.join(OP_CLASSES)}"
+            )
+        nums: dict[str, float] = {}
+        for key in ("fwd_flops", "bwd_flops", "param_bytes", "activation_bytes"):
+            nums[key] = _nonneg(raw[key], source, f"{where}.{key}")
+        sparse = None
+        if raw.get("sparse") is not None:
+            sp = raw["sparse"]
+            if not isinstance(sp, Mapping) or set(sp) != {"rows_per_sample", "row_bytes"}:
+                raise ConfigError(
+                    source, f"{where}.sparse", "must be {rows_per_sample: N, row_bytes: N}"
+                )
+            sparse = Sparse(
+                rows_per_sample=_nonneg(sp["rows_per_sample"], source, f"{where}.sparse.rows_per_sample"),
+                row_bytes=_positive(sp["row_bytes"], source, f"{where}.sparse.row_bytes"),
+            )
+        kernels = raw.get("kernels", 1)
+        if not isinstance(kernels, int) or isinstance(kernels, bool) or kernels < 0:
+            raise ConfigError(source, f"{where}.kernels", "must be a non-negative integer")
+        layers.append(Layer(name=name, op=raw["op"], sparse=sparse, kernels=kernels, **nums))
+    input_bytes = _nonneg(d.get("input_bytes", 0.0), source, "input_bytes")
+    return Model(name=str(d.get("name", Path(source).stem)), layers=tuple(layers), input_bytes=input_bytes)
+
+
+def _nonneg(v: Any, source: str, field_: str) -> float:
+    if isinstance(v, bool):
+        raise ConfigError(source, field_, "must be a number")
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        raise ConfigError(source, field_, f"must be a number, got {v!r}") from None
+    if not x >= 0 or x == float("inf"):
+        raise ConfigError(source, field_, f"must be a finite number >= 0, got {v!r}")
+    return x
+
+
+def _positive(v: Any, source: str, field_: str) -> float:
+    x = _nonneg(v, source, field_)
+    if x <= 0:
+        raise ConfigError(source, field_, f"must be > 0, got {v!r}")
+    return x
+
+
+def load_model_file(path: str | Path) -> Model:
+    """Read a layer-list YAML file (see ARCHITECTURE.md, "Layer-list model file")."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(str(p), "", "file not found")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(str(p), where, f"malformed YAML: {getattr(e, 'problem', e)}") from None
+    return model_from_dict(data, str(p))
+
+
+def save_model_file(model: Model, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(model.to_dict(), sort_keys=False))
+
+
+def resolve_model(spec: Any, base_dir: Path, source: str = "<config>") -> Model:
+    """Resolve a config's ``job.model``: zoo name, ``{file: ...}`` or ``{torch: ..., input: [...]}``."""
+    from sim import zoo
+
+    if isinstance(spec, str):
+        try:
+            return zoo.get(spec)
+        except KeyError:
+            raise ConfigError(
+                source, "job.model", f"unknown model {spec!r}; zoo has {', '.join(zoo.names())}"
+            ) from None
+    if isinstance(spec, Mapping) and set(spec) == {"file"}:
+        f = Path(str(spec["file"]))
+        f = f if f.is_absolute() else base_dir / f
+        return load_model_file(f)
+    if isinstance(spec, Mapping) and "torch" in spec:
+        extra = set(spec) - {"torch", "input", "kwargs"}
+        if extra:
+            raise ConfigError(source, f"job.model.{sorted(extra)[0]}", "unknown field")
+        return _model_from_factory(spec, source)
+    raise ConfigError(
+        source, "job.model", "must be a zoo name, {file: PATH} or {torch: 'pkg.mod:fn', input: [...]}"
+    )
+
+
+def _model_from_factory(spec: Mapping[str, Any], source: str) -> Model:
+    target = str(spec["torch"])
+    mod_name, _, fn_name = target.partition(":")
+    if not fn_name:
+        raise ConfigError(source, "job.model.torch", f"expected 'pkg.module:factory', got {target!r}")
+    try:
+        fn = getattr(importlib.import_module(mod_name), fn_name)
+    except (ImportError, AttributeError) as e:
+        raise ConfigError(source, "job.model.torch", f"cannot import {target!r}: {e}") from None
+    shape = spec.get("input")
+    if not isinstance(shape, Sequence) or not shape or not all(isinstance(s, int) and s > 0 for s in shape):
+        raise ConfigError(source, "job.model.input", "must be a list of positive ints (one sample's shape)")
+    import torch
+
+    module = fn(**dict(spec.get("kwargs") or {}))
+    if not isinstance(module, torch.nn.Module):
+        raise ConfigError(source, "job.model.torch", f"{target!r} did not return a torch.nn.Module")
+    return from_torch(module, torch.randn(1, *shape), name=fn_name)
+
+
+def from_torch(module: Any, example_input: Any, name: str | None = None) -> Model:
+    """Extract a layer list from any ``torch.nn.Module``.
+
+    Defined in :mod:`sim.torch_extract` (imports torch lazily); re-exported here
+    because this is where users look for it.
+    """
+    from sim.torch_extract import from_torch as _impl
+
+    return _impl(module, example_input, name=name)
