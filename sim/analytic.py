@@ -267,15 +267,15 @@ def _devices(problem: Problem, c: PlanCosts, compute: np.ndarray, comm: np.ndarr
              wait: np.ndarray, shard_busy: np.ndarray) -> list[DeviceUsage]:
     cl = problem.cluster
     out = []
+    compute, comm, wait = compute.tolist(), comm.tolist(), np.maximum(wait, 0.0).tolist()
     for w, dev_id in enumerate(c.workers):
-        d = cl.device(dev_id)
-        out.append(DeviceUsage(dev_id, "worker", d.type.price_per_hour, d.type.power_w.idle,
-                               d.type.power_w.active, busy_s=float(compute[w]), compute_s=float(compute[w]),
-                               comm_s=float(comm[w]), wait_s=float(max(wait[w], 0.0))))
+        t = cl.device(dev_id).type
+        out.append(DeviceUsage(dev_id, "worker", t.price_per_hour, t.power_w.idle, t.power_w.active,
+                               compute[w], compute[w], comm[w], wait[w]))
     for s, sid in enumerate(c.shards):
-        d = cl.device(sid)
-        out.append(DeviceUsage(sid, "ps", d.type.price_per_hour, d.type.power_w.idle,
-                               d.type.power_w.active, busy_s=float(shard_busy[s])))
+        t = cl.device(sid).type
+        out.append(DeviceUsage(sid, "ps", t.price_per_hour, t.power_w.idle, t.power_w.active,
+                               float(shard_busy[s])))
     return out
 
 

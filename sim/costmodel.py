@@ -17,6 +17,7 @@ agree exactly where they model the same thing.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 import numpy as np
 
 from hardware_profiles import DeviceProfile
@@ -204,37 +205,55 @@ def plan_costs(problem: Problem, plan: Plan) -> PlanCosts:
     devs = [cl.device(r.device) for r in reps]
     batch = np.array([r.batch for r in reps], dtype=float)
 
-    fwd_l = np.empty((N, L))
-    bwd_l = np.empty((N, L))
-    for i, (r, d) in enumerate(zip(reps, devs)):  # cached per (type, batch): cheap for 1e5 workers
-        fwd_l[i], bwd_l[i] = layer_times(model, d.type, job.dtype, r.batch)
+    # Per-layer times once per distinct (device type, batch): cheap for 1e5 workers.
+    keys: dict[tuple[str, int], int] = {}
+    uniq: list[tuple[np.ndarray, np.ndarray]] = []
+    kidx_list = []
+    for r, d in zip(reps, devs):
+        k = (d.type.name, r.batch)
+        i = keys.get(k)
+        if i is None:
+            i = keys[k] = len(uniq)
+            uniq.append(layer_times(model, d.type, job.dtype, r.batch))
+        kidx_list.append(i)
+    kidx = np.asarray(kidx_list)
+    fwd_l = np.stack([u[0] for u in uniq])[kidx]
+    bwd_l = np.stack([u[1] for u in uniq])[kidx]
 
     frac = shard_partition(model, S)  # (S, L)
     dense = np.array([0.0 if ly.sparse else ly.param_bytes for ly in model.layers])
-    # Touched sparse bytes per worker and layer (all shards together).
-    sparse_touch = np.zeros((N, L))
-    for j, ly in enumerate(model.layers):
-        if ly.sparse is not None:
-            sparse_touch[:, j] = np.minimum(ly.param_bytes, batch * ly.sparse.rows_per_sample * ly.sparse.row_bytes)
-    # piece bytes (fp32) per worker, shard, layer
-    piece = frac[None, :, :] * (dense[None, None, :] + sparse_touch[:, None, :])  # (N, S, L)
-
+    sparse_cols = [j for j, ly in enumerate(model.layers) if ly.sparse is not None]
     if job.pipeline:
-        keep = [(s, j) for j in range(L) for s in range(S) if piece[:, s, j].max() > 0]
-        chunk_shard = np.array([s for s, _ in keep], dtype=int)
-        chunk_group = np.array([j for _, j in keep], dtype=int)
-        fp32 = np.stack([piece[:, s, j] for s, j in keep], axis=1) if keep else np.zeros((N, 0))
+        has = (frac > 0) & ((dense > 0) | np.isin(np.arange(L), sparse_cols))[None, :]
+        pairs = [(s, j) for j in range(L) for s in range(S) if has[s, j]]
+        chunk_shard = np.array([s for s, _ in pairs], dtype=int)
+        chunk_group = np.array([j for _, j in pairs], dtype=int)
         fwd_s, bwd_s = fwd_l, bwd_l
-        dense_chunk = np.array([frac[s, j] * dense[j] for s, j in keep])
+        dense_chunk = np.array([frac[s, j] * dense[j] for s, j in pairs])
+        # layer -> chunk incidence, weighted by the shard's fraction
+        M = np.zeros((L, len(pairs)))
+        for c_, (s, j) in enumerate(pairs):
+            M[j, c_] = frac[s, j]
     else:
-        tot = piece.sum(axis=2)  # (N, S)
-        keep_s = [s for s in range(S) if tot[:, s].max() > 0]
-        chunk_shard = np.array(keep_s, dtype=int)
-        chunk_group = np.zeros(len(keep_s), dtype=int)
-        fp32 = tot[:, keep_s]
+        chunk_shard = np.arange(S, dtype=int)
+        chunk_group = np.zeros(S, dtype=int)
         fwd_s = fwd_l.sum(axis=1, keepdims=True)
         bwd_s = bwd_l.sum(axis=1, keepdims=True)
-        dense_chunk = np.array([(frac[s] * dense).sum() for s in keep_s])
+        dense_chunk = (frac * dense[None, :]).sum(axis=1)
+        M = frac.T.copy()
+    # fp32 bytes each worker exchanges per chunk: the dense part is the same for
+    # everyone; sparse tables move only the rows this worker's batch touches.
+    fp32 = np.repeat(dense_chunk[None, :], N, axis=0)
+    if sparse_cols:
+        touch = np.zeros((N, L))
+        for j in sparse_cols:
+            ly = model.layers[j]
+            assert ly.sparse is not None
+            touch[:, j] = np.minimum(ly.param_bytes, batch * ly.sparse.rows_per_sample * ly.sparse.row_bytes)
+        fp32 = fp32 + touch @ M
+    if not job.pipeline:  # shards holding nothing exchange nothing
+        keep = np.flatnonzero(fp32.max(axis=0) > 0)
+        chunk_shard, chunk_group, dense_chunk, fp32 = chunk_shard[keep], chunk_group[keep], dense_chunk[keep], fp32[:, keep]
 
     bits = job.quant_bits
     push = fp32 if bits >= 32 else np.where(fp32 > 0, fp32 * bits / 32.0 + QUANT_META_BYTES, 0.0)

@@ -1,0 +1,138 @@
+"""Speed and scale of the evaluators (`hetsim bench`). Not a test: it prints figures.
+
+* SimPy's bare event rate (a process yielding timeouts) against the DES's
+  simulated events per second on a 64-worker, 8-shard, resnet50, BSP,
+  pipelined job, and their ratio.
+* DES wall time for 1,024 workers x 16 shards x 20 iterations (resnet50, BSP,
+  no pipelining), and how it grows with workers and with iterations.
+* Analytic evaluator wall time on up to 100,000 workers.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import simpy
+
+from experiments import runner
+from sim import analytic
+from sim.costmodel import plan_costs
+from sim.des.engine import DataParallelSim
+
+_TYPES = ("a100", "v100", "t4", "l4")
+
+
+def bench_config(workers: int, shards: int, iterations: int, pipeline: bool,
+                 model: str = "resnet50", per_worker_batch: int = 32) -> runner.Loaded:
+    """A heterogeneous cluster: ``workers`` spread evenly over four GPU types."""
+    counts = [workers // len(_TYPES) + (1 if i < workers % len(_TYPES) else 0) for i in range(len(_TYPES))]
+    data = {
+        "name": f"bench-{workers}w-{shards}s",
+        "cluster": {
+            "devices": [{"type": t, "count": n} for t, n in zip(_TYPES, counts) if n > 0],
+            "ps": {"shards": shards, "type": "cpu-16c"},
+            "network": {"bandwidth_gbps": 25, "latency_us": 20},
+        },
+        "job": {"model": model, "global_batch": per_worker_batch * workers, "iterations": iterations,
+                "sync": "bsp", "pipeline": pipeline},
+        "scheduler": {"name": "proportional"},
+    }
+    return runner.from_dict(data, Path("."), "<bench>")
+
+
+def simpy_event_rate(n: int = 300_000) -> float:
+    """Events per second of a bare SimPy loop of timeouts."""
+    env = simpy.Environment()
+
+    def loop() -> Any:
+        for _ in range(n):
+            yield env.timeout(1.0)
+
+    env.process(loop())
+    t0 = time.perf_counter()
+    env.run()
+    return n / (time.perf_counter() - t0)
+
+
+def des_run(workers: int, shards: int, iterations: int, pipeline: bool) -> dict[str, float]:
+    """Wall time and event count of one DES run (tracing off, as in large runs)."""
+    loaded = bench_config(workers, shards, iterations, pipeline)
+    problem = runner.problem_of(loaded)
+    plan = runner.plan_for(loaded, problem)
+    t0 = time.perf_counter()
+    sim = DataParallelSim(problem, plan, plan_costs(problem, plan), trace=False)
+    result = sim.run()
+    wall = time.perf_counter() - t0
+    env = sim.env
+    events = next(env._eid) - len(env._queue)  # scheduled minus still queued = processed
+    return {"workers": workers, "shards": shards, "iterations": iterations, "pipeline": pipeline,
+            "wall_s": wall, "events": events, "events_per_s": events / wall,
+            "sim_throughput_sps": result.throughput_sps}
+
+
+def analytic_run(workers: int, shards: int = 16, iterations: int = 20) -> dict[str, float]:
+    loaded = bench_config(workers, shards, iterations, pipeline=False)
+    problem = runner.problem_of(loaded)
+    plan = runner.plan_for(loaded, problem)
+    t0 = time.perf_counter()
+    result = analytic.evaluate(problem, plan)
+    wall = time.perf_counter() - t0
+    return {"workers": workers, "wall_s": wall, "sim_throughput_sps": result.throughput_sps}
+
+
+def run_all(quick: bool = False, progress: bool = True) -> dict[str, Any]:
+    """Every figure the benchmark reports, as a dict (what --json prints)."""
+    say = print if progress else (lambda *a, **k: None)
+    out: dict[str, Any] = {}
+    say("bare SimPy event rate ...", flush=True)
+    out["simpy_events_per_s"] = simpy_event_rate(50_000 if quick else 300_000)
+    say("DES event rate: 64 workers x 8 shards, resnet50, BSP, pipelined ...", flush=True)
+    rate = des_run(16 if quick else 64, 8, 3 if quick else 5, pipeline=True)
+    out["des_event_rate_run"] = rate
+    out["des_events_per_s"] = rate["events_per_s"]
+    out["ratio"] = rate["events_per_s"] / out["simpy_events_per_s"]
+    sizes = (32, 64, 128) if quick else (128, 256, 512, 1024)
+    iters = (2, 4) if quick else (5, 10, 20)
+    out["des_scale_workers"] = []
+    for n in sizes:
+        say(f"DES scale: {n} workers x 16 shards x {iters[-1]} iterations ...", flush=True)
+        out["des_scale_workers"].append(des_run(n, 16, iters[-1], pipeline=False))
+    out["des_scale_iterations"] = []
+    for k in iters[:-1]:
+        say(f"DES scale: {sizes[-1]} workers x 16 shards x {k} iterations ...", flush=True)
+        out["des_scale_iterations"].append(des_run(sizes[-1], 16, k, pipeline=False))
+    out["des_scale_iterations"].append(out["des_scale_workers"][-1])
+    out["analytic_scale"] = []
+    for n in ((1_000, 10_000) if quick else (1_000, 10_000, 100_000)):
+        say(f"analytic: {n} workers ...", flush=True)
+        out["analytic_scale"].append(analytic_run(n))
+    big = out["des_scale_workers"][-1]
+    out["targets"] = {
+        "ratio>=0.3": out["ratio"] >= 0.3,
+        f"des_{big['workers']}w_20it<60s": big["wall_s"] < 60 if not quick else None,
+        "analytic_100k<1s": out["analytic_scale"][-1]["wall_s"] < 1 if not quick else None,
+    }
+    return out
+
+
+def print_report(f: dict[str, Any]) -> None:
+    print()
+    print(f"bare SimPy events/s            {f['simpy_events_per_s']:,.0f}")
+    r = f["des_event_rate_run"]
+    print(f"DES events/s ({r['workers']}w x {r['shards']}s, pipelined) {f['des_events_per_s']:,.0f}"
+          f"   ({r['events']:,} events in {r['wall_s']:.2f} s)")
+    print(f"ratio                          {f['ratio']:.2f}   (target >= 0.3)")
+    print("\nDES wall time vs workers (16 shards, BSP, no pipelining):")
+    for x in f["des_scale_workers"]:
+        print(f"  {x['workers']:>6} workers x {x['iterations']:>3} it: {x['wall_s']:7.2f} s  "
+              f"{x['wall_s'] / x['workers'] * 1e3:6.2f} ms/worker  {x['events']:>10,} events")
+    print("DES wall time vs iterations:")
+    for x in f["des_scale_iterations"]:
+        print(f"  {x['workers']:>6} workers x {x['iterations']:>3} it: {x['wall_s']:7.2f} s  "
+              f"{x['wall_s'] / x['iterations']:6.3f} s/iteration")
+    print("Analytic wall time vs workers:")
+    for x in f["analytic_scale"]:
+        print(f"  {x['workers']:>7} workers: {x['wall_s'] * 1e3:8.1f} ms")
+    print("\ntargets:", ", ".join(f"{k}: {v}" for k, v in f["targets"].items()))

@@ -1,0 +1,195 @@
+"""The `hetsim` command.
+
+Every command that takes --out writes summary.json, iterations.csv,
+trace.json, plan.json and config.json there (compare and demo: one folder per
+run plus comparison.csv). Bad input exits 2 with one line naming the file and
+field; nothing already written is removed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import shutil
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from sim.errors import HetsimError
+
+DEFAULT_CONFIG = Path(__file__).parent / "configs" / "demo.yaml"
+DEMO_MODELS = ("resnet18", "ctr_dnn")
+DEMO_SCHEDULERS = ("equal", "proportional")
+
+
+def _fmt(x: Any) -> str:
+    if isinstance(x, float):
+        return f"{x:.4g}"
+    return "-" if x is None else str(x)
+
+
+def print_table(rows: list[dict[str, Any]], cols: Sequence[str]) -> None:
+    cells = [[_fmt(r.get(c)) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
+    print("  ".join(c.ljust(w) for c, w in zip(cols, widths)))
+    for row in cells:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths)))
+
+
+SUMMARY_COLS = ("scheduler", "evaluator", "throughput_sps", "iteration_time_mean_s", "elapsed_s",
+                "cost_usd", "energy_j")
+
+
+def _row(result: Any, **extra: Any) -> dict[str, Any]:
+    return {**extra, "scheduler": result.scheduler, "evaluator": result.evaluator, **result.headline()}
+
+
+def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    cols = list(rows[0]) if rows else []
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=cols, lineterminator="\n")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: ("" if v is None else v) for k, v in r.items()})
+
+
+# ---------------------------------------------------------------- commands
+def cmd_simulate(a: argparse.Namespace) -> int:
+    from experiments import runner
+
+    loaded = runner.load(a.config)
+    out = runner.prepare_out(a.out or Path("results") / loaded.config.name / a.evaluator)
+    result, plan = runner.run_one(loaded, a.evaluator, a.scheduler, out)
+    print_table([_row(result)], SUMMARY_COLS)
+    print(f"wrote {out}/ (summary.json, iterations.csv, trace.json, plan.json, config.json)")
+    return 0
+
+
+def cmd_plan(a: argparse.Namespace) -> int:
+    from experiments import runner
+
+    loaded = runner.load(a.config)
+    problem = runner.problem_of(loaded)
+    plan = runner.plan_for(loaded, problem, a.scheduler)
+    text = plan.dumps()
+    if a.out:
+        out = Path(a.out)
+        runner.prepare_out(out.parent if str(out.parent) else Path("."))
+        out.write_text(text)
+        print(f"wrote {out}")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def cmd_compare(a: argparse.Namespace) -> int:
+    from experiments import plots, runner
+
+    loaded = runner.load(a.config)
+    import schedulers
+
+    names = [s for s in (a.schedulers.split(",") if a.schedulers else schedulers.names()) if s]
+    for n in names:
+        if n not in schedulers.names():
+            raise HetsimError(f"--schedulers: unknown scheduler {n!r}; known: {', '.join(schedulers.names())}")
+    out = runner.prepare_out(a.out or Path("results") / loaded.config.name / "compare")
+    rows = []
+    for n in names:
+        result, _ = runner.run_one(loaded, a.evaluator, n, out / n)
+        rows.append(_row(result))
+    write_csv(out / "comparison.csv", rows)
+    plots.comparison_chart(rows, out / "comparison.png", title=f"{loaded.config.name} ({a.evaluator})")
+    print_table(rows, SUMMARY_COLS)
+    print(f"wrote {out}/comparison.csv, comparison.png and one folder per scheduler")
+    return 0
+
+
+def cmd_demo(a: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from experiments import plots, runner
+
+    base = runner.load(DEFAULT_CONFIG)
+    out = runner.prepare_out(a.out)
+    rows = []
+    runs = [(m, s) for m in DEMO_MODELS for s in DEMO_SCHEDULERS]
+    for model, sched in tqdm(runs, desc="demo", unit="run", disable=a.quiet):
+        data = base.config.model_dump(mode="json")
+        data["job"]["model"] = model
+        data["name"] = f"demo-{model}"
+        loaded = runner.from_dict(data, base.base_dir, str(DEFAULT_CONFIG))
+        result, _ = runner.run_one(loaded, "des", sched, out / model / sched)
+        rows.append(_row(result, model=model))
+    write_csv(out / "comparison.csv", rows)
+    plots.comparison_chart(rows, out / "comparison.png", title="hetsim demo: 1 V100 + 2 T4 + 4 CPU, 2 PS shards, 10 Gbps")
+    shutil.copyfile(out / DEMO_MODELS[0] / DEMO_SCHEDULERS[-1] / "trace.json", out / "trace.json")
+    print_table(rows, ("model", *SUMMARY_COLS))
+    print(f"wrote {out}/: comparison.csv, comparison.png, trace.json (open in https://ui.perfetto.dev), "
+          "and one folder per run")
+    return 0
+
+
+def cmd_bench(a: argparse.Namespace) -> int:
+    from bench import des_bench
+
+    figures = des_bench.run_all(quick=a.quick, progress=not a.json)
+    if a.json:
+        print(json.dumps(figures, indent=2))
+    else:
+        des_bench.print_report(figures)
+    return 0
+
+
+# ------------------------------------------------------------------ parser
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="hetsim", description=__doc__.splitlines()[0] if __doc__ else None)
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    d = sub.add_parser("demo", help="run the default experiment (no arguments needed)")
+    d.add_argument("--out", default="results/demo", help="output folder (default results/demo)")
+    d.add_argument("--quiet", action="store_true", help="no progress bar")
+    d.set_defaults(fn=cmd_demo)
+
+    s = sub.add_parser("simulate", help="simulate one config")
+    s.add_argument("config")
+    s.add_argument("--evaluator", choices=("des", "analytic"), default="des")
+    s.add_argument("--scheduler", help="override the config's scheduler")
+    s.add_argument("--out", help="output folder (default results/NAME/EVALUATOR)")
+    s.set_defaults(fn=cmd_simulate)
+
+    pl = sub.add_parser("plan", help="print or save the plan a scheduler makes")
+    pl.add_argument("config")
+    pl.add_argument("--scheduler", help="override the config's scheduler")
+    pl.add_argument("--out", help="plan.json path (default: stdout)")
+    pl.set_defaults(fn=cmd_plan)
+
+    c = sub.add_parser("compare", help="compare schedulers on one config")
+    c.add_argument("config")
+    c.add_argument("--schedulers", help="comma-separated names (default: all registered)")
+    c.add_argument("--evaluator", choices=("des", "analytic"), default="des")
+    c.add_argument("--out", help="output folder (default results/NAME/compare)")
+    c.set_defaults(fn=cmd_compare)
+
+    b = sub.add_parser("bench", help="DES speed and scale benchmark")
+    b.add_argument("--json", action="store_true", help="print the figures as JSON")
+    b.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run)")
+    b.set_defaults(fn=cmd_bench)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.fn(args))
+    except HetsimError as e:
+        print(f"hetsim: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("hetsim: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,314 @@
+"""Workloads: layer extraction from torch, the zoo, and the layer-list file format."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from sim import zoo
+from sim.errors import ConfigError
+from sim.torch_extract import from_torch
+from sim.workload import (
+    Layer,
+    Model,
+    Sparse,
+    load_model_file,
+    model_from_dict,
+    save_model_file,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _reference_flops(module: nn.Module, example: object) -> tuple[int, int]:
+    """FlopCounterMode's forward total, and its backward total for loss = sum(output)."""
+    args = example if isinstance(example, tuple) else (example,)
+    with FlopCounterMode(display=False) as fc:
+        out = module(*args)
+    fwd = fc.get_total_flops()
+    loss = out.float().sum()
+    with FlopCounterMode(display=False) as fc:
+        loss.backward()
+    for p in module.parameters():
+        p.grad = None
+    return fwd, fc.get_total_flops()
+
+
+def _trainable_bytes(module: nn.Module) -> int:
+    return 4 * sum(p.numel() for p in module.parameters() if p.requires_grad)
+
+
+def _encoder() -> tuple[nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(d_model=64, nhead=4, batch_first=True)
+    enc = nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
+    return enc, torch.randn(2, 16, 64)
+
+
+# -- from_torch totals against FlopCounterMode ---------------------------------
+
+
+@pytest.mark.parametrize("name", [*zoo.names(), "nn.TransformerEncoder"])
+def test_from_torch_totals_match_flop_counter(name: str) -> None:
+    module, example = _encoder() if name == "nn.TransformerEncoder" else zoo.torch_module(name)
+    batch = (example[0] if isinstance(example, tuple) else example).shape[0]
+    model = from_torch(module, example, name=name)
+    fwd, bwd = _reference_flops(module, example)
+    assert fwd > 0 and bwd > 0
+    assert model.fwd_flops * batch == pytest.approx(fwd, rel=0.01)
+    assert model.bwd_flops * batch == pytest.approx(bwd, rel=0.01)
+    # every trainable parameter counted exactly once
+    assert model.param_bytes == _trainable_bytes(module)
+    assert len({ly.name for ly in model.layers}) == len(model.layers)
+    if name in zoo.names():
+        # the committed YAML is what extraction gives today
+        assert zoo.get(name) == model
+
+
+def test_transformer_encoder_layers() -> None:
+    enc, x = _encoder()
+    model = from_torch(enc, x)
+    per_layer = ["self_attn", "dropout1", "norm1", "linear1", "dropout", "linear2",
+                 "dropout2", "norm2"]
+    assert [ly.name for ly in model.layers] == [
+        f"layers.{i}.{n}" for i in range(2) for n in per_layer
+    ]
+    attn = model.layers[0]
+    # in_proj (3*64*64 + 3*64) and the out_proj it uses functionally (64*64 + 64)
+    assert (attn.op, attn.param_bytes) == ("attention", 4 * (4 * 64 * 64 + 4 * 64))
+    assert model.layers[3].op == "gemm"
+    assert model.layers[1].op == "elementwise"
+    assert model.input_bytes == 16 * 64 * 4
+
+
+# -- hand-computed cases ---------------------------------------------------------
+
+
+def test_sequential_mlp_by_hand() -> None:
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(8, 4), nn.ReLU(), nn.Linear(4, 2))
+    model = from_torch(m, torch.randn(2, 8), name="tiny")
+    assert model.name == "tiny"
+    assert [ly.name for ly in model.layers] == ["0", "1", "2"]
+    assert [ly.op for ly in model.layers] == ["gemm", "elementwise", "gemm"]
+    # forward: 2 * in * out per sample
+    assert [ly.fwd_flops for ly in model.layers] == [64, 0, 16]
+    # backward, FlopCounterMode convention: grad-input mm (2*in*out) + grad-weight
+    # mm (2*in*out); the bias gradient (a sum) and ReLU count 0. The input needs
+    # no gradient, so layer 0 runs only its grad-weight mm.
+    assert [ly.bwd_flops for ly in model.layers] == [64, 0, 32]
+    assert [ly.param_bytes for ly in model.layers] == [144, 0, 40]
+    assert [ly.activation_bytes for ly in model.layers] == [16, 16, 8]
+    assert [ly.kernels for ly in model.layers] == [1, 1, 1]
+    assert model.input_bytes == 32
+
+
+def test_input_that_requires_grad_adds_first_layer_grad_input() -> None:
+    m = nn.Sequential(nn.Linear(8, 4), nn.ReLU(), nn.Linear(4, 2))
+    model = from_torch(m, torch.randn(2, 8, requires_grad=True))
+    assert [ly.bwd_flops for ly in model.layers] == [128, 0, 32]
+
+
+def test_embedding_is_sparse() -> None:
+    emb = nn.Embedding(10, 3)
+    model = from_torch(emb, torch.randint(0, 10, (2, 5)))
+    (ly,) = model.layers
+    assert ly == Layer(name="embedding", op="embedding", fwd_flops=0, bwd_flops=0,
+                       param_bytes=10 * 3 * 4, activation_bytes=5 * 3 * 4,
+                       sparse=Sparse(rows_per_sample=5, row_bytes=12))
+    assert model.input_bytes == 5 * 8  # int64 ids
+
+    bag = nn.EmbeddingBag(100, 6, mode="sum")
+    (ly,) = from_torch(bag, torch.randint(0, 100, (4, 7))).layers
+    assert (ly.op, ly.sparse, ly.activation_bytes) == ("embedding", Sparse(7, 24), 24)
+
+
+class _Custom(nn.Module):
+    """Root does a functional matmul; ReLU is called twice; c shares b's weight."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+        self.w = nn.Parameter(torch.randn(8, 4))
+        self.act = nn.ReLU()
+        self.unused = nn.Linear(3, 3)
+        self.b = nn.Linear(4, 4)
+        self.c = nn.Linear(4, 4)
+        self.c.weight = self.b.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.act(self.a(x))
+        h = self.act(h @ self.w)
+        return self.c(self.b(h)) @ torch.ones(4, 1)
+
+
+def test_parent_self_work_shared_and_unused_modules() -> None:
+    model = from_torch(_Custom(), torch.randn(2, 8))
+    assert [ly.name for ly in model.layers] == ["a", "act#1", "self", "act#2", "b", "c"]
+    by = {ly.name: ly for ly in model.layers}
+    # root: h @ w (2*8*4) and the final @ ones (2*4*1), per sample
+    assert (by["self"].op, by["self"].fwd_flops) == ("gemm", 72)
+    # grad of h and of w (64 each); ones needs no gradient: grad of c's output only (8)
+    assert by["self"].bwd_flops == 136
+    # w plus the never-called `unused` Linear, adopted by its executed parent
+    assert by["self"].param_bytes == 4 * (8 * 4) + 4 * (3 * 3 + 3)
+    assert by["self"].activation_bytes == 4  # output of the last matmul, [1] fp32
+    # shared weight counted once, on b, the first layer that ran with it
+    assert (by["b"].param_bytes, by["c"].param_bytes) == (80, 16)
+
+
+def test_from_torch_leaves_module_state_alone() -> None:
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Dropout(0.5), nn.Flatten(),
+                      nn.Linear(4 * 6 * 6, 2))
+    x = torch.randn(2, 3, 8, 8)
+    rng = torch.get_rng_state()
+    first = from_torch(m, x)
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert all(p.grad is None for p in m.parameters())
+    assert int(m[1].num_batches_tracked) == 0
+    assert torch.equal(m[1].running_mean, torch.zeros(4))
+    assert from_torch(m, x) == first
+    # Flatten is a view: no kernel, no layer
+    assert [ly.name for ly in first.layers] == ["0", "1", "2", "4"]
+
+
+# -- the zoo ------------------------------------------------------------------
+
+
+def test_zoo_names_and_unknown() -> None:
+    assert zoo.names() == ["mlp", "ctr_dnn", "wide_deep", "resnet18", "resnet50", "vgg16",
+                           "transformer"]
+    with pytest.raises(KeyError):
+        zoo.get("alexnet")
+    with pytest.raises(KeyError):
+        zoo.torch_module("alexnet")
+
+
+def test_zoo_known_architecture_sizes() -> None:
+    # parameter counts of the reference architectures, fp32
+    assert zoo.get("resnet18").param_bytes == 4 * 11_689_512
+    assert zoo.get("resnet50").param_bytes == 4 * 25_557_032
+    assert zoo.get("vgg16").param_bytes == 4 * 138_357_544
+    for name in ("resnet18", "resnet50", "vgg16"):
+        assert zoo.get(name).input_bytes == 3 * 224 * 224 * 4
+    assert zoo.get("resnet50").layers[0] == Layer(
+        name="conv1", op="conv", fwd_flops=2 * 64 * 112 * 112 * 3 * 7 * 7,
+        bwd_flops=2 * 64 * 112 * 112 * 3 * 7 * 7, param_bytes=4 * 64 * 3 * 7 * 7,
+        activation_bytes=64 * 112 * 112 * 4)
+
+
+def test_zoo_sparse_layers() -> None:
+    ctr = zoo.get("ctr_dnn")
+    emb = [ly for ly in ctr.layers if ly.op == "embedding"]
+    assert [ly.name for ly in emb] == [f"emb.{i}" for i in range(26)]
+    assert {ly.sparse for ly in emb} == {Sparse(rows_per_sample=1, row_bytes=16 * 4)}
+    assert {ly.param_bytes for ly in emb} == {100_000 * 16 * 4}
+    assert [ly.op for ly in ctr.layers[26:]] == [
+        "gemm", "elementwise", "gemm", "elementwise", "gemm"]
+
+    wd = zoo.get("wide_deep")
+    assert wd.layers[0].name == "wide"
+    assert wd.layers[0].sparse == Sparse(rows_per_sample=26, row_bytes=4)
+    assert sum(ly.sparse is not None for ly in wd.layers) == 27
+
+    lm = zoo.get("transformer")
+    assert lm.layers[0].name == "tok"
+    assert lm.layers[0].sparse == Sparse(rows_per_sample=128, row_bytes=512 * 4)
+    assert lm.layers[-1].name == "head" and lm.layers[-1].sparse is None
+    assert sum(ly.op == "attention" for ly in lm.layers) == 6
+
+
+def test_zoo_get_does_not_import_torch() -> None:
+    code = ("import sys; from sim import zoo; [zoo.get(n) for n in zoo.names()]; "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True,
+                   env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+
+
+def test_regenerate_matches_committed_yaml(tmp_path: Path) -> None:
+    small = ["mlp", "ctr_dnn", "wide_deep"]
+    written = zoo.regenerate(tmp_path, only=small)
+    assert written == [tmp_path / f"{n}.yaml" for n in small]
+    for name, path in zip(small, written, strict=True):
+        assert load_model_file(path) == zoo.get(name)
+    zoo.main(["--out", str(tmp_path / "cli"), "mlp"])
+    assert load_model_file(tmp_path / "cli" / "mlp.yaml") == zoo.get("mlp")
+
+
+# -- the layer-list file format -------------------------------------------------
+
+_TINY = Model(
+    name="tiny",
+    input_bytes=104.0,
+    layers=(
+        Layer("emb", "embedding", 0, 0, 4.0e8, 512, Sparse(26, 64)),
+        Layer("fc1", "gemm", 1.0e6, 2.0e6, 2.0e6, 1024, kernels=3),
+        Layer("act", "elementwise", 0, 0, 0, 1024),
+    ),
+)
+
+
+def test_model_round_trip(tmp_path: Path) -> None:
+    assert model_from_dict(_TINY.to_dict()) == _TINY
+    save_model_file(_TINY, tmp_path / "tiny.yaml")
+    assert load_model_file(tmp_path / "tiny.yaml") == _TINY
+
+
+def test_architecture_example_file(tmp_path: Path) -> None:
+    f = tmp_path / "model.yaml"
+    f.write_text(
+        "name: tiny\n"
+        "layers:\n"
+        "  - {name: emb, op: embedding, fwd_flops: 0, bwd_flops: 0,\n"
+        "     param_bytes: 4.0e8, activation_bytes: 512,\n"
+        "     sparse: {rows_per_sample: 26, row_bytes: 64}}\n"
+        "  - {name: fc1, op: gemm, fwd_flops: 1.0e6, bwd_flops: 2.0e6,\n"
+        "     param_bytes: 2.0e6, activation_bytes: 1024}\n"
+    )
+    m = load_model_file(f)
+    assert m.layers[0].sparse == Sparse(26, 64)
+    assert (m.fwd_flops, m.bwd_flops, m.param_bytes) == (1.0e6, 2.0e6, 4.0e8 + 2.0e6)
+
+
+_GOOD_LAYER = ("{name: a, op: gemm, fwd_flops: 1, bwd_flops: 2, param_bytes: 3, "
+               "activation_bytes: 4}")
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        ("name: x\nlayers: [\n  {name: a\n", "line 4"),
+        (f"name: x\nfoo: 1\nlayers: [{_GOOD_LAYER}]\n", "foo"),
+        ("name: x\nlayers: [{name: a, op: gemm, fwd_flops: 1, bwd_flops: 2, param_bytes: 3,"
+         " activation_bytes: 4, flops: 5}]\n", "layers[0].flops"),
+        ("name: x\nlayers: [{name: a, op: gemm, fwd_flops: -1, bwd_flops: 2, param_bytes: 3,"
+         " activation_bytes: 4}]\n", "layers[0].fwd_flops"),
+        (f"name: x\nlayers: [{_GOOD_LAYER}, {{name: b, op: lstm, fwd_flops: 1, bwd_flops: 2,"
+         " param_bytes: 3, activation_bytes: 4}]\n", "layers[1].op"),
+        ("name: x\nlayers: [{name: a, op: gemm, fwd_flops: 1, bwd_flops: 2,"
+         " activation_bytes: 4}]\n", "layers[0].param_bytes"),
+        ("name: x\nlayers: []\n", "layers"),
+    ],
+    ids=["malformed", "unknown-top", "unknown-layer", "negative", "bad-op", "missing", "empty"],
+)
+def test_load_model_file_errors_name_file_and_field(tmp_path: Path, text: str, field: str) -> None:
+    f = tmp_path / "bad.yaml"
+    f.write_text(text)
+    with pytest.raises(ConfigError) as e:
+        load_model_file(f)
+    assert (e.value.file, e.value.field) == (str(f), field)
+    assert str(e.value).startswith(f"{f}: {field}: ")
+
+
+def test_load_model_file_missing(tmp_path: Path) -> None:
+    f = tmp_path / "nope.yaml"
+    with pytest.raises(ConfigError) as e:
+        load_model_file(f)
+    assert (e.value.file, e.value.field, str(e.value)) == (str(f), "", f"{f}: file not found")
