@@ -15,9 +15,9 @@ import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
-from sim.errors import HetsimError
+from sim.errors import ConfigError, HetsimError
 
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "demo.yaml"
 DEMO_MODELS = ("resnet18", "ctr_dnn")
@@ -93,7 +93,8 @@ def cmd_compare(a: argparse.Namespace) -> int:
     names = [s for s in (a.schedulers.split(",") if a.schedulers else schedulers.names()) if s]
     for n in names:
         if n not in schedulers.names():
-            raise HetsimError(f"--schedulers: unknown scheduler {n!r}; known: {', '.join(schedulers.names())}")
+            raise ConfigError("<command line>", "--schedulers",
+                              f"unknown scheduler {n!r}; known: {', '.join(schedulers.names())}")
     out = runner.prepare_out(a.out or Path("results") / loaded.config.name / "compare")
     rows = []
     for n in names:
@@ -143,9 +144,16 @@ def cmd_bench(a: argparse.Namespace) -> int:
 
 
 # ------------------------------------------------------------------ parser
+class _Parser(argparse.ArgumentParser):
+    """argparse with the house error convention: one line on stderr, exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog.split()[0]} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="hetsim", description=__doc__.splitlines()[0] if __doc__ else None)
-    sub = p.add_subparsers(dest="cmd", required=True)
+    p = _Parser(prog="hetsim", description=__doc__.splitlines()[0] if __doc__ else None)
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
 
     d = sub.add_parser("demo", help="run the default experiment (no arguments needed)")
     d.add_argument("--out", default="results/demo", help="output folder (default results/demo)")

@@ -7,6 +7,7 @@ call these; nothing here models anything.
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -88,6 +89,9 @@ def run_one(loaded: Loaded, evaluator: str, scheduler: str | None = None,
     problem = problem_of(loaded)
     plan = plan_for(loaded, problem, scheduler)
     result = evaluate(problem, plan, evaluator, trace=trace)
+    for key in ("incomplete", "note"):
+        if key in result.extra:
+            print(f"hetsim: warning: {result.extra[key]}", file=sys.stderr)
     if out is not None:
         write_run(out, result, plan, loaded)
     return result, plan

@@ -17,7 +17,8 @@ from sim.errors import ConfigError
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict: a YAML `true` is not the integer 1; no inf/nan where numbers are expected
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
 class DeviceEntry(_Strict):
@@ -178,7 +179,11 @@ def read_yaml(path: str | Path) -> Any:
     if not p.is_file():
         raise ConfigError(str(p), "", "file not found")
     try:
-        return yaml.safe_load(p.read_text())
+        return yaml.safe_load(p.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise ConfigError(str(p), "", f"not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except OSError as e:
+        raise ConfigError(str(p), "", f"cannot read: {e.strerror or e}") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark is not None else ""

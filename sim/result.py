@@ -193,24 +193,43 @@ class Trace:
     def __init__(self, max_events: int = 200_000) -> None:
         self.events: list[dict[str, Any]] = []
         self.max_events = max_events
-        self._named: set[tuple[int, int]] = set()
+        self._threads: set[tuple[int, int]] = set()
+        self._processes: set[int] = set()
+        self._async_id = 0
         self.dropped = 0
 
     def span(self, track: str, tid: int, tname: str, name: str, t0_s: float, t1_s: float,
              args: dict[str, Any] | None = None) -> None:
+        """A complete event on thread ``tid`` (named ``tname``) of process ``track``."""
         if len(self.events) >= self.max_events:
             self.dropped += 1
             return
-        pid = self.PIDS[track]
-        if (pid, tid) not in self._named:
-            self._named.add((pid, tid))
-            self.events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid,
-                                "args": {"name": tname}})
-            if pid not in {p for p, _ in self._named if (p, _) != (pid, tid)}:
-                self.events.append({"name": "process_name", "ph": "M", "pid": pid, "tid": 0,
-                                    "args": {"name": track}})
+        pid = self._meta(track, tid, tname)
         ev: dict[str, Any] = {"name": name, "ph": "X", "pid": pid, "tid": tid,
                               "ts": t0_s * 1e6, "dur": (t1_s - t0_s) * 1e6}
         if args:
             ev["args"] = args
         self.events.append(ev)
+
+    def async_span(self, track: str, tid: int, tname: str, name: str, t0_s: float, t1_s: float) -> None:
+        """An interval that may overlap others on its thread (a message in flight)."""
+        if len(self.events) + 1 >= self.max_events:
+            self.dropped += 1
+            return
+        pid = self._meta(track, tid, tname)
+        self._async_id += 1
+        common = {"name": name, "cat": track, "pid": pid, "tid": tid, "id": self._async_id}
+        self.events.append({**common, "ph": "b", "ts": t0_s * 1e6})
+        self.events.append({**common, "ph": "e", "ts": t1_s * 1e6})
+
+    def _meta(self, track: str, tid: int, tname: str) -> int:
+        pid = self.PIDS[track]
+        if pid not in self._processes:
+            self._processes.add(pid)
+            self.events.append({"name": "process_name", "ph": "M", "pid": pid, "tid": 0,
+                                "args": {"name": track}})
+        if (pid, tid) not in self._threads:
+            self._threads.add((pid, tid))
+            self.events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid,
+                                "args": {"name": tname}})
+        return pid

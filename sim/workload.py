@@ -214,15 +214,10 @@ def _positive(v: Any, source: str, field_: str) -> float:
 
 def load_model_file(path: str | Path) -> Model:
     """Read a layer-list YAML file (see ARCHITECTURE.md, "Layer-list model file")."""
+    from sim.config import read_yaml
+
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError(str(p), "", "file not found")
-    try:
-        data = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(str(p), where, f"malformed YAML: {getattr(e, 'problem', e)}") from None
+    data = read_yaml(p)
     return model_from_dict(data, str(p))
 
 

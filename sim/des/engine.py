@@ -97,6 +97,7 @@ class DataParallelSim:
         self.failures: list[dict[str, Any]] = []
         self.finished = env.event()
         self.procs: list[simpy.Process] = []
+        self.incomplete = ""
         # BSP state
         self.chunk_iter = [0] * C
         self.missing = [set(range(N)) for _ in range(C)]
@@ -145,7 +146,7 @@ class DataParallelSim:
         def delivered() -> None:
             self._flow_end(w)
             if self.trace is not None:
-                self.trace.span("network", w, self.c.workers[w], f"pull c{c}", t0, self.env.now)
+                self.trace.async_span("network", w, self.c.workers[w], f"pull c{c}", t0, self.env.now)
             ev.succeed()
 
         self.net.transfer(2 * self.N + s, self.N + w, self.pull_b[w][c], delivered)
@@ -158,7 +159,7 @@ class DataParallelSim:
         def delivered() -> None:
             self._flow_end(w)
             if self.trace is not None:
-                self.trace.span("network", w, self.c.workers[w], f"push c{c}", t0, self.env.now)
+                self.trace.async_span("network", w, self.c.workers[w], f"push c{c}", t0, self.env.now)
             self._arrive(w, it, c)
 
         self.net.transfer(w, 2 * self.N + self.S + s, self.push_b[w][c], delivered)
@@ -333,7 +334,14 @@ class DataParallelSim:
         try:
             env.run(until=self.finished)
         except RuntimeError:
-            pass  # every worker died: the result holds the iterations that completed
+            # The event queue ran dry before the job finished. Legitimate only
+            # when every worker has died; anything else is a modelling bug.
+            if any(self.alive):
+                raise RuntimeError(
+                    f"DES stalled at t={env.now} after {len(self.iter_end)} of {self.n_iter} iterations"
+                ) from None
+            self.incomplete = (f"every worker failed: {len(self.iter_end)} of {self.n_iter} "
+                               "iterations completed")
         end = env.now
         for a in self.acct:
             a.advance(end) if a.state != _DONE else None
@@ -360,6 +368,8 @@ class DataParallelSim:
             devices.append(DeviceUsage(sid, "ps", d.type.price_per_hour, d.type.power_w.idle,
                                        d.type.power_w.active, busy_s=self.servers[s].busy_s))
         extra: dict[str, Any] = {}
+        if self.incomplete:
+            extra["incomplete"] = self.incomplete
         if self.sync != "bsp" and self.staleness:
             st = np.asarray(self.staleness)
             extra["staleness"] = {"mean": float(st.mean()), "max": int(st.max())}

@@ -11,10 +11,14 @@ non-blocking network. A message is delivered ``latency_s`` after its last
 byte leaves the fluid model, so an uncontended message takes
 latency_s + n / bw exactly as in the analytic evaluator.
 
-Rates change only at flow arrivals and departures. Changes at one instant
-are batched by a zero-delay settle event, and completions sit in a heap with
-lazy invalidation, so the network costs O(log F) per event plus the flows
-whose rate changed.
+Rates change only at flow arrivals and departures. Flows between the same
+two links always run at the same rate, so they are kept together in a pair
+group with one service counter: a flow finishes when its group's counter
+passes the value it had at the flow's start plus the flow's size. A change
+then costs O(pairs on the two links touched) instead of O(flows). Changes at
+one instant are batched by a zero-delay settle event; each group's next
+completion sits in one heap with lazy invalidation. tests/fluid_oracle.py
+keeps the per-flow version of the same model as a test oracle.
 """
 
 from __future__ import annotations
@@ -26,18 +30,20 @@ from collections.abc import Callable, Sequence
 import simpy
 
 
-class _Flow:
-    __slots__ = ("rem", "rate", "t", "src", "dst", "cb", "ver", "live")
+class _Pair:
+    """Flows from one link to another: one rate, one service counter."""
 
-    def __init__(self, nbytes: float, src: int, dst: int, cb: Callable[[], None], now: float) -> None:
-        self.rem = nbytes
-        self.rate = 0.0
-        self.t = now
+    __slots__ = ("src", "dst", "rate", "served", "t", "flows", "ver", "dirty")
+
+    def __init__(self, src: int, dst: int, now: float) -> None:
         self.src = src
         self.dst = dst
-        self.cb = cb
+        self.rate = 0.0
+        self.served = 0.0  # bytes each of its flows has received since the pair was created
+        self.t = now
+        self.flows: list[tuple[float, int, Callable[[], None]]] = []  # (served target, seq, cb)
         self.ver = 0
-        self.live = True
+        self.dirty = False
 
 
 class FlowNetwork:
@@ -56,12 +62,15 @@ class FlowNetwork:
         self.bw = [float(b) for b in link_bw_Bps]
         self.latency_s = float(latency_s)
         self.fair = fair
+        self._n = [0] * len(self.bw)  # flows on each link
         # dicts, not sets: iteration order must not depend on object ids (same seed, same bytes)
-        self._flows: list[dict[_Flow, None]] = [{} for _ in self.bw]
-        self._heap: list[tuple[float, int, int, _Flow]] = []
+        self._pairs_on: list[dict[_Pair, None]] = [{} for _ in self.bw]
+        self._pairs: dict[tuple[int, int], _Pair] = {}
+        self._heap: list[tuple[float, int, int, _Pair]] = []
         self._dirty: set[int] = set()
         self._settle_pending = False
         self._wake_at = math.inf
+        self._wake_token = 0
         self._seq = 0
         self.bytes_sent = 0.0
 
@@ -75,9 +84,20 @@ class FlowNetwork:
             ev = self.env.timeout(nbytes / min(self.bw[src], self.bw[dst]))
             ev.callbacks.append(lambda _e: self._deliver(on_delivered))
             return
-        f = _Flow(nbytes, src, dst, on_delivered, self.env.now)
-        self._flows[src][f] = None
-        self._flows[dst][f] = None
+        now = self.env.now
+        p = self._pairs.get((src, dst))
+        if p is None:
+            p = self._pairs[(src, dst)] = _Pair(src, dst, now)
+            self._pairs_on[src][p] = None
+            self._pairs_on[dst][p] = None
+        elif p.rate > 0.0:
+            p.served += p.rate * (now - p.t)
+            p.t = now
+        self._seq += 1
+        heapq.heappush(p.flows, (p.served + nbytes, self._seq, on_delivered))
+        p.dirty = True  # its earliest target may have changed
+        self._n[src] += 1
+        self._n[dst] += 1
         self._touch(src, dst)
 
     # -- internals ---------------------------------------------------------
@@ -94,56 +114,76 @@ class FlowNetwork:
             self.env.timeout(0).callbacks.append(self._settle)
 
     def _settle(self, _ev: object = None) -> None:
-        """Recompute the rates of flows on links whose flow set changed."""
+        """Recompute the rates of pairs on links whose flow count changed."""
         self._settle_pending = False
         now = self.env.now
-        flows = self._flows
-        bw = self.bw
-        affected: dict[_Flow, None] = {}
+        bw, n, pairs_on = self.bw, self._n, self._pairs_on
+        affected: dict[_Pair, None] = {}
         for link in sorted(self._dirty):
-            affected.update(flows[link])
+            affected.update(pairs_on[link])
         self._dirty.clear()
-        for f in affected:
-            if f.rate > 0.0:
-                f.rem -= f.rate * (now - f.t)
-            f.t = now
-            r = min(bw[f.src] / len(flows[f.src]), bw[f.dst] / len(flows[f.dst]))
-            if r != f.rate:
-                f.rate = r
-                f.ver += 1
-                self._seq += 1
-                heapq.heappush(self._heap, (now + max(f.rem, 0.0) / r, self._seq, f.ver, f))
+        heap, push = self._heap, heapq.heappush
+        seq = self._seq
+        for p in affected:
+            a = bw[p.src] / n[p.src]
+            b = bw[p.dst] / n[p.dst]
+            r = a if a < b else b
+            if r != p.rate or p.dirty:
+                if p.rate > 0.0:
+                    p.served += p.rate * (now - p.t)
+                p.t = now
+                p.rate = r
+                p.dirty = False
+                p.ver += 1
+                seq += 1
+                left = p.flows[0][0] - p.served
+                push(heap, (now + (left if left > 0.0 else 0.0) / r, seq, p.ver, p))
+        self._seq = seq
         self._schedule_wake()
 
     def _schedule_wake(self) -> None:
         heap = self._heap
-        while heap and (not heap[0][3].live or heap[0][2] != heap[0][3].ver):
+        while heap and heap[0][2] != heap[0][3].ver:
             heapq.heappop(heap)
         if heap and heap[0][0] < self._wake_at:
             t = heap[0][0]
             self._wake_at = t
-            self.env.timeout(max(t - self.env.now, 0.0)).callbacks.append(self._wake)
+            self._wake_token += 1
+            token = self._wake_token
+            self.env.timeout(max(t - self.env.now, 0.0)).callbacks.append(lambda _e: self._wake(token))
 
-    def _wake(self, _ev: object) -> None:
+    def _wake(self, token: int) -> None:
         now = self.env.now
-        if self._wake_at <= now:
+        if token == self._wake_token:  # the earliest pending wake: none is pending after it
             self._wake_at = math.inf
         heap = self._heap
-        # Flows due now (to float rounding of the wake time) complete together.
+        # Pairs due now (to float rounding of the wake time) complete together.
         horizon = now + 1e-12 * max(now, 1e-9)
-        done: list[_Flow] = []
+        due: list[_Pair] = []
         while heap and heap[0][0] <= horizon:
-            _, _, ver, f = heapq.heappop(heap)
-            if f.live and ver == f.ver:
-                done.append(f)
-        for f in done:
-            f.live = False
-            del self._flows[f.src][f]
-            del self._flows[f.dst][f]
-            self._dirty.add(f.src)
-            self._dirty.add(f.dst)
-        for f in done:
-            self._deliver(f.cb)
+            _, _, ver, p = heapq.heappop(heap)
+            if ver == p.ver:
+                due.append(p)
+        delivered: list[Callable[[], None]] = []
+        for p in due:
+            p.ver += 1  # its entry is consumed; settle pushes the next one
+            p.served += p.rate * (now - p.t)
+            p.t = now
+            # the flow that was due, and any others whose target is reached to rounding
+            tol = 1e-9 * max(p.flows[0][0], 1.0)
+            while p.flows and p.flows[0][0] - p.served <= tol:
+                delivered.append(heapq.heappop(p.flows)[2])
+                self._n[p.src] -= 1
+                self._n[p.dst] -= 1
+            self._dirty.add(p.src)
+            self._dirty.add(p.dst)
+            p.dirty = True
+            if not p.flows:
+                del self._pairs[(p.src, p.dst)]
+                del self._pairs_on[p.src][p]
+                del self._pairs_on[p.dst][p]
+        for cb in delivered:
+            self._deliver(cb)
         if self._dirty:
             self._settle()
         else:
