@@ -26,24 +26,25 @@ from sim.plan import Plan
 from sim.problem import Problem
 from sim.result import DeviceUsage, RunResult
 
-_FIXED_POINT_PASSES = 4
+_FIXED_POINT_PASSES = 16
 
 
-def _overlap_sum(a: np.ndarray, b: np.ndarray, m: np.ndarray) -> np.ndarray:
-    """For each interval i: sum_j m_j * overlap([a_i, b_i], [a_j, b_j]) over the given intervals."""
-    oa, ob = np.argsort(a, kind="stable"), np.argsort(b, kind="stable")
-    sa, sb = a[oa], b[ob]
-    na_c = np.concatenate([[0.0], np.cumsum(m[oa])])
-    nb_c = np.concatenate([[0.0], np.cumsum(m[ob])])
-    ca = np.concatenate([[0.0], np.cumsum(m[oa] * sa)])
-    cb = np.concatenate([[0.0], np.cumsum(m[ob] * sb)])
+def _mean_share(a: np.ndarray, b: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """For each interval i: the time average over [a_i, b_i] of 1 / k(t), where
+    k(t) = sum_j m_j over intervals j open at t (the fair share of one flow)."""
+    pts = np.concatenate([a, b])
+    delta = np.concatenate([m, -m])
+    order = np.argsort(pts, kind="stable")
+    ps = pts[order]
+    k = np.cumsum(delta[order])[:-1]  # load on [ps[i], ps[i+1])
+    inv = np.where(k > 0.5, 1.0 / np.maximum(k, 0.5), 0.0)
+    F = np.concatenate([[0.0], np.cumsum(np.diff(ps) * inv)])
 
-    def G(t: np.ndarray) -> np.ndarray:  # sum_j m_j * clip(t - a_j, 0, b_j - a_j)
-        i = np.searchsorted(sa, t, side="left")
-        k = np.searchsorted(sb, t, side="left")
-        return (na_c[i] * t - ca[i]) - (nb_c[k] * t - cb[k])
+    def at(t: np.ndarray) -> np.ndarray:
+        return F[np.searchsorted(ps, t, side="left")]
 
-    return G(b) - G(a)
+    length = b - a
+    return np.where(length > 0, (at(b) - at(a)) / np.where(length > 0, length, 1.0), 1.0 / np.maximum(m, 1.0))
 
 
 def _flow_finish(start: np.ndarray, nbytes: np.ndarray, src: np.ndarray, dst: np.ndarray,
@@ -52,26 +53,33 @@ def _flow_finish(start: np.ndarray, nbytes: np.ndarray, src: np.ndarray, dst: np
 
     ``weight`` gives, per flow and per end (src, dst), how many identical flows
     it stands for on that link (workers are evaluated one per equivalence class).
+    With fair sharing a flow's rate is taken as the smaller of its two links'
+    time-averaged fair shares over its own lifetime; lifetimes and shares are
+    iterated to a fixed point.
     """
     full = np.minimum(bw[src], bw[dst])
     finish = start + nbytes / full
     if not fair:
         return finish
-    active = nbytes > 0
+    active = np.flatnonzero(nbytes > 0)
+    groups = []
+    for links, m in zip((src, dst), weight):
+        la = links[active]
+        order = np.argsort(la, kind="stable")
+        bounds = np.flatnonzero(np.diff(la[order])) + 1
+        groups.append((links, m, [active[order[i:j]] for i, j in zip(
+            np.concatenate([[0], bounds]), np.concatenate([bounds, [len(order)]]))]))
     for _ in range(_FIXED_POINT_PASSES):
         share = np.full(start.shape, np.inf)
-        for links, m in zip((src, dst), weight):
-            k = np.ones(start.shape)
-            for link in np.unique(links[active]):
-                sel = np.flatnonzero(active & (links == link))
-                a, b = start[sel], finish[sel]
-                length = b - a
-                ov = _overlap_sum(a, b, m[sel].astype(float))
-                k[sel] = np.where(length > 0, ov / np.where(length > 0, length, 1.0), 1.0)
-            share = np.minimum(share, bw[links] / np.maximum(k, 1.0))
+        for links, m, sels in groups:
+            frac = np.ones(start.shape)
+            for sel in sels:
+                frac[sel] = _mean_share(start[sel], finish[sel], m[sel].astype(float))
+            share = np.minimum(share, bw[links] * frac)
         new = start + nbytes / share
         done = np.allclose(new, finish, rtol=1e-12, atol=0.0)
-        finish = new
+        # damped: the undamped map overshoots (longer lifetimes -> more overlap -> longer)
+        finish = new if done else 0.5 * (finish + new)
         if done:
             break
     return finish
@@ -214,48 +222,72 @@ def _evaluate_bsp(problem: Problem, plan: Plan, c: PlanCosts) -> RunResult:
 
 
 def _evaluate_async(problem: Problem, plan: Plan, c: PlanCosts) -> RunResult:
+    """ASP / SSP by approximate mean-value analysis (Bard-Schweitzer).
+
+    Workers are customers of a closed queueing network: compute and latency
+    are delays; each shard's uplink, downlink and processor is a station
+    shared by every worker (processor sharing for links, FIFO for the
+    processor; with one customer per class both give R = D * (1 + queue
+    seen)). A worker talks to all shards in parallel, so its demand at the
+    shard tier is the largest per-shard demand, and its own NIC bounds each
+    transfer from below. With pipelining only the round trip of the first
+    layer's chunks is exposed, as long as the link can carry the volume.
+    SSP: in steady state every worker runs at the slowest one's rate.
+    """
     job = problem.job
-    N = len(c.workers)
+    N, S = len(c.workers), len(c.shards)
     fair = problem.cluster.network.sharing == "fair"
     compute = c.fwd_s.sum(axis=1) + c.bwd_s.sum(axis=1)
-    shard_bw = c.shard_bw[c.chunk_shard]
-    pull = c.pull_bytes / np.minimum(c.worker_bw[:, None], shard_bw[None, :])
-    push = c.push_bytes / np.minimum(c.worker_bw[:, None], shard_bw[None, :])
     service = c.agg_s + c.apply_one_s
-    if fair:  # a worker's concurrent chunks share its own link
-        pull = np.maximum(pull, c.pull_bytes.sum(axis=1, keepdims=True) / c.worker_bw[:, None])
-        push = np.maximum(push, c.push_bytes.sum(axis=1, keepdims=True) / c.worker_bw[:, None])
-    lat = c.latency_s
-    # cycle: pull of the chunks (in parallel), compute, push, shard service, per chunk the slowest path
-    cycle = compute + (pull + lat).max(axis=1) + (push + lat + service).max(axis=1)
-    # utilisation of each shard's processor and links at these cycle times
-    util = []
-    for s in range(len(c.shards)):
-        cs = c.chunk_shard == s
-        util.append(float((service[:, cs].sum(axis=1) / cycle).sum()))
-        if fair:
-            util.append(float((c.pull_bytes[:, cs].sum(axis=1) / cycle).sum() / c.shard_bw[s]))
-            util.append(float((c.push_bytes[:, cs].sum(axis=1) / cycle).sum() / c.shard_bw[s]))
-    rho = max(util) if util else 0.0
-    if job.sync == "ssp":
-        rate = float(c.batch.sum() / cycle.max())
-    else:
-        rate = float((c.batch / cycle).sum())
-    if rho > 1.0:
-        rate /= rho
+    on = [c.chunk_shard == s for s in range(S)]
+    per_shard = [lambda a, s=s: a[:, on[s]].sum(axis=1) for s in range(S)]
+    D_up = np.max([f(c.pull_bytes) / c.shard_bw[s] for s, f in enumerate(per_shard)], axis=0)
+    D_dn = np.max([f(c.push_bytes) / c.shard_bw[s] for s, f in enumerate(per_shard)], axis=0)
+    D_cpu = np.max([f(service) for f in per_shard], axis=0)
+    own_up = c.pull_bytes.sum(axis=1) / c.worker_bw
+    own_dn = c.push_bytes.sum(axis=1) / c.worker_bw
+    if not fair:  # each chunk at its slower endpoint, chunks in parallel
+        bw_pair = np.minimum(c.worker_bw[:, None], c.shard_bw[c.chunk_shard][None, :])
+        own_up = (c.pull_bytes / bw_pair).max(axis=1)
+        own_dn = (c.push_bytes / bw_pair).max(axis=1)
+        D_up = np.zeros(N)
+        D_dn = np.zeros(N)
+    first = c.chunk_group == 0
+    f1 = np.where(c.pull_bytes.sum(axis=1) > 0,
+                  c.pull_bytes[:, first].sum(axis=1) / np.maximum(c.pull_bytes.sum(axis=1), 1e-300), 1.0)
+    Z = compute + 2 * c.latency_s
+    Q = np.zeros((3, N))
+    cycle = Z + np.maximum(own_up, D_up) + np.maximum(own_dn, D_dn) + D_cpu
+    for _ in range(200):
+        seen = Q.sum(axis=1, keepdims=True) - Q  # queue each worker finds at each station
+        R_up = np.maximum(own_up, D_up * (1 + seen[0]))
+        R_dn = np.maximum(own_dn, D_dn * (1 + seen[1]))
+        R_cpu = D_cpu * (1 + seen[2])
+        comm = R_up + R_dn + R_cpu
+        if job.pipeline:
+            new = np.maximum(Z + f1 * comm, comm + 2 * c.latency_s)
+        else:
+            new = Z + comm
+        if job.sync == "ssp":
+            new = np.full(N, new.max())
+        X = 1.0 / new
+        Q_new = np.stack([X * R_up, X * R_dn, X * R_cpu])
+        done = np.allclose(Q_new, Q, rtol=1e-10, atol=1e-12)
+        Q = 0.5 * (Q + Q_new)
+        cycle = new
+        if done:
+            break
+    rate = float((c.batch / cycle).sum())
     B = job.global_batch
     d = B / rate
     warm = float(cycle.max())  # the first global batch also waits for the first pulls
     ends = [warm + k * d for k in range(job.iterations)]
     T = ends[-1]
-    frac = compute / cycle
     busy = compute * (T / cycle)
-    comm = (1 - frac) * T
-    shard_busy = np.array([float((service[:, c.chunk_shard == s].sum(axis=1) * T / cycle).sum())
-                           for s in range(len(c.shards))]) / max(rho, 1.0)
-    devices = _devices(problem, c, busy, comm, np.zeros(N), shard_busy)
+    comm_t = (T - busy) if not job.pipeline else np.maximum(T - busy, 0.0)
+    shard_busy = np.array([float((per_shard[s](service) * T / cycle).sum()) for s in range(S)])
+    devices = _devices(problem, c, busy, comm_t, np.zeros(N), shard_busy)
     extra = _dyn_note(problem)
-    extra["ps_utilization_max"] = rho
     return RunResult(
         name=problem.name, evaluator="analytic", scheduler=plan.scheduler, seed=problem.seed,
         iter_end_s=ends, iter_samples=[B] * len(ends), devices=devices,

@@ -217,8 +217,8 @@ def plan_costs(problem: Problem, plan: Plan) -> PlanCosts:
             uniq.append(layer_times(model, d.type, job.dtype, r.batch))
         kidx_list.append(i)
     kidx = np.asarray(kidx_list)
-    fwd_l = np.stack([u[0] for u in uniq])[kidx]
-    bwd_l = np.stack([u[1] for u in uniq])[kidx]
+    fwd_u = np.stack([u[0] for u in uniq])  # (distinct, L); indexed per worker only at the end
+    bwd_u = np.stack([u[1] for u in uniq])
 
     frac = shard_partition(model, S)  # (S, L)
     dense = np.array([0.0 if ly.sparse else ly.param_bytes for ly in model.layers])
@@ -228,7 +228,7 @@ def plan_costs(problem: Problem, plan: Plan) -> PlanCosts:
         pairs = [(s, j) for j in range(L) for s in range(S) if has[s, j]]
         chunk_shard = np.array([s for s, _ in pairs], dtype=int)
         chunk_group = np.array([j for _, j in pairs], dtype=int)
-        fwd_s, bwd_s = fwd_l, bwd_l
+        fwd_s, bwd_s = fwd_u[kidx], bwd_u[kidx]
         dense_chunk = np.array([frac[s, j] * dense[j] for s, j in pairs])
         # layer -> chunk incidence, weighted by the shard's fraction
         M = np.zeros((L, len(pairs)))
@@ -237,8 +237,8 @@ def plan_costs(problem: Problem, plan: Plan) -> PlanCosts:
     else:
         chunk_shard = np.arange(S, dtype=int)
         chunk_group = np.zeros(S, dtype=int)
-        fwd_s = fwd_l.sum(axis=1, keepdims=True)
-        bwd_s = bwd_l.sum(axis=1, keepdims=True)
+        fwd_s = fwd_u.sum(axis=1, keepdims=True)[kidx]
+        bwd_s = bwd_u.sum(axis=1, keepdims=True)[kidx]
         dense_chunk = (frac * dense[None, :]).sum(axis=1)
         M = frac.T.copy()
     # fp32 bytes each worker exchanges per chunk: the dense part is the same for
