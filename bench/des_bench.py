@@ -56,9 +56,14 @@ def simpy_event_rate(n: int = 300_000) -> float:
     return n / (time.perf_counter() - t0)
 
 
-def des_run(workers: int, shards: int, iterations: int, pipeline: bool) -> dict[str, float]:
+def des_run(workers: int, shards: int, iterations: int, pipeline: bool,
+            sharing: str = "fair") -> dict[str, Any]:
     """Wall time and event count of one DES run (tracing off, as in large runs)."""
     loaded = bench_config(workers, shards, iterations, pipeline)
+    if sharing != "fair":
+        data = loaded.config.model_dump(mode="json")
+        data["cluster"]["network"]["sharing"] = sharing
+        loaded = runner.from_dict(data, loaded.base_dir, loaded.source)
     problem = runner.problem_of(loaded)
     plan = runner.plan_for(loaded, problem)
     t0 = time.perf_counter()
@@ -68,7 +73,7 @@ def des_run(workers: int, shards: int, iterations: int, pipeline: bool) -> dict[
     env = sim.env
     events = next(env._eid) - len(env._queue)  # scheduled minus still queued = processed
     return {"workers": workers, "shards": shards, "iterations": iterations, "pipeline": pipeline,
-            "wall_s": wall, "events": events, "events_per_s": events / wall,
+            "sharing": sharing, "wall_s": wall, "events": events, "events_per_s": events / wall,
             "sim_throughput_sps": result.throughput_sps}
 
 
@@ -93,6 +98,10 @@ def run_all(quick: bool = False, progress: bool = True) -> dict[str, Any]:
     out["des_event_rate_run"] = rate
     out["des_events_per_s"] = rate["events_per_s"]
     out["ratio"] = rate["events_per_s"] / out["simpy_events_per_s"]
+    say("  the same job on a contention-free network (sharing: none), for reference ...", flush=True)
+    ref = des_run(16 if quick else 64, 8, 3 if quick else 5, pipeline=True, sharing="none")
+    out["des_event_rate_run_no_contention"] = ref
+    out["ratio_no_contention"] = ref["events_per_s"] / out["simpy_events_per_s"]
     sizes = (32, 64, 128) if quick else (128, 256, 512, 1024)
     iters = (2, 4) if quick else (5, 10, 20)
     out["des_scale_workers"] = []
@@ -124,6 +133,9 @@ def print_report(f: dict[str, Any]) -> None:
     print(f"DES events/s ({r['workers']}w x {r['shards']}s, pipelined) {f['des_events_per_s']:,.0f}"
           f"   ({r['events']:,} events in {r['wall_s']:.2f} s)")
     print(f"ratio                          {f['ratio']:.2f}   (target >= 0.3)")
+    ref = f["des_event_rate_run_no_contention"]
+    print(f"  same job, sharing: none      {ref['events_per_s']:,.0f} events/s, ratio "
+          f"{f['ratio_no_contention']:.2f}   ({ref['events']:,} events in {ref['wall_s']:.2f} s)")
     print("\nDES wall time vs workers (16 shards, BSP, no pipelining):")
     for x in f["des_scale_workers"]:
         print(f"  {x['workers']:>6} workers x {x['iterations']:>3} it: {x['wall_s']:7.2f} s  "
