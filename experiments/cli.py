@@ -33,9 +33,9 @@ def _fmt(x: Any) -> str:
 def print_table(rows: list[dict[str, Any]], cols: Sequence[str]) -> None:
     cells = [[_fmt(r.get(c)) for c in cols] for r in rows]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
-    print("  ".join(c.ljust(w) for c, w in zip(cols, widths)))
+    print("  ".join(c.ljust(w) for c, w in zip(cols, widths)).rstrip())
     for row in cells:
-        print("  ".join(v.ljust(w) for v, w in zip(row, widths)))
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
 
 
 SUMMARY_COLS = ("scheduler", "evaluator", "throughput_sps", "iteration_time_mean_s", "elapsed_s",
@@ -61,7 +61,7 @@ def cmd_simulate(a: argparse.Namespace) -> int:
 
     loaded = runner.load(a.config)
     out = runner.prepare_out(a.out or Path("results") / loaded.config.name / a.evaluator)
-    result, plan = runner.run_one(loaded, a.evaluator, a.scheduler, out)
+    result, plan = runner.run_one(loaded, a.evaluator, a.scheduler, out, progress=True)
     print_table([_row(result)], SUMMARY_COLS)
     print(f"wrote {out}/ (summary.json, iterations.csv, trace.json, plan.json, config.json)")
     return 0
@@ -98,7 +98,7 @@ def cmd_compare(a: argparse.Namespace) -> int:
     out = runner.prepare_out(a.out or Path("results") / loaded.config.name / "compare")
     rows = []
     for n in names:
-        result, _ = runner.run_one(loaded, a.evaluator, n, out / n)
+        result, _ = runner.run_one(loaded, a.evaluator, n, out / n, progress=True)
         rows.append(_row(result))
     write_csv(out / "comparison.csv", rows)
     plots.comparison_chart(rows, out / "comparison.png", title=f"{loaded.config.name} ({a.evaluator})")

@@ -56,9 +56,19 @@ def plan_for(loaded: Loaded, problem: Problem, scheduler: str | None = None) -> 
     return plan
 
 
-def evaluate(problem: Problem, plan: Plan, evaluator: str, trace: bool = True) -> RunResult:
+def evaluate(problem: Problem, plan: Plan, evaluator: str, trace: bool = True,
+             progress: bool = False) -> RunResult:
+    """Evaluate with ``des`` or ``analytic``; ``progress`` shows a bar of DES iterations
+    (on a terminal only)."""
     if evaluator == "des":
-        return des.simulate(problem, plan, trace=trace)
+        if not progress:
+            return des.simulate(problem, plan, trace=trace)
+        from tqdm import tqdm
+
+        with tqdm(total=problem.job.iterations, desc=f"des {plan.scheduler}", unit="it",
+                  leave=False, disable=None) as bar:
+            return des.simulate(problem, plan, trace=trace,
+                                on_iteration=lambda n: bar.update(n - bar.n))
     if evaluator == "analytic":
         return analytic.evaluate(problem, plan)
     raise ConfigError("<command line>", "--evaluator", f"unknown evaluator {evaluator!r}; use des or analytic")
@@ -85,10 +95,12 @@ def write_run(out: Path, result: RunResult, plan: Plan, loaded: Loaded) -> None:
 
 
 def run_one(loaded: Loaded, evaluator: str, scheduler: str | None = None,
-            out: Path | None = None, trace: bool = True) -> tuple[RunResult, Plan]:
+            out: Path | None = None, trace: bool = True,
+            progress: bool = False) -> tuple[RunResult, Plan]:
+    """Plan and evaluate one config; write the run's files into ``out`` when given."""
     problem = problem_of(loaded)
     plan = plan_for(loaded, problem, scheduler)
-    result = evaluate(problem, plan, evaluator, trace=trace)
+    result = evaluate(problem, plan, evaluator, trace=trace, progress=progress)
     for key in ("incomplete", "note"):
         if key in result.extra:
             print(f"hetsim: warning: {result.extra[key]}", file=sys.stderr)

@@ -264,10 +264,20 @@ def _model_from_factory(spec: Mapping[str, Any], source: str) -> Model:
         raise ConfigError(source, "job.model.input", "must be a list of positive ints (one sample's shape)")
     import torch
 
-    module = fn(**dict(spec.get("kwargs") or {}))
+    kwargs = spec.get("kwargs") or {}
+    if not isinstance(kwargs, Mapping):
+        raise ConfigError(source, "job.model.kwargs", "must be a mapping of keyword arguments")
+    try:
+        module = fn(**dict(kwargs))
+    except Exception as e:  # a user's factory may raise anything
+        raise ConfigError(source, "job.model.kwargs", f"{target}(...) failed: {type(e).__name__}: {e}") from None
     if not isinstance(module, torch.nn.Module):
         raise ConfigError(source, "job.model.torch", f"{target!r} did not return a torch.nn.Module")
-    return from_torch(module, torch.randn(1, *shape), name=fn_name)
+    try:
+        return from_torch(module, torch.randn(1, *shape), name=fn_name)
+    except Exception as e:  # e.g. the input shape does not fit the module
+        raise ConfigError(source, "job.model.input",
+                          f"forward/backward on a {list(shape)} sample failed: {type(e).__name__}: {e}") from None
 
 
 def from_torch(module: Any, example_input: Any, name: str | None = None) -> Model:

@@ -19,6 +19,7 @@ samples has been applied.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -62,7 +63,8 @@ class _Acct:
 class DataParallelSim:
     """One DES run of a single-stage plan. Use :func:`sim.des.simulate`."""
 
-    def __init__(self, problem: Problem, plan: Plan, costs: PlanCosts, trace: bool = True) -> None:
+    def __init__(self, problem: Problem, plan: Plan, costs: PlanCosts, trace: bool = True,
+                 on_iteration: Callable[[int], None] | None = None) -> None:
         self.problem, self.plan, self.c = problem, plan, costs
         self.env = env = simpy.Environment()
         job = problem.job
@@ -98,6 +100,7 @@ class DataParallelSim:
         self.finished = env.event()
         self.procs: list[simpy.Process] = []
         self.incomplete = ""
+        self.on_iteration = on_iteration
         # BSP state
         self.chunk_iter = [0] * C
         self.missing = [set(range(N)) for _ in range(C)]
@@ -212,6 +215,8 @@ class DataParallelSim:
     def _end_iteration(self, samples: int) -> None:
         self.iter_end.append(self.env.now)
         self.iter_samples.append(samples)
+        if self.on_iteration is not None:
+            self.on_iteration(len(self.iter_end))
         if len(self.iter_end) >= self.n_iter and not self.finished.triggered:
             self.finished.succeed()
 
