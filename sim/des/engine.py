@@ -92,6 +92,7 @@ class DataParallelSim:
         self.batch = [int(b) for b in costs.batch]
         self.slow = [1.0] * N
         self.alive = [True] * N
+        self.member = [True] * N  # in the BSP barrier group (false once a failure is detected)
         self.acct = [_Acct() for _ in range(N)]
         self.ready: dict[tuple[int, int, int], simpy.Event] = {}
         self.iter_end: list[float] = []
@@ -185,7 +186,8 @@ class DataParallelSim:
     def _bsp_applied(self, c: int) -> None:
         it = self.chunk_iter[c]
         self.chunk_iter[c] = it + 1
-        self.missing[c] = {w for w in range(self.N) if self.alive[w]}
+        # Until its failure is detected, a dead worker is still waited for.
+        self.missing[c] = {w for w in range(self.N) if self.member[w]}
         n = self.applied_in_iter.get(it, 0) + 1
         self.applied_in_iter[it] = n
         if n == self.C:
@@ -313,6 +315,7 @@ class DataParallelSim:
         yield self.env.timeout(self.problem.job.failure_timeout_s)
         rec["detected_at_s"] = self.env.now
         rec["lost_s"] = self.env.now - failed_at
+        self.member[w] = False
         for c in range(self.C):
             miss = self.missing[c]
             if w in miss:
