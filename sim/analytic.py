@@ -29,22 +29,15 @@ from sim.result import DeviceUsage, RunResult
 _FIXED_POINT_PASSES = 16
 
 
-def _mean_share(a: np.ndarray, b: np.ndarray, m: np.ndarray) -> np.ndarray:
-    """For each interval i: the time average over [a_i, b_i] of 1 / k(t), where
-    k(t) = sum_j m_j over intervals j open at t (the fair share of one flow)."""
-    pts = np.concatenate([a, b])
-    delta = np.concatenate([m, -m])
-    order = np.argsort(pts, kind="stable")
-    ps = pts[order]
-    k = np.cumsum(delta[order])[:-1]  # load on [ps[i], ps[i+1])
-    inv = np.where(k > 0.5, 1.0 / np.maximum(k, 0.5), 0.0)
-    F = np.concatenate([[0.0], np.cumsum(np.diff(ps) * inv)])
+_SAMPLES = 48  # points per flow lifetime at which the link loads are read
 
-    def at(t: np.ndarray) -> np.ndarray:
-        return F[np.searchsorted(ps, t, side="left")]
 
-    length = b - a
-    return np.where(length > 0, (at(b) - at(a)) / np.where(length > 0, length, 1.0), 1.0 / np.maximum(m, 1.0))
+def _load_at(a: np.ndarray, b: np.ndarray, m: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """k(t) = sum of m_j over intervals [a_j, b_j) that contain t (a link's load)."""
+    oa, ob = np.argsort(a, kind="stable"), np.argsort(b, kind="stable")
+    ca = np.concatenate([[0.0], np.cumsum(m[oa])])
+    cb = np.concatenate([[0.0], np.cumsum(m[ob])])
+    return ca[np.searchsorted(a[oa], t, side="right")] - cb[np.searchsorted(b[ob], t, side="right")]
 
 
 def _flow_finish(start: np.ndarray, nbytes: np.ndarray, src: np.ndarray, dst: np.ndarray,
@@ -53,30 +46,40 @@ def _flow_finish(start: np.ndarray, nbytes: np.ndarray, src: np.ndarray, dst: np
 
     ``weight`` gives, per flow and per end (src, dst), how many identical flows
     it stands for on that link (workers are evaluated one per equivalence class).
-    With fair sharing a flow's rate is taken as the smaller of its two links'
-    time-averaged fair shares over its own lifetime; lifetimes and shares are
-    iterated to a fixed point.
+    With fair sharing a flow's rate at time t is min(bw_src / k_src(t),
+    bw_dst / k_dst(t)), the DES's rule, where k is a link's load given the
+    current estimate of every flow's lifetime; it is averaged over samples of
+    the flow's own lifetime, and lifetimes are iterated (damped) to a fixed
+    point, at which each flow's integrated rate equals its size.
     """
     full = np.minimum(bw[src], bw[dst])
     finish = start + nbytes / full
     if not fair:
         return finish
     active = np.flatnonzero(nbytes > 0)
+    if active.size == 0:
+        return finish
     groups = []
     for links, m in zip((src, dst), weight):
         la = links[active]
         order = np.argsort(la, kind="stable")
         bounds = np.flatnonzero(np.diff(la[order])) + 1
-        groups.append((links, m, [active[order[i:j]] for i, j in zip(
+        groups.append((links, m.astype(float), [active[order[i:j]] for i, j in zip(
             np.concatenate([[0], bounds]), np.concatenate([bounds, [len(order)]]))]))
+    frac = (np.arange(_SAMPLES) + 0.5) / _SAMPLES
     for _ in range(_FIXED_POINT_PASSES):
-        share = np.full(start.shape, np.inf)
+        a, b = start[active], finish[active]
+        when = a[:, None] + (b - a)[:, None] * frac[None, :]  # (active, samples)
+        pos = np.empty(len(start), dtype=int)
+        pos[active] = np.arange(active.size)
+        rate = np.full(when.shape, np.inf)
         for links, m, sels in groups:
-            frac = np.ones(start.shape)
             for sel in sels:
-                frac[sel] = _mean_share(start[sel], finish[sel], m[sel].astype(float))
-            share = np.minimum(share, bw[links] * frac)
-        new = start + nbytes / share
+                k = _load_at(start[sel], finish[sel], m[sel], when[pos[sel]].ravel())
+                share = bw[links[sel[0]]] / np.maximum(k.reshape(len(sel), _SAMPLES), m[sel][:, None])
+                rate[pos[sel]] = np.minimum(rate[pos[sel]], share)
+        new = finish.copy()
+        new[active] = a + nbytes[active] / rate.mean(axis=1)
         done = np.allclose(new, finish, rtol=1e-12, atol=0.0)
         # damped: the undamped map overshoots (longer lifetimes -> more overlap -> longer)
         finish = new if done else 0.5 * (finish + new)
@@ -144,15 +147,22 @@ class _BSP:
         fin = _flow_finish(start_c[self.c_idx], self.pull_b.ravel(), src, dst, wt, self.bw, self.fair)
         return (fin + self.lat).reshape(self.K, self.C)
 
-    def iteration(self, t: np.ndarray, R: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """One iteration from class clocks ``t`` and pull deliveries ``R`` -> (t', U per chunk)."""
+    def iteration(self, t: np.ndarray, R: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
+        """One iteration from class clocks ``t`` and pull deliveries ``R``.
+
+        Returns the clocks after the last backward pass, each chunk's update
+        time U, and the worker intervals: compute spans and own pushes in flight.
+        """
         c = self.c
         P = np.empty((self.K, self.C))
+        spans: list[tuple[np.ndarray, np.ndarray]] = []
         for g, chunks in enumerate(self.groups):
             if chunks.size:
                 t = np.maximum(t, R[:, chunks].max(axis=1))
+            spans.append((t, t + self.fwd[:, g]))
             t = t + self.fwd[:, g]
         for g in range(c.n_groups - 1, -1, -1):
+            spans.append((t, t + self.bwd[:, g]))
             t = t + self.bwd[:, g]
             P[:, self.groups[g]] = t[:, None]
         src, dst, wt = self.push_links
@@ -174,7 +184,8 @@ class _BSP:
             done = _fifo(ready, keys, cost)
             U[cs] = done[-cs.size:]
             self.busy_shard[s] += cost.sum()
-        return t, U
+        self.last_pushes = (P, A)
+        return t, U, spans
 
 
 def evaluate(problem: Problem, plan: Plan) -> RunResult:
@@ -185,34 +196,92 @@ def evaluate(problem: Problem, plan: Plan) -> RunResult:
     return _evaluate_async(problem, plan, c)
 
 
+def _union(a: np.ndarray, b: np.ndarray) -> list[tuple[float, float]]:
+    """Sorted disjoint union of intervals [a_i, b_i]."""
+    out: list[tuple[float, float]] = []
+    for lo, hi in sorted(zip(a.tolist(), b.tolist())):
+        if hi <= lo:
+            continue
+        if out and lo <= out[-1][1]:
+            if hi > out[-1][1]:
+                out[-1] = (out[-1][0], hi)
+        else:
+            out.append((lo, hi))
+    return out
+
+
+def _minus(x: list[tuple[float, float]], y: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """x minus y, both sorted disjoint interval lists."""
+    out, j = [], 0
+    for lo, hi in x:
+        while j < len(y) and y[j][1] <= lo:
+            j += 1
+        k, cur = j, lo
+        while k < len(y) and y[k][0] < hi:
+            if y[k][0] > cur:
+                out.append((cur, y[k][0]))
+            cur = max(cur, y[k][1])
+            k += 1
+        if cur < hi:
+            out.append((cur, hi))
+    return out
+
+
+def _measure_in(x: list[tuple[float, float]], windows: np.ndarray) -> np.ndarray:
+    """Length of ``x`` inside each window [windows[i], windows[i+1]]."""
+    if not x:
+        return np.zeros(len(windows) - 1)
+    a = np.array([p[0] for p in x])[:, None]
+    b = np.array([p[1] for p in x])[:, None]
+    lo, hi = windows[None, :-1], windows[None, 1:]
+    return np.clip(np.minimum(b, hi) - np.maximum(a, lo), 0.0, None).sum(axis=0)
+
+
 def _evaluate_bsp(problem: Problem, plan: Plan, c: PlanCosts) -> RunResult:
     job = problem.job
     m = _BSP(problem, c)
     n_iter = job.iterations
     t = np.zeros(m.K)
-    R = m.pulls(np.zeros(m.C))
+    pull_start = np.zeros(m.C)
+    R = m.pulls(pull_start)
     ends: list[float] = []
-    blocked_on_pull = np.zeros(m.K)
+    # per class: intervals with the worker computing, and with its own messages in flight
+    busy: list[tuple[np.ndarray, np.ndarray]] = []
+    flight: list[tuple[np.ndarray, np.ndarray]] = []
     prev_d = None
+    done = 0
     while len(ends) < n_iter:
         t0 = ends[-1] if ends else 0.0
-        blocked_on_pull += (R.max(axis=1) - t).clip(min=0)
-        t, U = m.iteration(t, R)
+        flight.append((np.broadcast_to(pull_start, R.shape), R))
+        t, U, spans = m.iteration(t, R)
+        busy.extend(spans)
+        flight.append(m.last_pushes)
         ends.append(float(U.max()))
+        done = len(ends)
         d = ends[-1] - t0
-        if prev_d is not None and abs(d - prev_d) <= 1e-12 * d and len(ends) < n_iter:
+        if prev_d is not None and abs(d - prev_d) <= 1e-12 * d and done < n_iter:
             # periodic from here on: the remaining iterations repeat the last one
-            done, last = len(ends), ends[-1]
+            last = ends[-1]
             ends.extend([last + d * k for k in range(1, n_iter - done + 1)])
             m.busy_shard *= n_iter / done
-            blocked_on_pull *= n_iter / done
             break
         prev_d = d
-        if len(ends) < n_iter:
+        if done < n_iter:
+            pull_start = U
             R = m.pulls(U)
     T = ends[-1]
-    compute = ((c.fwd_s.sum(axis=1) + c.bwd_s.sum(axis=1)) * n_iter)
-    comm = np.minimum(blocked_on_pull[m.inverse], T - compute)
+    compute_it = c.fwd_s.sum(axis=1) + c.bwd_s.sum(axis=1)
+    compute = compute_it * n_iter
+    # comm: time a worker is not computing while one of its own messages is in flight
+    windows = np.array([0.0] + ends[:done])
+    comm_k = np.empty(m.K)
+    for k in range(m.K):
+        exposed = _minus(_union(np.concatenate([a[k] for a, _ in flight]),
+                                np.concatenate([b[k] for _, b in flight])),
+                         _union(np.array([a[k] for a, _ in busy]), np.array([b[k] for _, b in busy])))
+        per = _measure_in(exposed, windows)
+        comm_k[k] = per.sum() + (n_iter - done) * per[-1]
+    comm = comm_k[m.inverse]
     devices = _devices(problem, c, compute, comm, T - compute - comm, m.busy_shard)
     return RunResult(
         name=problem.name, evaluator="analytic", scheduler=plan.scheduler, seed=problem.seed,

@@ -93,6 +93,7 @@ class DataParallelSim:
         self.slow = [1.0] * N
         self.alive = [True] * N
         self.member = [True] * N  # in the BSP barrier group (false once a failure is detected)
+        self.computing = [False] * N
         self.acct = [_Acct() for _ in range(N)]
         self.ready: dict[tuple[int, int, int], simpy.Event] = {}
         self.iter_end: list[float] = []
@@ -174,11 +175,11 @@ class DataParallelSim:
         if self.sync == "bsp":
             miss = self.missing[c]
             miss.discard(w)
-            if miss:
-                srv.submit((c, w), self.agg[w][c], f"agg c{c}", None)
-            else:
-                srv.submit((c, w), self.agg[w][c] + self.apply_all[c], f"agg+apply c{c}",
-                           lambda: self._bsp_applied(c))
+            srv.submit((c, w), self.agg[w][c], f"agg c{c}", None)
+            if not miss:
+                # The update is its own task, keyed after every worker's aggregation of
+                # this chunk, so it never runs before one that arrived at the same instant.
+                srv.submit((c, self.N), self.apply_all[c], f"apply c{c}", lambda: self._bsp_applied(c))
         else:
             srv.submit((c, w), self.agg[w][c] + self.apply_one[w][c], f"apply c{c}",
                        lambda: self._async_applied(w, it, c))
@@ -246,12 +247,12 @@ class DataParallelSim:
                     acct.advance(env.now)
                     acct.state = _COMPUTE
                     t0 = env.now
-                    yield env.timeout(fwd[g] * self.slow[w])
+                    yield from self._compute(w, fwd[g])
                     if tr is not None:
                         tr.span("workers", w, name, "fwd" if self.G == 1 else f"fwd g{g}", t0, env.now)
                 for g in range(self.G - 1, -1, -1):
                     t0 = env.now
-                    yield env.timeout(bwd[g] * self.slow[w])
+                    yield from self._compute(w, bwd[g])
                     if tr is not None:
                         tr.span("workers", w, name, "bwd" if self.G == 1 else f"bwd g{g}", t0, env.now)
                     for c in groups[g]:
@@ -264,10 +265,30 @@ class DataParallelSim:
                     self.completed[w] = it + 1
                     self._ssp_release()
                 it += 1
-        except simpy.Interrupt:
-            pass
+        except simpy.Interrupt:  # the worker failed
+            acct.advance(env.now)
+            acct.state = _DONE
+            return
+        # Done computing; its last pushes and the others still run: blocked until the end.
         acct.advance(env.now)
-        acct.state = _DONE
+        acct.state = _BLOCKED
+
+    def _compute(self, w: int, work_s: float) -> Any:
+        """``work_s`` seconds of nominal compute at the worker's current slowdown; a
+        slowdown that changes midway (an interrupt) stretches only what is left."""
+        self.computing[w] = True
+        try:
+            while True:
+                t0, slow = self.env.now, self.slow[w]
+                try:
+                    yield self.env.timeout(work_s * slow)
+                    return
+                except simpy.Interrupt as e:
+                    if e.cause != "slowdown":
+                        raise
+                    work_s -= (self.env.now - t0) / slow
+        finally:
+            self.computing[w] = False
 
     def _ssp_gate(self, w: int, it: int) -> Any:
         bound = self.problem.job.staleness
@@ -298,13 +319,15 @@ class DataParallelSim:
     def _slowdown(self, w: int, at_s: float, factor: float) -> Any:
         yield self.env.timeout(at_s)
         self.slow[w] = factor
+        if self.computing[w] and self.alive[w]:
+            self.procs[w].interrupt("slowdown")
 
     def _failure(self, w: int, at_s: float) -> Any:
         yield self.env.timeout(at_s)
         if not self.alive[w] or self.finished.triggered:
             return
         self.alive[w] = False
-        self.procs[w].interrupt()
+        self.procs[w].interrupt("fail")
         failed_at = self.env.now
         rec = {"worker": self.c.workers[w], "failed_at_s": failed_at, "detected_at_s": None, "lost_s": None}
         self.failures.append(rec)

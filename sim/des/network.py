@@ -169,7 +169,10 @@ class FlowNetwork:
             p.ver += 1  # its entry is consumed; settle pushes the next one
             p.served += p.rate * (now - p.t)
             p.t = now
-            # the flow that was due, and any others whose target is reached to rounding
+            # The earliest flow is due by construction (its entry is current); others
+            # whose target is reached to rounding go with it. Never judge the earliest
+            # by bytes: rounding in `served` could leave it a hair short forever.
+            p.served = max(p.served, p.flows[0][0])
             tol = 1e-9 * max(p.flows[0][0], 1.0)
             while p.flows and p.flows[0][0] - p.served <= tol:
                 delivered.append(heapq.heappop(p.flows)[2])
