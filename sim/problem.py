@@ -128,12 +128,12 @@ def build_problem(cfg: Config, base_dir: Path, source: str = "<config>") -> Prob
         warmup_iterations=min(j.warmup_iterations, max(iterations - 1, 0)),
     )
     dyn = []
-    for i, d in enumerate(cfg.dynamics):
-        if d.worker >= len(devices):
+    for i, dyn_entry in enumerate(cfg.dynamics):
+        if dyn_entry.worker >= len(devices):
             raise ConfigError(
-                source, f"dynamics[{i}].worker", f"worker {d.worker} does not exist ({len(devices)} devices)"
+                source, f"dynamics[{i}].worker", f"worker {dyn_entry.worker} does not exist ({len(devices)} devices)"
             )
-        dyn.append(Dynamic(d.worker, d.at_s, d.slowdown, d.fail))
+        dyn.append(Dynamic(dyn_entry.worker, dyn_entry.at_s, dyn_entry.slowdown, dyn_entry.fail))
     o = cfg.objective
     return Problem(
         name=cfg.name,

@@ -177,12 +177,16 @@ class DataParallelSim:
             miss.discard(w)
             srv.submit((c, w), self.agg[w][c], f"agg c{c}", None)
             if not miss:
-                # The update is its own task, keyed after every worker's aggregation of
-                # this chunk, so it never runs before one that arrived at the same instant.
-                srv.submit((c, self.N), self.apply_all[c], f"apply c{c}", lambda: self._bsp_applied(c))
+                self._submit_apply(c)
         else:
             srv.submit((c, w), self.agg[w][c] + self.apply_one[w][c], f"apply c{c}",
                        lambda: self._async_applied(w, it, c))
+
+    def _submit_apply(self, c: int) -> None:
+        # The update is its own task, keyed after every worker's aggregation of this
+        # chunk, so it never runs before one that arrived at the same instant.
+        self.servers[self.chunk_shard[c]].submit((c, self.N), self.apply_all[c], f"apply c{c}",
+                                                 lambda: self._bsp_applied(c))
 
     def _bsp_applied(self, c: int) -> None:
         it = self.chunk_iter[c]
@@ -344,8 +348,7 @@ class DataParallelSim:
             if w in miss:
                 miss.discard(w)
                 if not miss:
-                    srv = self.servers[self.chunk_shard[c]]
-                    srv.submit((c, self.N), self.apply_all[c], f"apply c{c}", lambda c=c: self._bsp_applied(c))
+                    self._submit_apply(c)
 
     # --------------------------------------------------------------------- run
     def run(self) -> RunResult:
@@ -355,13 +358,13 @@ class DataParallelSim:
                 self._pull(w, 0, c)
         self.procs = [env.process(self._worker(w)) for w in range(self.N)]
         for d in self.problem.dynamics:
-            w = self._worker_index(d.worker)
-            if w is None:
+            wi = self._worker_index(d.worker)
+            if wi is None:
                 continue
             if d.fail:
-                env.process(self._failure(w, d.at_s))
+                env.process(self._failure(wi, d.at_s))
             elif d.slowdown is not None:
-                env.process(self._slowdown(w, d.at_s, d.slowdown))
+                env.process(self._slowdown(wi, d.at_s, d.slowdown))
         try:
             env.run(until=self.finished)
         except RuntimeError:
