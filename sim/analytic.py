@@ -138,6 +138,8 @@ class _BSP:
         self.groups = [np.flatnonzero(c.chunk_group == g) for g in range(c.n_groups)]
         self.lat = c.latency_s
         self.busy_shard = np.zeros(S)
+        # (push start, arrival) per class and chunk of the latest iteration
+        self.last_pushes: tuple[np.ndarray, np.ndarray] = (np.zeros((K, C)), np.zeros((K, C)))
         # first worker index of each class: ties on a shard are served by worker index
         self.key_w = rep
 
