@@ -61,7 +61,9 @@ def cmd_simulate(a: argparse.Namespace) -> int:
 
     loaded = runner.load(a.config)
     out = runner.prepare_out(a.out or Path("results") / loaded.config.name / a.evaluator)
-    result, plan = runner.run_one(loaded, a.evaluator, a.scheduler, out, progress=True)
+    if a.plan and a.scheduler:
+        raise ConfigError("<command line>", "--plan", "give --plan or --scheduler, not both")
+    result, plan = runner.run_one(loaded, a.evaluator, a.scheduler, out, progress=True, plan_file=a.plan)
     print_table([_row(result)], SUMMARY_COLS)
     print(f"wrote {out}/ (summary.json, iterations.csv, trace.json, plan.json, config.json)")
     return 0
@@ -164,6 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("config")
     s.add_argument("--evaluator", choices=("des", "analytic"), default="des")
     s.add_argument("--scheduler", help="override the config's scheduler")
+    s.add_argument("--plan", help="evaluate this plan.json instead of planning (e.g. one edited by hand)")
     s.add_argument("--out", help="output folder (default results/NAME/EVALUATOR)")
     s.set_defaults(fn=cmd_simulate)
 

@@ -16,7 +16,7 @@ import schedulers
 from sim import analytic, des
 from sim.config import Config, config_from_dict, read_yaml
 from sim.errors import ConfigError
-from sim.plan import Plan, check_plan
+from sim.plan import Plan, check_plan, load_plan
 from sim.problem import Problem, build_problem
 from sim.result import RunResult
 
@@ -96,10 +96,15 @@ def write_run(out: Path, result: RunResult, plan: Plan, loaded: Loaded) -> None:
 
 def run_one(loaded: Loaded, evaluator: str, scheduler: str | None = None,
             out: Path | None = None, trace: bool = True,
-            progress: bool = False) -> tuple[RunResult, Plan]:
-    """Plan and evaluate one config; write the run's files into ``out`` when given."""
+            progress: bool = False, plan_file: str | Path | None = None) -> tuple[RunResult, Plan]:
+    """Plan (or read ``plan_file``) and evaluate one config; write the run's files
+    into ``out`` when given."""
     problem = problem_of(loaded)
-    plan = plan_for(loaded, problem, scheduler)
+    if plan_file is not None:
+        plan = load_plan(plan_file)
+        check_plan(plan, problem, source=str(plan_file))
+    else:
+        plan = plan_for(loaded, problem, scheduler)
     result = evaluate(problem, plan, evaluator, trace=trace, progress=progress)
     for key in ("incomplete", "note"):
         if key in result.extra:

@@ -290,6 +290,29 @@ def test_plan_shares_not_summing_to_batch(tmp_path: Path) -> None:
     check_plan(ok, problem)
 
 
+def test_simulate_with_a_hand_written_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = write_config(tmp_path / "c.yaml")
+    rc, out, _ = cli(capsys, "plan", str(cfg), "--scheduler", "equal", "--out", str(tmp_path / "p.json"))
+    assert rc == 0
+    plan = json.loads((tmp_path / "p.json").read_text())
+    reps = plan["stages"][0]["replicas"]
+    # move one sample from the first replica to the second: still sums to the batch
+    reps[0]["batch"] -= 1
+    reps[1]["batch"] += 1
+    (tmp_path / "p.json").write_text(json.dumps(plan))
+    rc, _, err = cli(capsys, "simulate", str(cfg), "--plan", str(tmp_path / "p.json"), "--out", str(tmp_path / "o"))
+    assert rc == 0, err
+    used = json.loads((tmp_path / "o" / "plan.json").read_text())
+    assert [r["batch"] for r in used["stages"][0]["replicas"]] == [r["batch"] for r in reps]
+    # a plan whose shares do not sum to the global batch: one line naming the plan file
+    reps[0]["batch"] += 5
+    (tmp_path / "bad.json").write_text(json.dumps(plan))
+    rc, _, err = cli(capsys, "simulate", str(cfg), "--plan", str(tmp_path / "bad.json"), "--out", str(tmp_path / "o2"))
+    assert_one_line_error(rc, err, tmp_path / "bad.json", "stages[0].replicas")
+    rc, _, err = cli(capsys, "simulate", str(cfg), "--plan", str(tmp_path / "p.json"), "--scheduler", "equal")
+    assert_one_line_error(rc, err, "<command line>", "--plan")
+
+
 # ----------------------------------------------------------------------------------------
 # simulate: the five files, the summary schema, the resolved config, determinism
 # ----------------------------------------------------------------------------------------
