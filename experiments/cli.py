@@ -2,8 +2,9 @@
 
 Every command that takes --out writes summary.json, iterations.csv,
 trace.json, plan.json and config.json there (compare and demo: one folder per
-run plus comparison.csv). Bad input exits 2 with one line naming the file and
-field; nothing already written is removed.
+run plus comparison.csv; sweep: results.csv plus runs/POINT_ID/). Bad input
+exits 2 with one line naming the file and field; nothing already written is
+removed.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import shutil
 import sys
 from collections.abc import Sequence
@@ -134,6 +136,46 @@ def cmd_demo(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sweep(a: argparse.Namespace) -> int:
+    from experiments import runner, sweep
+
+    sw = sweep.load_sweep(a.sweep)
+    out = runner.prepare_out(a.out or Path("results") / "sweeps" / Path(a.sweep).stem)
+    try:
+        table = sweep.run_sweep(sw, out, jobs=a.jobs, backend=a.backend, address=a.address,
+                                progress=not a.quiet)
+    except sweep.SweepInterrupted as e:
+        print(f"hetsim: interrupted: {e.done} points finished in this run, {e.remaining} not run; "
+              f"{e.csv} is complete up to here: rerun the same command to resume", file=sys.stderr)
+        return 130
+    st = table.attrs["sweep"]
+    ran = st["ok"] + st["error"]
+    rate = f", {ran / st['wall_s']:.3g} points/s" if ran and st["wall_s"] > 0 else ""
+    print(f"sweep {sw.name}: {st['points']} points: {st['ok']} ok, {st['error']} error, "
+          f"{st['skipped']} skipped (already in results.csv); {st['wall_s']:.1f} s{rate}")
+    print(f"wrote {st['csv']} ({len(table)} rows) and {out}/runs/POINT_ID/")
+    return 0
+
+
+def cmd_plot(a: argparse.Namespace) -> int:
+    from experiments.plots import plot_sweep
+
+    folder = Path(a.dir)
+    if not (folder / "results.csv").is_file():
+        raise ConfigError(str(folder), "", "no results.csv here (run hetsim sweep first)")
+    paths = plot_sweep(folder, Path(a.out) if a.out else None)
+    for path in paths:
+        print(f"wrote {path}")
+    return 0
+
+
+def _default_jobs() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 def cmd_bench(a: argparse.Namespace) -> int:
     from bench import des_bench
 
@@ -182,6 +224,23 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--evaluator", choices=("des", "analytic"), default="des")
     c.add_argument("--out", help="output folder (default results/NAME/compare)")
     c.set_defaults(fn=cmd_compare)
+
+    sw = sub.add_parser("sweep", help="run a sweep file's points in parallel (resumable)")
+    sw.add_argument("sweep", help="sweep file (YAML)")
+    sw.add_argument("--jobs", type=int, default=_default_jobs(),
+                    help="worker processes (default: the CPUs available)")
+    sw.add_argument("--out", help="output folder (default results/sweeps/SWEEP_STEM)")
+    sw.add_argument("--backend", choices=("local", "dask"), default="local",
+                    help="local process pool (default) or a dask.distributed cluster")
+    sw.add_argument("--address", help="dask scheduler address, e.g. tcp://10.0.0.1:8786 "
+                    "(default: a LocalCluster of --jobs workers on 127.0.0.1)")
+    sw.add_argument("--quiet", action="store_true", help="no progress bar")
+    sw.set_defaults(fn=cmd_sweep)
+
+    pt = sub.add_parser("plot", help="figures of a sweep folder")
+    pt.add_argument("dir", help="a sweep's output folder (with results.csv)")
+    pt.add_argument("--out", help="figure folder (default: chosen by plot_sweep)")
+    pt.set_defaults(fn=cmd_plot)
 
     b = sub.add_parser("bench", help="DES speed and scale benchmark")
     b.add_argument("--json", action="store_true", help="print the figures as JSON")

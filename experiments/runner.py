@@ -87,11 +87,26 @@ def prepare_out(out: str | Path) -> Path:
     return p
 
 
-def write_run(out: Path, result: RunResult, plan: Plan, loaded: Loaded) -> None:
-    """summary.json, iterations.csv, trace.json, plan.json and the resolved config.json."""
-    result.write(out)
-    plan.save(out / "plan.json")
-    (out / "config.json").write_text(json.dumps(loaded.config.model_dump(mode="json"), indent=2) + "\n")
+def run_files(result: RunResult, plan: Plan, loaded: Loaded, trace: bool = True) -> dict[str, str]:
+    """The files of one run as {file name: text}: summary.json, iterations.csv,
+    trace.json (unless ``trace`` is false), plan.json and the resolved config.json.
+
+    Sweeps build these in the worker and write them in the parent, so a remote
+    (dask) worker needs no access to the output folder.
+    """
+    files = {"summary.json": result.summary_json(), "iterations.csv": result.iterations_csv()}
+    if trace:
+        files["trace.json"] = result.trace_json()
+    files["plan.json"] = plan.dumps()
+    files["config.json"] = json.dumps(loaded.config.model_dump(mode="json"), indent=2) + "\n"
+    return files
+
+
+def write_run(out: Path, result: RunResult, plan: Plan, loaded: Loaded, trace: bool = True) -> None:
+    """Write :func:`run_files` into ``out`` (created if missing)."""
+    out.mkdir(parents=True, exist_ok=True)
+    for name, text in run_files(result, plan, loaded, trace).items():
+        (out / name).write_text(text)
 
 
 def run_one(loaded: Loaded, evaluator: str, scheduler: str | None = None,
