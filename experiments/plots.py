@@ -233,7 +233,23 @@ class Sweep:
                     self.ok[c] = col.astype(str)
             elif col.dropna().nunique() > 1:
                 self.numeric.append(c)
+        self.facets = self._shortest_labels(self.facets)
         self.schedulers = _scheduler_order(self.ok[SCHED])
+
+    def _shortest_labels(self, facets: list[str]) -> list[str]:
+        """Of facet columns that determine each other (a zip of a label and a long
+        value, e.g. ``name`` with ``cluster.devices``), keep the one with the
+        shortest text, so panel titles stay readable."""
+        keep: list[str] = []
+        for c in facets:
+            twin = next((k for k in keep
+                         if self.ok.groupby(k)[c].nunique().max() == 1
+                         and self.ok.groupby(c)[k].nunique().max() == 1), None)
+            if twin is None:
+                keep.append(c)
+            elif self.ok[c].str.len().mean() < self.ok[twin].str.len().mean():
+                keep[keep.index(twin)] = c
+        return keep
 
     def run_dir(self, point_id: str) -> Path:
         return self.dir / "runs" / str(point_id)
@@ -254,9 +270,10 @@ class Sweep:
         if not self.facets:
             return [("", df)]
         out = []
-        for key, g in df.groupby(self.facets, sort=False):
+        for key, g in df.groupby(self.facets, sort=True):
             key = key if isinstance(key, tuple) else (key,)
-            out.append((" · ".join(str(k) for k in key), g))
+            title = " · ".join(str(k) for k in key)
+            out.append((title if len(title) <= 48 else title[:45] + "...", g))
         return out
 
     def representative(self, df: pd.DataFrame, keep: Sequence[str] = (),
