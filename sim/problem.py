@@ -54,12 +54,20 @@ class Objective:
 
 @dataclass(frozen=True)
 class Dynamic:
-    """Worker ``worker`` (index into ``cluster.devices``) slows down or fails at ``at_s``."""
+    """A change of worker ``worker``'s status (index into ``cluster.devices``) at ``at_s``.
+
+    Attributes:
+        slowdown: compute-time multiplier from ``at_s`` on (background load).
+        fail: the worker dies at ``at_s``.
+        free_memory_frac: fraction of the device's memory free for training from
+            ``at_s`` on (co-located jobs take the rest); None leaves it unchanged.
+    """
 
     worker: int
     at_s: float
     slowdown: float | None = None
     fail: bool = False
+    free_memory_frac: float | None = None
 
 
 @dataclass(frozen=True)
