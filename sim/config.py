@@ -8,10 +8,20 @@ The resolved config (defaults filled in) is written next to every result.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from sim.errors import ConfigError
 
@@ -110,18 +120,180 @@ class SchedulerConfig(_Strict):
 
 
 class DynamicsEntry(_Strict):
-    """A change of one worker's status at a time: a slowdown factor or a failure."""
+    """A change of one worker's status at a time: slowdown and/or free memory, or a failure."""
 
     worker: int = Field(ge=0, description="worker index in inventory order")
     at_s: float = Field(ge=0, description="simulated time of the change")
     slowdown: float | None = Field(None, gt=0, description="compute-time multiplier from at_s on")
+    free_memory: float | None = Field(
+        None, gt=0, le=1, description="fraction of the device's memory free for training from at_s on"
+    )
     fail: bool = Field(False, description="the worker dies at at_s")
 
     @model_validator(mode="after")
     def _one(self) -> DynamicsEntry:
-        if (self.slowdown is None) == (not self.fail):
-            raise ValueError("give exactly one of slowdown: X or fail: true")
+        status = self.slowdown is not None or self.free_memory is not None
+        if status == self.fail:
+            raise ValueError("give slowdown: X and/or free_memory: F, or fail: true alone")
         return self
+
+
+Workers = list[Annotated[int, Field(ge=0)]] | Literal["all"]
+
+
+def _check_workers(v: Any) -> Any:
+    if isinstance(v, str) and v != "all":
+        raise ValueError(f"give a list of worker indices or 'all' (got {v!r})")
+    if isinstance(v, list):
+        if not v:
+            raise ValueError("give at least one worker (or 'all')")
+        seen: set[Any] = set()
+        for w in v:
+            if isinstance(w, int) and not isinstance(w, bool) and w in seen:
+                raise ValueError(f"worker {w} is listed twice")
+            seen.add(w)
+    return v
+
+
+class StepsPattern(_Strict):
+    """Piecewise-constant status: from ``times_s[k]`` on, ``slowdown[k]`` / ``free_memory[k]``."""
+
+    pattern: Literal["steps"] = Field(description="pattern name")
+    workers: Workers = Field(description="worker indices (inventory order) or 'all'")
+    times_s: list[Annotated[float, Field(ge=0)]] = Field(
+        min_length=1, description="change times, strictly increasing"
+    )
+    slowdown: list[Annotated[float, Field(gt=0)]] | None = Field(
+        None, description="compute-time multiplier from times_s[k] on (one per time)"
+    )
+    free_memory: list[Annotated[float, Field(gt=0, le=1)]] | None = Field(
+        None, description="fraction of memory free from times_s[k] on (one per time)"
+    )
+
+    _workers = field_validator("workers", mode="before")(_check_workers)
+
+    @field_validator("times_s")
+    @classmethod
+    def _increasing(cls, v: list[float]) -> list[float]:
+        for a, b in zip(v, v[1:]):
+            if not b > a:
+                raise ValueError(f"times must be strictly increasing ({a} then {b})")
+        return v
+
+    @field_validator("slowdown", "free_memory")
+    @classmethod
+    def _same_length(cls, v: list[float] | None, info: ValidationInfo) -> list[float] | None:
+        times = info.data.get("times_s")
+        if v is not None and times is not None and len(v) != len(times):
+            raise ValueError(f"{len(v)} values but times_s has {len(times)}")
+        return v
+
+    @model_validator(mode="after")
+    def _some(self) -> StepsPattern:
+        if self.slowdown is None and self.free_memory is None:
+            raise ValueError("give slowdown and/or free_memory")
+        return self
+
+
+class Walk(_Strict):
+    """One clamped random walk in log space: ``x <- clip(x * exp(sigma * N(0, 1)), min, max)``."""
+
+    min: float = Field(gt=0, description="lower clamp")
+    max: float = Field(gt=0, description="upper clamp, >= min")
+    start: float = Field(gt=0, description="value at t = 0, within [min, max]")
+    sigma: float = Field(ge=0, description="standard deviation of one step of log(value)")
+
+    @field_validator("max")
+    @classmethod
+    def _order(cls, v: float, info: ValidationInfo) -> float:
+        lo = info.data.get("min")
+        if lo is not None and v < lo:
+            raise ValueError(f"max {v} is below min {lo}")
+        return v
+
+    @field_validator("start")
+    @classmethod
+    def _inside(cls, v: float, info: ValidationInfo) -> float:
+        lo, hi = info.data.get("min"), info.data.get("max")
+        if lo is not None and hi is not None and not lo <= v <= hi:
+            raise ValueError(f"start {v} is outside [min, max] = [{lo}, {hi}]")
+        return v
+
+
+class RandomWalkPattern(_Strict):
+    """Seeded random walks of slowdown and/or free memory, one step every ``every_s``."""
+
+    pattern: Literal["random_walk"] = Field(description="pattern name")
+    workers: Workers = Field(description="worker indices (inventory order) or 'all'")
+    every_s: float = Field(gt=0, description="time between steps; the first value (start) is at t = 0")
+    until_s: float = Field(gt=0, description="no steps at or after this time; the last value holds")
+    slowdown: Walk | None = Field(None, description="walk of the compute-time multiplier")
+    free_memory: Walk | None = Field(None, description="walk of the free-memory fraction (max <= 1)")
+
+    _workers = field_validator("workers", mode="before")(_check_workers)
+
+    @field_validator("free_memory")
+    @classmethod
+    def _fraction(cls, v: Walk | None) -> Walk | None:
+        if v is not None and v.max > 1:
+            raise ValueError(f"max {v.max} is above 1 (a fraction of memory)")
+        return v
+
+    @model_validator(mode="after")
+    def _some(self) -> RandomWalkPattern:
+        if self.slowdown is None and self.free_memory is None:
+            raise ValueError("give slowdown and/or free_memory")
+        return self
+
+
+class PeriodicPattern(_Strict):
+    """A co-located job active for ``duty * period_s`` of every period, from ``phase_s`` on."""
+
+    pattern: Literal["periodic"] = Field(description="pattern name")
+    workers: Workers = Field(description="worker indices (inventory order) or 'all'")
+    period_s: float = Field(gt=0, description="period of the co-located job")
+    duty: float = Field(gt=0, lt=1, description="fraction of each period it is active, in (0, 1)")
+    phase_s: float = Field(0.0, ge=0, description="start of the first active window")
+    random_phase: bool = Field(
+        False, description="add a seeded per-worker offset drawn uniformly from [0, period_s) to phase_s"
+    )
+    until_s: float = Field(gt=0, description="no window starts at or after this; one active then ends here")
+    slowdown: float | None = Field(None, gt=0, description="compute-time multiplier while active (1.0 otherwise)")
+    free_memory: float | None = Field(
+        None, gt=0, le=1, description="free-memory fraction while active (1.0 otherwise)"
+    )
+
+    _workers = field_validator("workers", mode="before")(_check_workers)
+
+    @model_validator(mode="after")
+    def _some(self) -> PeriodicPattern:
+        if self.slowdown is None and self.free_memory is None:
+            raise ValueError("give slowdown and/or free_memory")
+        return self
+
+
+Pattern = StepsPattern | RandomWalkPattern | PeriodicPattern
+PATTERNS = ("steps", "random_walk", "periodic")
+
+
+def _dynamics_tag(v: Any) -> str | None:
+    # An entry without `pattern` is an explicit event; an unknown pattern has no tag.
+    p = v.get("pattern", "event") if isinstance(v, dict) else getattr(v, "pattern", "event")
+    return p if p == "event" or p in PATTERNS else None
+
+
+DynamicsItem = Annotated[
+    Annotated[DynamicsEntry, Tag("event")]
+    | Annotated[StepsPattern, Tag("steps")]
+    | Annotated[RandomWalkPattern, Tag("random_walk")]
+    | Annotated[PeriodicPattern, Tag("periodic")],
+    Discriminator(
+        _dynamics_tag,
+        custom_error_type="unknown_pattern",
+        custom_error_message="pattern must be one of " + ", ".join(PATTERNS),
+    ),
+]
+_DYNAMICS_TAGS = {"event", *PATTERNS}
 
 
 class Config(_Strict):
@@ -134,7 +306,10 @@ class Config(_Strict):
     job: JobConfig
     objective: ObjectiveConfig = Field(default_factory=ObjectiveConfig)
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
-    dynamics: list[DynamicsEntry] = Field(default_factory=list)
+    dynamics: list[DynamicsItem] = Field(
+        default_factory=list,
+        description="status changes: explicit events and seeded patterns (see sim.dynamics)",
+    )
 
 
 _TYPE_TAGS = {"str", "int", "float", "bool", "none", "dict", "list"}
@@ -143,7 +318,12 @@ _TYPE_TAGS = {"str", "int", "float", "bool", "none", "dict", "list"}
 def _loc(loc: tuple[Any, ...]) -> str:
     """pydantic's error location as 'a.b[0].c' (union and validator tags dropped)."""
     out = ""
+    prev: Any = None
     for part in loc:
+        tag = isinstance(prev, int) and part in _DYNAMICS_TAGS
+        prev = part
+        if tag:
+            continue  # the dynamics union's tag after a list index
         if isinstance(part, int):
             out += f"[{part}]"
         elif any(ch in str(part) for ch in "[(") or str(part) in _TYPE_TAGS:
@@ -161,7 +341,10 @@ def validation_error(source: str, e: ValidationError) -> ConfigError:
         msg = "unknown field"
     elif err["type"] == "missing":
         msg = "missing required field"
-    return ConfigError(source, _loc(tuple(err["loc"])), msg)
+    loc = _loc(tuple(err["loc"]))
+    if err["type"] == "unknown_pattern":
+        loc += ".pattern"
+    return ConfigError(source, loc, msg)
 
 
 def config_from_dict(data: Any, source: str) -> Config:

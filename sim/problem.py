@@ -83,6 +83,9 @@ class Problem:
 def build_problem(cfg: Config, base_dir: Path, source: str = "<config>") -> Problem:
     """Resolve profiles and the model of a validated config into a Problem.
 
+    Dynamics patterns are expanded into events by :func:`sim.dynamics.build_dynamics`
+    (seeded from ``cfg.seed``).
+
     Raises:
         ConfigError: unknown device types or models, bad dynamics, unsupported options.
     """
@@ -135,13 +138,9 @@ def build_problem(cfg: Config, base_dir: Path, source: str = "<config>") -> Prob
         failure_timeout_s=j.failure_timeout_s,
         warmup_iterations=min(j.warmup_iterations, max(iterations - 1, 0)),
     )
-    dyn = []
-    for i, dyn_entry in enumerate(cfg.dynamics):
-        if dyn_entry.worker >= len(devices):
-            raise ConfigError(
-                source, f"dynamics[{i}].worker", f"worker {dyn_entry.worker} does not exist ({len(devices)} devices)"
-            )
-        dyn.append(Dynamic(dyn_entry.worker, dyn_entry.at_s, dyn_entry.slowdown, dyn_entry.fail))
+    from sim.dynamics import build_dynamics  # sim.dynamics imports Dynamic from here
+
+    dynamics = build_dynamics(cfg.dynamics, cfg.seed, len(devices), source)
     o = cfg.objective
     return Problem(
         name=cfg.name,
@@ -149,7 +148,7 @@ def build_problem(cfg: Config, base_dir: Path, source: str = "<config>") -> Prob
         cluster=cluster,
         job=job,
         objective=Objective(o.minimize, o.throughput_min, o.deadline_s, o.budget_usd),
-        dynamics=tuple(sorted(dyn, key=lambda d: (d.at_s, d.worker))),
+        dynamics=dynamics,
     )
 
 
