@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import schedulers
+from schedulers import Scheduler
 from sim import analytic, des
 from sim.config import Config, config_from_dict, read_yaml
 from sim.errors import ConfigError
@@ -46,31 +47,42 @@ def problem_of(loaded: Loaded) -> Problem:
     return build_problem(loaded.config, loaded.base_dir, loaded.source)
 
 
-def plan_for(loaded: Loaded, problem: Problem, scheduler: str | None = None) -> Plan:
-    """Plan with the named scheduler (default: the config's), checked against the problem."""
+def schedule(loaded: Loaded, problem: Problem, scheduler: str | None = None) -> tuple[Scheduler, Plan]:
+    """The named scheduler (default: the config's) and its plan, checked against the problem.
+
+    The scheduler object is returned too: an online one (with ``rebalance``)
+    keeps driving the plan during evaluation.
+    """
     cfg = loaded.config.scheduler
     name = scheduler or cfg.name
     params = cfg.params if name == cfg.name else {}
-    plan = schedulers.make(name, params, loaded.source).plan(problem)
+    sched = schedulers.make(name, params, loaded.source)
+    plan = sched.plan(problem)
     check_plan(plan, problem, source=f"plan from scheduler {name!r}")
-    return plan
+    return sched, plan
+
+
+def plan_for(loaded: Loaded, problem: Problem, scheduler: str | None = None) -> Plan:
+    """Plan with the named scheduler (default: the config's), checked against the problem."""
+    return schedule(loaded, problem, scheduler)[1]
 
 
 def evaluate(problem: Problem, plan: Plan, evaluator: str, trace: bool = True,
-             progress: bool = False) -> RunResult:
+             progress: bool = False, scheduler: Scheduler | None = None) -> RunResult:
     """Evaluate with ``des`` or ``analytic``; ``progress`` shows a bar of DES iterations
-    (on a terminal only)."""
+    (on a terminal only). ``scheduler``: the object that made ``plan``; an online
+    one rebalances during the run (DES) or to its steady state (analytic)."""
     if evaluator == "des":
         if not progress:
-            return des.simulate(problem, plan, trace=trace)
+            return des.simulate(problem, plan, trace=trace, scheduler=scheduler)
         from tqdm import tqdm
 
         with tqdm(total=problem.job.iterations, desc=f"des {plan.scheduler}", unit="it",
                   leave=False, disable=None) as bar:
             return des.simulate(problem, plan, trace=trace,
-                                on_iteration=lambda n: bar.update(n - bar.n))
+                                on_iteration=lambda n: bar.update(n - bar.n), scheduler=scheduler)
     if evaluator == "analytic":
-        return analytic.evaluate(problem, plan)
+        return analytic.evaluate(problem, plan, scheduler=scheduler)
     raise ConfigError("<command line>", "--evaluator", f"unknown evaluator {evaluator!r}; use des or analytic")
 
 
@@ -115,12 +127,13 @@ def run_one(loaded: Loaded, evaluator: str, scheduler: str | None = None,
     """Plan (or read ``plan_file``) and evaluate one config; write the run's files
     into ``out`` when given."""
     problem = problem_of(loaded)
-    if plan_file is not None:
+    sched: Scheduler | None = None
+    if plan_file is not None:  # a plan file is evaluated as given: nobody rebalances it
         plan = load_plan(plan_file)
         check_plan(plan, problem, source=str(plan_file))
     else:
-        plan = plan_for(loaded, problem, scheduler)
-    result = evaluate(problem, plan, evaluator, trace=trace, progress=progress)
+        sched, plan = schedule(loaded, problem, scheduler)
+    result = evaluate(problem, plan, evaluator, trace=trace, progress=progress, scheduler=sched)
     for key in ("incomplete", "note"):
         if key in result.extra:
             print(f"hetsim: warning: {result.extra[key]}", file=sys.stderr)

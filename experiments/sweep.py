@@ -460,8 +460,8 @@ def run_point(task: Task) -> PointResult:
     try:
         loaded = runner.from_dict(task.config, Path(task.base_dir), task.source)
         problem = runner.problem_of(loaded)
-        plan = runner.plan_for(loaded, problem)
-        result = runner.evaluate(problem, plan, task.evaluator, trace=task.trace)
+        sched, plan = runner.schedule(loaded, problem)
+        result = runner.evaluate(problem, plan, task.evaluator, trace=task.trace, scheduler=sched)
         metrics = {k: _plain(v) for k, v in result.headline().items()}
         return PointResult(task.point_id, "ok", "", metrics,
                            runner.run_files(result, plan, loaded, trace=task.trace))

@@ -1,6 +1,16 @@
-"""Schedulers: Problem -> Plan, registered by name."""
+"""Schedulers: Problem -> Plan, registered by name; online ones also rebalance."""
 
-from schedulers import equal, proportional  # noqa: F401  (registration side effect)
-from schedulers.base import Scheduler, largest_remainder, make, names, register, register_lazy
+from schedulers import equal, hps, lbbsp, proportional  # noqa: F401  (registration side effect)
+from schedulers.base import (
+    OnlineScheduler,
+    Scheduler,
+    capped_largest_remainder,
+    largest_remainder,
+    make,
+    names,
+    register,
+    register_lazy,
+)
 
-__all__ = ["Scheduler", "largest_remainder", "make", "names", "register", "register_lazy"]
+__all__ = ["OnlineScheduler", "Scheduler", "capped_largest_remainder", "largest_remainder", "make", "names",
+           "register", "register_lazy"]

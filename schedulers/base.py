@@ -17,6 +17,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 import numpy as np
 
 from sim.errors import ConfigError
+from sim.observation import Observation
 from sim.plan import Plan, Replica, Stage
 from sim.problem import Problem
 
@@ -26,6 +27,55 @@ class Scheduler(Protocol):
     name: ClassVar[str]
 
     def plan(self, problem: Problem) -> Plan: ...
+
+
+@runtime_checkable
+class OnlineScheduler(Scheduler, Protocol):
+    """A scheduler that also re-plans while the job runs (H-PS, LB-BSP).
+
+    The evaluator (DES, analytic steady state, runtime) calls ``rebalance`` at
+    the end of every global iteration. ``plan`` is the plan in force and lists
+    every worker of the run (idle and failed ones with batch 0);
+    ``obs.workers`` is in the same order. Return None to keep the plan, or a
+    plan over the same workers (``plan.with_shares``) whose live workers'
+    shares sum to ``obs.global_batch`` and that gives failed workers 0. New
+    shares take effect from the next iteration each worker starts.
+    """
+
+    def rebalance(self, plan: Plan, obs: Observation) -> Plan | None: ...
+
+
+class RateEstimate:
+    """Exponentially smoothed per-worker rates (samples/s) from Observations.
+
+    ``smoothed = alpha * observed + (1 - alpha) * smoothed``; the first
+    measurement of a worker is taken as is, and a window without one (rate 0:
+    the worker computed nothing) keeps the previous estimate.
+    """
+
+    def __init__(self, alpha: float) -> None:
+        if not 0.0 < alpha <= 1.0:
+            raise ValueError("alpha must be in (0, 1]")
+        self.alpha = alpha
+        self.rate_sps: dict[str, float] = {}
+
+    def update(self, obs: Observation) -> None:
+        for w in obs.workers:
+            if w.rate_sps <= 0:
+                continue
+            old = self.rate_sps.get(w.device)
+            self.rate_sps[w.device] = w.rate_sps if old is None else (
+                self.alpha * w.rate_sps + (1.0 - self.alpha) * old)
+
+    def live_rates(self, obs: Observation) -> list[float] | None:
+        """Estimated rate of every worker in observation order: 0 for failed ones,
+        the mean of the known live ones for a live worker never measured; None
+        when no live worker has been measured yet."""
+        known = [self.rate_sps[w.device] for w in obs.workers if w.alive and w.device in self.rate_sps]
+        if not known:
+            return None
+        mean = sum(known) / len(known)
+        return [0.0 if not w.alive else self.rate_sps.get(w.device, mean) for w in obs.workers]
 
 
 _REGISTRY: dict[str, type | str] = {}
@@ -100,3 +150,58 @@ def data_parallel_plan(problem: Problem, shares: Sequence[int], scheduler: str) 
     types = {problem.cluster.device(r.device).type.name for r in reps}
     stage = Stage(0, len(problem.job.model.layers), reps, types.pop() if len(types) == 1 else None)
     return Plan((stage,), tuple(s.id for s in problem.cluster.shards), scheduler)
+
+
+def capped_largest_remainder(weights: Sequence[float] | np.ndarray, caps: Sequence[int | None],
+                             total: int) -> tuple[list[int], int]:
+    """Integers proportional to ``weights`` summing to ``total`` with ``share_i <= caps[i]``.
+
+    Water-filling: shares proportional to weight; every share above its cap is
+    fixed at the cap and the remainder is spread over the uncapped workers in
+    proportion to their weights, until no cap is violated. Then the quotas are
+    rounded by largest remainder (ties to the lower index) without passing a
+    cap. A weight of 0 gets 0; a cap of None is no cap. If the caps of the
+    positive-weight workers cannot hold ``total``, every such worker gets its
+    cap.
+
+    Returns:
+        (shares, short): ``short = total - sum(shares)``, 0 unless memory is short.
+    """
+    w = np.asarray(weights, dtype=float)
+    if total < 0 or w.size == 0 or np.any(w < 0) or not np.isfinite(w).all() or w.sum() <= 0:
+        raise ValueError("weights must be non-negative, finite and not all zero; total >= 0")
+    if len(caps) != w.size or any(c is not None and c < 0 for c in caps):
+        raise ValueError("one non-negative cap (or None) per weight")
+    cap = np.array([float(total) if c is None else float(min(c, total)) for c in caps])
+    cap[w <= 0] = 0.0
+    if cap.sum() <= total:
+        shares = [int(x) for x in cap]
+        return shares, total - sum(shares)
+    quota = np.zeros(w.size)
+    fixed = np.zeros(w.size, dtype=bool)
+    fixed[w <= 0] = True
+    while True:
+        free = ~fixed
+        if not free.any():
+            break
+        rest = total - cap[fixed & (w > 0)].sum()
+        quota[free] = w[free] / w[free].sum() * rest
+        over = free & (quota > cap)
+        if not over.any():
+            break
+        fixed |= over
+        quota[over] = cap[over]
+    quota[w <= 0] = 0.0
+    base = np.minimum(np.floor(quota), cap).astype(int)
+    short = total - int(base.sum())
+    order = sorted(range(w.size), key=lambda i: (-(quota[i] - base[i]), i))
+    while short > 0:  # one pass suffices in exact arithmetic; more guard float rounding
+        progress = False
+        for i in order:
+            if short > 0 and base[i] + 1 <= cap[i] and w[i] > 0:
+                base[i] += 1
+                short -= 1
+                progress = True
+        if not progress:
+            break
+    return [int(x) for x in base], short

@@ -19,12 +19,20 @@ PS resource when that exceeds one.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from sim.costmodel import PlanCosts, plan_costs
+from sim.observation import Observation, WorkerStatus, accepted_shares, full_membership, rate_sps
 from sim.plan import Plan
 from sim.problem import Problem
 from sim.result import DeviceUsage, RunResult
+
+#: An online scheduler is driven to its steady state by at most this many plan changes ...
+MAX_REBALANCES = 20
+#: ... or until this many rebalance calls in a row leave the plan as it is.
+MAX_CALLS_WITHOUT_CHANGE = 200
 
 _FIXED_POINT_PASSES = 16
 
@@ -190,12 +198,69 @@ class _BSP:
         return t, U, spans
 
 
-def evaluate(problem: Problem, plan: Plan) -> RunResult:
-    """Evaluate ``plan`` analytically; same RunResult schema as the DES."""
+def evaluate(problem: Problem, plan: Plan, scheduler: Any = None) -> RunResult:
+    """Evaluate ``plan`` analytically; same RunResult schema as the DES.
+
+    ``scheduler``: the object that made ``plan``. If it has a callable
+    ``rebalance`` (an online scheduler), the steady state of its rebalancing is
+    evaluated instead: plan -> evaluate -> Observation of the modelled
+    per-worker compute (one iteration per window; free memory at t = 0) ->
+    rebalance, until the plan stops changing (``MAX_CALLS_WITHOUT_CHANGE``
+    calls in a row return it unchanged or None) or after ``MAX_REBALANCES``
+    changes. ``extra["rebalances"]`` counts the changes and
+    ``extra["final_shares"]`` gives the plan evaluated.
+    """
+    fn = getattr(scheduler, "rebalance", None)
+    if not callable(fn):
+        return _evaluate(problem, plan)
+    workers = tuple(r.device for r in plan.replicas)
+    current, result = full_membership(plan, workers), _evaluate(problem, plan)
+    changes = calls = quiet = 0
+    t_s = 0.0
+    while changes < MAX_REBALANCES and quiet < MAX_CALLS_WITHOUT_CHANGE:
+        calls += 1
+        t_s += result.iteration_times()[-1] if result.iter_end_s else 0.0
+        obs = _observation(problem, current, calls, t_s)
+        new = fn(current, obs)
+        shares = accepted_shares(new, obs, problem.job.global_batch) if new is not None else None
+        if shares is None or shares == [r.batch for r in current.replicas]:
+            quiet += 1
+            continue
+        quiet = 0
+        changes += 1
+        current = full_membership(new, workers, shares)  # type: ignore[arg-type]
+        result = _evaluate(problem, _working(current))
+    result.extra["rebalances"] = changes
+    result.extra["final_shares"] = {r.device: r.batch for r in current.replicas}
+    return result
+
+
+def _evaluate(problem: Problem, plan: Plan) -> RunResult:
     c = plan_costs(problem, plan)
     if problem.job.sync == "bsp":
         return _evaluate_bsp(problem, plan, c)
     return _evaluate_async(problem, plan, c)
+
+
+def _working(plan: Plan) -> Plan:
+    """The plan without its idle (share 0) replicas."""
+    return plan.with_shares({})
+
+
+def _observation(problem: Problem, plan: Plan, iteration: int, t_s: float) -> Observation:
+    """What a steady-state iteration of ``plan`` shows: each worker's modelled compute
+    per iteration at its share, its free memory at t = 0, everyone alive."""
+    c = plan_costs(problem, _working(plan))
+    compute = dict(zip(c.workers, (c.fwd_s.sum(axis=1) + c.bwd_s.sum(axis=1)).tolist()))
+    devices = problem.cluster.devices
+    frac: dict[str, float] = {devices[d.worker].id: d.free_memory_frac for d in problem.dynamics
+                              if d.at_s <= 0 and d.free_memory_frac is not None}
+    ws = []
+    for r in plan.replicas:
+        t = compute.get(r.device, 0.0) if r.batch > 0 else 0.0
+        mem = problem.cluster.device(r.device).type.memory_bytes * frac.get(r.device, 1.0)
+        ws.append(WorkerStatus(r.device, r.batch, t, r.batch if t > 0 else 0, rate_sps(r.batch, t), mem, True))
+    return Observation(t_s, iteration, tuple(ws), problem.job.global_batch)
 
 
 def _union(a: np.ndarray, b: np.ndarray) -> list[tuple[float, float]]:

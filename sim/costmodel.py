@@ -281,3 +281,31 @@ def plan_costs(problem: Problem, plan: Plan) -> PlanCosts:
         latency_s=cl.network.latency_s,
         shards=tuple(plan.ps_shards),
     )
+
+
+def fixed_memory_bytes(model: Model, optimizer_state_copies: int = 1) -> float:
+    """Bytes a training worker holds whatever its batch: parameters, their
+    gradients and ``optimizer_state_copies`` copies of optimizer state (1 for
+    momentum SGD, 2 for Adam): ``param_bytes * (2 + copies)``."""
+    if optimizer_state_copies < 0:
+        raise ValueError("optimizer_state_copies must be >= 0")
+    return model.param_bytes * (2 + optimizer_state_copies)
+
+
+def activation_memory_per_sample_bytes(model: Model, dtype: str = "fp32") -> float:
+    """Bytes of activations one sample keeps for the backward pass: training
+    keeps every layer's output, so the sum of ``activation_bytes`` over layers,
+    scaled by the compute dtype (fp16/bf16 halve it)."""
+    return sum(ly.activation_bytes for ly in model.layers) * _ACT_SCALE.get(dtype, 1.0)
+
+
+def max_batch_in_memory(model: Model, dtype: str, free_memory_bytes: float,
+                        optimizer_state_copies: int = 1) -> int | None:
+    """The most samples a worker with ``free_memory_bytes`` can train on:
+    ``floor((free - fixed) / per_sample)``, at least 0; None when a sample needs
+    no activation memory (no cap from memory)."""
+    per = activation_memory_per_sample_bytes(model, dtype)
+    room = free_memory_bytes - fixed_memory_bytes(model, optimizer_state_copies)
+    if per <= 0:
+        return None if room >= 0 else 0
+    return max(0, int(np.floor(room / per)))

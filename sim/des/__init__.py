@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from sim.costmodel import plan_costs
 from sim.des.engine import DataParallelSim
@@ -12,7 +13,7 @@ from sim.result import RunResult
 
 
 def simulate(problem: Problem, plan: Plan, trace: bool = True,
-             on_iteration: Callable[[int], None] | None = None) -> RunResult:
+             on_iteration: Callable[[int], None] | None = None, scheduler: Any = None) -> RunResult:
     """Run ``plan`` for ``problem.job.iterations`` iterations in the DES.
 
     Deterministic: the same problem and plan give the same result, byte for byte.
@@ -21,9 +22,14 @@ def simulate(problem: Problem, plan: Plan, trace: bool = True,
         trace: record a Chrome trace (capped at 200,000 events).
         on_iteration: called with the number of iterations done after each one
             (progress bars).
+        scheduler: the scheduler that made ``plan``. If it has a callable
+            ``rebalance(plan, observation)`` (an online scheduler), it is called at
+            the end of every global iteration and the plan it returns is applied
+            (see :mod:`sim.des.engine`); ``extra["rebalances"]`` counts the plans
+            applied and ``extra["final_shares"]`` gives the last one.
     """
     sim = DataParallelSim(problem, plan, plan_costs(problem, plan), trace=trace,
-                          on_iteration=on_iteration)
+                          on_iteration=on_iteration, scheduler=scheduler)
     return sim.run()
 
 

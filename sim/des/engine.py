@@ -15,6 +15,23 @@ worker's pull of a chunk may start and when a shard applies:
 
 For ASP and SSP a "global iteration" ends each time another global batch of
 samples has been applied.
+
+Online scheduling (the seam of ARCHITECTURE.md): given a scheduler object with
+a callable ``rebalance``, the engine calls it at the end of every global
+iteration with an :class:`~sim.observation.Observation` measured over the
+iterations since the previous call, and applies the plan it returns. The
+worker set stays fixed; a worker takes its new share from the next iteration
+it starts (BSP: when its first layer group's parameters have arrived; ASP/SSP:
+at the top of its loop), and everything of that iteration - compute, push
+bytes, aggregation, barrier membership, samples counted - follows the share it
+actually runs. Parameter pulls leave the shard before the worker knows which
+share it will run; when a share grows and the model has sparse tables, the
+missing rows are fetched in a top-up pull before the compute that needs them.
+A worker with share 0 idles: under BSP it still receives parameters but sends
+no gradient and leaves that iteration's barrier; under ASP/SSP it waits for a
+rebalance that gives it work (and does not hold back the SSP bound). The BSP
+update cost of a sparse table uses the shares of the latest plan (exact for
+dense layers).
 """
 
 from __future__ import annotations
@@ -25,9 +42,10 @@ from typing import Any
 import numpy as np
 import simpy
 
-from sim.costmodel import PlanCosts
+from sim.costmodel import PlanCosts, plan_costs
 from sim.des.network import FlowNetwork
 from sim.des.shard import ShardServer
+from sim.observation import Observation, WorkerStatus, accepted_shares, full_membership, rate_sps
 from sim.plan import Plan
 from sim.problem import Problem
 from sim.result import DeviceUsage, RunResult, Trace
@@ -64,7 +82,7 @@ class DataParallelSim:
     """One DES run of a single-stage plan. Use :func:`sim.des.simulate`."""
 
     def __init__(self, problem: Problem, plan: Plan, costs: PlanCosts, trace: bool = True,
-                 on_iteration: Callable[[int], None] | None = None) -> None:
+                 on_iteration: Callable[[int], None] | None = None, scheduler: Any = None) -> None:
         self.problem, self.plan, self.c = problem, plan, costs
         self.env = env = simpy.Environment()
         job = problem.job
@@ -116,6 +134,23 @@ class DataParallelSim:
         self.samples_applied = 0
         self.completed = [0] * N
         self.ssp_waiters: list[tuple[int, simpy.Event]] = []
+        # Online scheduling. ``next_*`` is the share (and its cost rows) a worker takes
+        # at the next iteration it starts; ``batch`` and the rows above are the ones it runs.
+        fn = getattr(scheduler, "rebalance", None)
+        self.rebalance_fn: Callable[[Plan, Observation], Plan | None] | None = fn if callable(fn) else None
+        self.online = self.rebalance_fn is not None
+        self.plan_now = plan
+        # (batch, fwd, bwd, pull, push, agg, apply_one) rows of the pending share
+        self.next_rows: list[tuple[Any, ...] | None] = [None] * N
+        self.next_pull = list(self.pull_b)
+        self.issued: dict[tuple[int, int, int], float] = {}
+        self.win_compute = [0.0] * N
+        self.win_samples = [0] * N
+        self.free_frac = [1.0] * N
+        self.detected = [False] * N
+        self.idle = [False] * N
+        self.wake: list[simpy.Event | None] = [None] * N
+        self.rebalances = 0
 
     # ------------------------------------------------------------------ helpers
     def _span_cb(self, s: int) -> Any:
@@ -141,12 +176,19 @@ class DataParallelSim:
         a.advance(self.env.now)
         a.inflight -= 1
 
-    def _pull(self, w: int, it: int, c: int) -> None:
-        """Send chunk c's parameters for iteration ``it`` from its shard to worker w."""
+    def _pull(self, w: int, it: int, c: int, nbytes: float | None = None,
+              ev: simpy.Event | None = None) -> None:
+        """Send chunk c's parameters for iteration ``it`` from its shard to worker w
+        (``nbytes`` and ``ev``: a top-up of missing sparse rows)."""
         s = self.chunk_shard[c]
         self._flow_start(w)
         t0 = self.env.now
-        ev = self._ready(w, it, c)
+        if ev is None:
+            ev = self._ready(w, it, c)
+            nbytes = self.next_pull[w][c]
+            if self.online:
+                self.issued[(w, it, c)] = nbytes
+        assert nbytes is not None
 
         def delivered() -> None:
             self._flow_end(w)
@@ -154,33 +196,42 @@ class DataParallelSim:
                 self.trace.async_span("network", w, self.c.workers[w], f"pull c{c}", t0, self.env.now)
             ev.succeed()
 
-        self.net.transfer(2 * self.N + s, self.N + w, self.pull_b[w][c], delivered)
+        self.net.transfer(2 * self.N + s, self.N + w, nbytes, delivered)
 
     def _push(self, w: int, it: int, c: int) -> None:
         s = self.chunk_shard[c]
         self._flow_start(w)
         t0 = self.env.now
+        # the shard's work follows the share of the iteration that produced the gradient
+        agg, apply_one, batch = self.agg[w][c], self.apply_one[w][c], self.batch[w]
 
         def delivered() -> None:
             self._flow_end(w)
             if self.trace is not None:
                 self.trace.async_span("network", w, self.c.workers[w], f"push c{c}", t0, self.env.now)
-            self._arrive(w, it, c)
+            self._arrive(w, it, c, agg, apply_one, batch)
 
         self.net.transfer(w, 2 * self.N + self.S + s, self.push_b[w][c], delivered)
 
     # --------------------------------------------------------------- shard side
-    def _arrive(self, w: int, it: int, c: int) -> None:
+    def _arrive(self, w: int, it: int, c: int, agg: float, apply_one: float, batch: int) -> None:
         srv = self.servers[self.chunk_shard[c]]
         if self.sync == "bsp":
             miss = self.missing[c]
             miss.discard(w)
-            srv.submit((c, w), self.agg[w][c], f"agg c{c}", None)
+            srv.submit((c, w), agg, f"agg c{c}", None)
             if not miss:
                 self._submit_apply(c)
         else:
-            srv.submit((c, w), self.agg[w][c] + self.apply_one[w][c], f"apply c{c}",
-                       lambda: self._async_applied(w, it, c))
+            srv.submit((c, w), agg + apply_one, f"apply c{c}",
+                       lambda: self._async_applied(w, it, c, batch))
+
+    def _abstain(self, w: int, c: int) -> None:
+        """An idle worker (share 0) leaves the current BSP iteration's barrier of chunk c."""
+        miss = self.missing[c]
+        miss.discard(w)
+        if not miss:
+            self._submit_apply(c)
 
     def _submit_apply(self, c: int) -> None:
         # The update is its own task, keyed after every worker's aggregation of this
@@ -202,14 +253,14 @@ class DataParallelSim:
                 if self.alive[w]:
                     self._pull(w, it + 1, c)
 
-    def _async_applied(self, w: int, it: int, c: int) -> None:
+    def _async_applied(self, w: int, it: int, c: int, batch: int) -> None:
         self.staleness.append(self.version[c] - self.pulled_version[w][c])
         self.version[c] += 1
         key = (w, it)
         n = self.worker_chunks_applied.get(key, 0) + 1
         if n == self.C:
             self.worker_chunks_applied.pop(key, None)
-            self.samples_applied += self.batch[w]
+            self.samples_applied += batch
             B = self.problem.job.global_batch
             while self.samples_applied >= (len(self.iter_end) + 1) * B and not self.finished.triggered:
                 self._end_iteration(B)
@@ -226,6 +277,8 @@ class DataParallelSim:
             self.on_iteration(len(self.iter_end))
         if len(self.iter_end) >= self.n_iter and not self.finished.triggered:
             self.finished.succeed()
+        if self.online and not self.finished.triggered:
+            self._rebalance()
 
     # -------------------------------------------------------------- worker side
     def _worker(self, w: int) -> Any:
@@ -238,8 +291,21 @@ class DataParallelSim:
             while it < self.n_iter or self.sync != "bsp":
                 if self.finished.triggered:
                     break
+                if self.online and self.sync != "bsp":
+                    self._adopt(w)
+                    while self.batch[w] == 0:  # idle until a rebalance gives it work
+                        self.idle[w] = True
+                        self._ssp_release()
+                        acct.advance(env.now)
+                        acct.state = _BLOCKED
+                        wake = self.wake[w] = env.event()
+                        yield wake
+                        self.idle[w] = False
+                        self._adopt(w)
+                    fwd, bwd = self.fwd[w], self.bwd[w]
                 if self.sync == "ssp":
                     yield from self._ssp_gate(w, it)
+                spent = 0.0
                 for g in range(self.G):
                     for c in groups[g]:
                         ev = self._ready(w, it, c)
@@ -248,21 +314,38 @@ class DataParallelSim:
                             acct.state = _BLOCKED
                             yield ev
                         del self.ready[(w, it, c)]
+                    if self.online:
+                        if g == 0 and self.sync == "bsp":
+                            self._adopt(w)
+                            fwd, bwd = self.fwd[w], self.bwd[w]
+                        yield from self._top_up(w, it, groups[g])
+                    if self.batch[w] == 0:
+                        continue
                     acct.advance(env.now)
                     acct.state = _COMPUTE
                     t0 = env.now
                     yield from self._compute(w, fwd[g])
+                    spent += env.now - t0
                     if tr is not None:
                         tr.span("workers", w, name, "fwd" if self.G == 1 else f"fwd g{g}", t0, env.now)
+                idle = self.batch[w] == 0
                 for g in range(self.G - 1, -1, -1):
+                    if idle:
+                        for c in groups[g]:
+                            self._abstain(w, c)
+                        continue
                     t0 = env.now
                     yield from self._compute(w, bwd[g])
+                    spent += env.now - t0
                     if tr is not None:
                         tr.span("workers", w, name, "bwd" if self.G == 1 else f"bwd g{g}", t0, env.now)
                     for c in groups[g]:
                         self._push(w, it, c)
                 acct.advance(env.now)
                 acct.state = _BLOCKED
+                if not idle:
+                    self.win_compute[w] += spent
+                    self.win_samples[w] += self.batch[w]
                 if self.sync == "bsp":
                     self.samples_in_iter[it] = self.samples_in_iter.get(it, 0) + self.batch[w]
                 else:
@@ -304,7 +387,7 @@ class DataParallelSim:
             yield ev
 
     def _slowest(self) -> int:
-        live = [self.completed[v] for v in range(self.N) if self.alive[v]]
+        live = [self.completed[v] for v in range(self.N) if self.alive[v] and not self.idle[v]]
         return min(live) if live else 0
 
     def _ssp_release(self) -> None:
@@ -337,18 +420,88 @@ class DataParallelSim:
         self.failures.append(rec)
         if self.sync != "bsp":
             rec["detected_at_s"], rec["lost_s"] = failed_at, 0.0
+            self.detected[w] = True
             self._ssp_release()
             return
         yield self.env.timeout(self.problem.job.failure_timeout_s)
         rec["detected_at_s"] = self.env.now
         rec["lost_s"] = self.env.now - failed_at
         self.member[w] = False
+        self.detected[w] = True
         for c in range(self.C):
             miss = self.missing[c]
             if w in miss:
                 miss.discard(w)
                 if not miss:
                     self._submit_apply(c)
+
+    def _free_memory(self, w: int, at_s: float, frac: float) -> Any:
+        yield self.env.timeout(at_s)
+        self.free_frac[w] = frac
+
+    # ---------------------------------------------------------- online scheduling
+    def _adopt(self, w: int) -> None:
+        """Worker w starts an iteration: it takes its pending share, if any."""
+        rows = self.next_rows[w]
+        if rows is None:
+            return
+        self.next_rows[w] = None
+        (self.batch[w], self.fwd[w], self.bwd[w], self.pull_b[w], self.push_b[w],
+         self.agg[w], self.apply_one[w]) = rows
+
+    def _top_up(self, w: int, it: int, chunks: list[int]) -> Any:
+        """Fetch the sparse rows a grown share needs beyond what the pulls carried."""
+        evs = []
+        for c in chunks:
+            got = self.issued.pop((w, it, c), None)
+            need = self.pull_b[w][c]
+            if got is not None and need > got:
+                ev = self.env.event()
+                self._pull(w, it, c, need - got, ev)
+                evs.append(ev)
+        if evs:
+            self.acct[w].advance(self.env.now)
+            self.acct[w].state = _BLOCKED
+            yield self.env.all_of(evs)
+
+    def observation(self) -> Observation:
+        """The Observation of the window since the previous rebalance call."""
+        cl = self.problem.cluster
+        share = {r.device: r.batch for r in self.plan_now.replicas}
+        ws = tuple(
+            WorkerStatus(device=dev, batch=share.get(dev, 0), compute_s=self.win_compute[w],
+                         samples=self.win_samples[w], rate_sps=rate_sps(self.win_samples[w], self.win_compute[w]),
+                         free_memory_bytes=cl.device(dev).type.memory_bytes * self.free_frac[w],
+                         alive=not self.detected[w])
+            for w, dev in enumerate(self.c.workers)
+        )
+        return Observation(self.env.now, len(self.iter_end), ws, self.problem.job.global_batch)
+
+    def _rebalance(self) -> None:
+        assert self.rebalance_fn is not None
+        obs = self.observation()
+        self.win_compute = [0.0] * self.N
+        self.win_samples = [0] * self.N
+        # Schedulers see every worker of the run, idle and dead ones with share 0.
+        new = self.rebalance_fn(full_membership(self.plan_now, self.c.workers), obs)
+        if new is None:
+            return
+        shares = accepted_shares(new, obs, self.problem.job.global_batch)
+        full = full_membership(new, self.c.workers, shares)
+        costs = plan_costs(self.problem, full)
+        if costs.n_chunks != self.C or list(costs.chunk_shard) != self.chunk_shard:
+            raise ValueError("a rebalanced plan must keep the PS shards and layer groups")
+        for w in range(self.N):
+            self.next_rows[w] = (shares[w], costs.fwd_s[w].tolist(), costs.bwd_s[w].tolist(),
+                                 costs.pull_bytes[w].tolist(), costs.push_bytes[w].tolist(),
+                                 costs.agg_s[w].tolist(), costs.apply_one_s[w].tolist())
+            self.next_pull[w] = costs.pull_bytes[w].tolist()
+            wake = self.wake[w]
+            if shares[w] > 0 and wake is not None and not wake.triggered:
+                wake.succeed()
+        self.apply_all = costs.apply_s.tolist()
+        self.plan_now = full
+        self.rebalances += 1
 
     # --------------------------------------------------------------------- run
     def run(self) -> RunResult:
@@ -365,6 +518,9 @@ class DataParallelSim:
                 env.process(self._failure(wi, d.at_s))
             elif d.slowdown is not None:
                 env.process(self._slowdown(wi, d.at_s, d.slowdown))
+            frac = getattr(d, "free_memory_frac", None)
+            if frac is not None:
+                env.process(self._free_memory(wi, d.at_s, frac))
         try:
             env.run(until=self.finished)
         except RuntimeError:
@@ -409,9 +565,13 @@ class DataParallelSim:
             extra["staleness"] = {"mean": float(st.mean()), "max": int(st.max())}
         if self.trace is not None and self.trace.dropped:
             extra["trace_events_dropped"] = self.trace.dropped
+        if self.online:
+            extra["rebalances"] = self.rebalances
+            extra["final_shares"] = {r.device: r.batch for r in self.plan_now.replicas}
         return RunResult(
             name=self.problem.name, evaluator="des", scheduler=self.plan.scheduler,
             seed=self.problem.seed, iter_end_s=list(self.iter_end), iter_samples=list(self.iter_samples),
             devices=devices, warmup=job.warmup_iterations, failures=self.failures, extra=extra,
             trace=self.trace.events if self.trace is not None else [],
         )
+

@@ -1,0 +1,114 @@
+"""`hps`: H-PS dynamic allocation of the global batch over heterogeneous workers.
+
+Every ``rebalance_every`` global iterations the scheduler resets the shares
+proportional to each worker's exponentially smoothed observed rate, capped by
+what fits in the worker's free memory:
+
+    cap = floor((free_memory_bytes - fixed) / per_sample)
+    fixed = param_bytes * (2 + optimizer_state_copies)   (parameters, gradients, state)
+    per_sample = sum of layer activation bytes x dtype scale   (training keeps them all)
+
+(:func:`sim.costmodel.fixed_memory_bytes`,
+:func:`sim.costmodel.activation_memory_per_sample_bytes`). Capped workers
+keep their cap and the rest of the batch is spread over the others in
+proportion to rate until no cap is violated; integers sum to the global
+batch. When a failure is detected the dead worker's share goes to the others
+at once, without waiting for the next period. If the cluster cannot hold the
+global batch at all, every worker gets its cap and the shortfall is recorded
+in ``plan.options["memory_short_samples"]`` (nothing is raised here; a plan
+checker may still refuse such a plan).
+
+H-PS's other mechanisms are job options in hetsim, not the scheduler's:
+layer-wise pipelining of push/pull is ``job.pipeline`` and gradient
+quantization is ``job.quantization``. The scheduler's mechanism is the
+allocation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from schedulers.base import RateEstimate, capped_largest_remainder, register
+from schedulers.proportional import Proportional
+from sim.costmodel import iteration_compute_s, max_batch_in_memory
+from sim.observation import Observation
+from sim.plan import Plan
+from sim.problem import Problem
+from sim.workload import Model
+
+
+@register("hps")
+class HPS:
+    """Memory-capped, rate-proportional shares, reset every ``rebalance_every`` iterations.
+
+    Args:
+        rebalance_every: global iterations between two resets (>= 1).
+        alpha: smoothing weight of the newest observed rate, in (0, 1].
+        optimizer_state_copies: parameter-sized optimizer buffers per worker
+            (1: momentum SGD, 2: Adam, 0: plain SGD).
+        rounds: refinement rounds of the modelled rates of the initial plan.
+    """
+
+    def __init__(self, rebalance_every: int = 5, alpha: float = 0.5, optimizer_state_copies: int = 1,
+                 rounds: int = 5) -> None:
+        if rebalance_every < 1:
+            raise ValueError("rebalance_every must be >= 1")
+        if optimizer_state_copies < 0:
+            raise ValueError("optimizer_state_copies must be >= 0")
+        self.rebalance_every = rebalance_every
+        self.copies = optimizer_state_copies
+        self.rates = RateEstimate(alpha)
+        self.proportional = Proportional(rounds)
+        self.calls = 0
+        self.model: Model | None = None  # set by plan(): caps need the model
+        self.dtype = "fp32"
+
+    def plan(self, problem: Problem) -> Plan:
+        """Memory-capped proportional split from the modelled rates (free memory at t = 0)."""
+        job = problem.job
+        self.model, self.dtype = job.model, job.dtype
+        base = self.proportional.plan(problem)
+        devs = [problem.cluster.device(r.device) for r in base.replicas]
+        rates = [r.batch / iteration_compute_s(job.model, d.type, job.dtype, r.batch)
+                 for r, d in zip(base.replicas, devs)]
+        frac: dict[int, float] = {d.worker: d.free_memory_frac for d in problem.dynamics
+                                  if d.at_s <= 0 and d.free_memory_frac is not None}
+        index = {d.id: i for i, d in enumerate(problem.cluster.devices)}
+        free = [d.type.memory_bytes * frac.get(index[d.id], 1.0) for d in devs]
+        caps = [max_batch_in_memory(job.model, job.dtype, f, self.copies) for f in free]
+        shares, short = capped_largest_remainder(rates, caps, job.global_batch)
+        plan = dataclasses.replace(base, scheduler=self.name)  # type: ignore[attr-defined]
+        plan = plan.with_shares({r.device: b for r, b in zip(base.replicas, shares)})
+        # with_shares drops zero shares; a worker that cannot hold one sample is left out
+        if short:
+            plan.options["memory_short_samples"] = short
+        return plan
+
+    def caps(self, obs: Observation) -> list[int | None]:
+        """Samples each worker can hold in its free memory (None: no cap known)."""
+        if self.model is None:
+            return [None] * len(obs.workers)
+        return [max_batch_in_memory(self.model, self.dtype, w.free_memory_bytes, self.copies)
+                for w in obs.workers]
+
+    def rebalance(self, plan: Plan, obs: Observation) -> Plan | None:
+        self.rates.update(obs)
+        self.calls += 1
+        dead_with_work = any(not w.alive and w.batch > 0 for w in obs.workers)
+        if self.calls % self.rebalance_every != 0 and not dead_with_work:
+            return None
+        rates = self.rates.live_rates(obs)
+        if rates is None:
+            if not dead_with_work:
+                return None
+            rates = [float(w.batch) if w.alive else 0.0 for w in obs.workers]
+            if sum(rates) <= 0:
+                rates = [1.0 if w.alive else 0.0 for w in obs.workers]
+        shares, short = capped_largest_remainder(rates, self.caps(obs), obs.global_batch)
+        if shares == [w.batch for w in obs.workers] and short == int(plan.options.get("memory_short_samples", 0)):
+            return None
+        new = plan.with_shares({w.device: b for w, b in zip(obs.workers, shares)})
+        new.options.pop("memory_short_samples", None)
+        if short:
+            new.options["memory_short_samples"] = short
+        return new
