@@ -41,7 +41,7 @@ def print_table(rows: list[dict[str, Any]], cols: Sequence[str]) -> None:
 
 
 SUMMARY_COLS = ("scheduler", "evaluator", "throughput_sps", "iteration_time_mean_s", "elapsed_s",
-                "cost_usd", "energy_j")
+                "time_to_target_s", "cost_usd", "energy_j")
 
 
 def _row(result: Any, **extra: Any) -> dict[str, Any]:

@@ -15,6 +15,13 @@ ASP and SSP use steady-state cycle times: a worker's cycle is its pull,
 compute, push and PS service; throughput is sum(b_w / cycle_w) (ASP) or
 sum(b_w) / max(cycle_w) (SSP), scaled down by the utilisation of the busiest
 PS resource when that exceeds one.
+
+Time to target (``job.target_loss``): the convergence model's effective
+samples per unit time at the steady state. BSP: whole iterations of the
+global batch at staleness 0, so the target falls at the end of iteration
+ceil(n_target / (B * discount)). ASP/SSP: each worker's updates arrive at
+b_w / cycle_w samples/s with a mean staleness of N - 1 (the other workers'
+updates applied in between, one each).
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from sim.convergence import effective_to_target_iterations, model_tensor_elems
 from sim.costmodel import PlanCosts, plan_costs
 from sim.observation import Observation, WorkerStatus, accepted_shares, full_membership, rate_sps
 from sim.plan import Plan
@@ -242,6 +250,18 @@ def _evaluate(problem: Problem, plan: Plan) -> RunResult:
     return _evaluate_async(problem, plan, c)
 
 
+def _bsp_time_to_target(problem: Problem, ends: list[float], batch: int) -> float | None:
+    job = problem.job
+    conv = job.convergence
+    if job.target_loss is None or conv is None or not ends or batch <= 0:
+        return None
+    k = effective_to_target_iterations(conv, job.target_loss, batch, job.quant_bits, model_tensor_elems(job.model))
+    if k <= len(ends):
+        return float(ends[k - 1])
+    d = ends[-1] - (ends[-2] if len(ends) > 1 else 0.0)
+    return float(ends[-1] + (k - len(ends)) * d)
+
+
 def _working(plan: Plan) -> Plan:
     """The plan without its idle (share 0) replicas."""
     return plan.with_shares({})
@@ -354,6 +374,7 @@ def _evaluate_bsp(problem: Problem, plan: Plan, c: PlanCosts) -> RunResult:
         name=problem.name, evaluator="analytic", scheduler=plan.scheduler, seed=problem.seed,
         iter_end_s=ends, iter_samples=[int(c.batch.sum())] * len(ends), devices=devices,
         warmup=job.warmup_iterations, extra=_dyn_note(problem),
+        time_to_target_s=_bsp_time_to_target(problem, ends, int(c.batch.sum())),
     )
 
 
@@ -424,10 +445,18 @@ def _evaluate_async(problem: Problem, plan: Plan, c: PlanCosts) -> RunResult:
     shard_busy = np.array([float((per_shard[s](service) * T / cycle).sum()) for s in range(S)])
     devices = _devices(problem, c, busy, comm_t, np.zeros(N), shard_busy)
     extra = _dyn_note(problem)
+    ttt = None
+    conv = job.convergence
+    if job.target_loss is not None and conv is not None:
+        d_el = model_tensor_elems(job.model)
+        eff_rate = float(sum(conv.effective_samples(b / cy, b, N - 1, job.quant_bits, d_el)
+                             for b, cy in zip(c.batch.tolist(), cycle.tolist()) if b > 0))
+        if eff_rate > 0:
+            ttt = warm + max(conv.effective_to_target(job.target_loss) / eff_rate - d, 0.0)
     return RunResult(
         name=problem.name, evaluator="analytic", scheduler=plan.scheduler, seed=problem.seed,
         iter_end_s=ends, iter_samples=[B] * len(ends), devices=devices,
-        warmup=job.warmup_iterations, extra=extra,
+        warmup=job.warmup_iterations, extra=extra, time_to_target_s=ttt,
     )
 
 

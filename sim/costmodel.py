@@ -12,11 +12,30 @@ in the DES when the network's sharing is 'fair').
 both evaluators consume: per-worker compute per layer group, and per-chunk
 message bytes and PS work. Sharing this seam is what makes the evaluators
 agree exactly where they model the same thing.
+
+Quantization (``job.quant_bits`` < 32). A push carries
+:func:`sim.quantization.packed_bytes` of the chunk's fp32 gradient:
+``ceil(fp32_bytes * q / 32) + QUANT_META_BYTES`` (scale metadata once per chunk,
+i.e. per message piece; a chunk with nothing to send sends nothing). Pulls
+stay fp32. The pack/unpack work is charged as memory passes:
+
+- the sender quantizes: it reads the fp32 gradient and writes the packed one,
+  ``quantize_time_s = (fp32_bytes + packed_bytes) / worker mem_bw``. This is
+  added, per (worker, chunk), to the backward compute of the group that
+  produces the chunk (``bwd_s[w, chunk_group[c]]``), so the push leaves after
+  it and slowdowns stretch it like any compute; it shows in ``compute_s``.
+- the shard dequantizes each arriving gradient: it reads the packed bytes and
+  writes fp32, ``dequantize_time_s = (packed_bytes + fp32_bytes) / shard mem_bw``,
+  added per (worker, chunk) to ``agg_s`` (the shard's FIFO work per arrival).
+
+No kernel-launch overhead is charged for either pass. At 32 bits both are 0
+and nothing is added, so every array is exactly what it is without
+quantization. ``quant_s`` and ``dequant_s`` keep the two parts for reporting.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -24,14 +43,16 @@ from hardware_profiles import DeviceProfile
 from sim.errors import ConfigError
 from sim.plan import Plan
 from sim.problem import Problem
+from sim.quantization import QUANT_META_BYTES as QUANT_META_BYTES  # re-exported
+from sim.quantization import packed_bytes_array
 from sim.workload import Layer, Model
 
 #: Memory passes of a PS shard per gradient byte aggregated (read sum, read grad, write sum).
 AGG_PASSES = 3.0
 #: Memory passes per parameter byte updated (read param, read grad, write param).
 APPLY_PASSES = 3.0
-#: Bytes of scale metadata per quantized tensor piece (an fp32 scale and an fp32 offset).
-QUANT_META_BYTES = 8.0
+# QUANT_META_BYTES (bytes of scale metadata per quantized piece) lives in sim.quantization
+# and is re-exported here.
 
 _ACT_SCALE = {"fp32": 1.0, "fp16": 0.5, "bf16": 0.5}
 
@@ -114,10 +135,32 @@ def message_time_s(nbytes: float, bw_Bps: float, latency_s: float) -> float:
 
 
 def quantized_bytes(fp32_bytes: float, bits: int) -> float:
-    """Bytes on the wire of ``fp32_bytes`` of gradient sent with ``bits`` bits per value."""
-    if bits >= 32 or fp32_bytes <= 0:
-        return fp32_bytes
-    return fp32_bytes * bits / 32.0 + QUANT_META_BYTES
+    """Bytes on the wire of ``fp32_bytes`` of gradient sent with ``bits`` bits per value:
+    ``packed_bytes(fp32_bytes / 4, bits)``, i.e. ``ceil(fp32_bytes * bits / 32) + 8`` below
+    32 bits (rounded up to a whole byte), ``fp32_bytes`` at 32, 0 for nothing."""
+    return float(packed_bytes_array(np.asarray(float(fp32_bytes)), bits))
+
+
+def _pass_time(fp32_bytes: np.ndarray, bits: int, mem_bw: np.ndarray | float) -> np.ndarray:
+    """(fp32 + packed) bytes over ``mem_bw``; 0 at 32 bits and where nothing is sent."""
+    fp32 = np.asarray(fp32_bytes, dtype=float)
+    if bits >= 32:
+        return np.zeros_like(fp32)
+    return np.where(fp32 > 0, (fp32 + packed_bytes_array(fp32, bits)) / mem_bw, 0.0)
+
+
+def quantize_time_s(fp32_bytes: float, bits: int, dev: DeviceProfile) -> float:
+    """Seconds the sender ``dev`` spends quantizing ``fp32_bytes`` of gradient to ``bits``:
+    one pass reading fp32 and writing the packed bytes, ``(fp32 + packed) / mem_bw``;
+    0 at 32 bits."""
+    return float(_pass_time(np.asarray(float(fp32_bytes)), bits, dev.mem_bw_Bps))
+
+
+def dequantize_time_s(fp32_bytes: float, bits: int, dev: DeviceProfile) -> float:
+    """Seconds a PS shard ``dev`` spends dequantizing one arriving gradient of ``fp32_bytes``
+    (fp32 size) sent at ``bits``: reading the packed bytes and writing fp32,
+    ``(packed + fp32) / mem_bw``; 0 at 32 bits."""
+    return float(_pass_time(np.asarray(float(fp32_bytes)), bits, dev.mem_bw_Bps))
 
 
 def shard_partition(model: Model, n_shards: int) -> np.ndarray:
@@ -166,6 +209,10 @@ class PlanCosts:
         apply_s: (chunks,) shard seconds to apply the update once all arrived (BSP).
         apply_one_s: (workers, chunks) shard seconds to apply one worker's update (ASP/SSP).
         worker_bw, shard_bw: NIC bytes/s; ``latency_s`` per message.
+        quant_s: (workers, chunks) sender seconds quantizing each chunk, already
+            included in ``bwd_s`` (summed into the chunk's group); zeros at 32 bits.
+        dequant_s: (workers, chunks) shard seconds dequantizing each worker's chunk,
+            already included in ``agg_s``; zeros at 32 bits.
     """
 
     workers: tuple[str, ...]
@@ -183,6 +230,8 @@ class PlanCosts:
     shard_bw: np.ndarray
     latency_s: float
     shards: tuple[str, ...]
+    quant_s: np.ndarray | None = field(default=None, compare=False)
+    dequant_s: np.ndarray | None = field(default=None, compare=False)
 
     @property
     def n_groups(self) -> int:
@@ -256,13 +305,22 @@ def plan_costs(problem: Problem, plan: Plan) -> PlanCosts:
         chunk_shard, chunk_group, dense_chunk, fp32 = chunk_shard[keep], chunk_group[keep], dense_chunk[keep], fp32[:, keep]
 
     bits = job.quant_bits
-    push = fp32 if bits >= 32 else np.where(fp32 > 0, fp32 * bits / 32.0 + QUANT_META_BYTES, 0.0)
+    push = fp32 if bits >= 32 else packed_bytes_array(fp32, bits)
     shard_mbw = np.array([shards[s].type.mem_bw_Bps for s in chunk_shard]) if len(chunk_shard) else np.zeros(0)
     agg = AGG_PASSES * fp32 / shard_mbw[None, :] if fp32.size else fp32
+    worker_mbw = np.array([d.type.mem_bw_Bps for d in devs], dtype=float)
+    quant = _pass_time(fp32, bits, worker_mbw[:, None])
+    dequant = _pass_time(fp32, bits, shard_mbw[None, :])
+    if bits < 32 and fp32.size:
+        # the sender's pack pass joins the backward of the group producing the chunk
+        onehot = np.zeros((len(chunk_group), bwd_s.shape[1]))
+        onehot[np.arange(len(chunk_group)), chunk_group] = 1.0
+        bwd_s = bwd_s + quant @ onehot
+        agg = agg + dequant
     sparse_chunk = fp32.sum(axis=0) - N * dense_chunk if fp32.size else np.zeros(0)
     apply_s = APPLY_PASSES * (dense_chunk + sparse_chunk) / shard_mbw if fp32.size else np.zeros(0)
     apply_one = APPLY_PASSES * fp32 / shard_mbw[None, :] if fp32.size else fp32
-    for a in (batch, fwd_s, bwd_s, fp32, push, agg, apply_s, apply_one):
+    for a in (batch, fwd_s, bwd_s, fp32, push, agg, apply_s, apply_one, quant, dequant):
         a.flags.writeable = False
     return PlanCosts(
         workers=tuple(r.device for r in reps),
@@ -280,6 +338,8 @@ def plan_costs(problem: Problem, plan: Plan) -> PlanCosts:
         shard_bw=np.array([s.nic_bw_Bps for s in shards]),
         latency_s=cl.network.latency_s,
         shards=tuple(plan.ps_shards),
+        quant_s=quant,
+        dequant_s=dequant,
     )
 
 

@@ -9,6 +9,12 @@ from pathlib import Path
 from hardware_profiles import load_profile
 from sim.cluster import Cluster, Device, Network
 from sim.config import Config
+from sim.convergence import (
+    ConvergenceModel,
+    effective_to_target_iterations,
+    load_for,
+    model_tensor_elems,
+)
 from sim.errors import ConfigError
 from sim.workload import Model, resolve_model
 
@@ -22,13 +28,15 @@ class Job:
         global_batch: samples per iteration, summed over workers.
         dtype: compute dtype (selects the peak FLOP/s entry).
         iterations: iterations to run (from ``samples`` when given so).
-        target_loss: train to this loss instead (needs the convergence model).
+        target_loss: train to this loss instead; ``iterations`` is then the BSP
+            prediction of the convergence model (evaluators may run past it).
         sync: 'bsp' | 'asp' | 'ssp'.
         staleness: SSP bound.
         pipeline: layer-wise overlap of push/pull with compute.
         quant_bits: gradient bits on the wire (32 = no quantization).
         failure_timeout_s: BSP failure-detection timeout.
         warmup_iterations: iterations excluded from throughput.
+        convergence: the model's fitted loss curve (set with ``target_loss``).
     """
 
     model: Model
@@ -42,6 +50,7 @@ class Job:
     quant_bits: int = 32
     failure_timeout_s: float = 5.0
     warmup_iterations: int = 1
+    convergence: ConvergenceModel | None = None
 
 
 @dataclass(frozen=True)
@@ -118,11 +127,12 @@ def build_problem(cfg: Config, base_dir: Path, source: str = "<config>") -> Prob
         raise ConfigError(
             source, "job.quantization", "adaptive quantization is not implemented yet; use none or 32/16/8/4/2"
         )
+    quant_bits = 32 if j.quantization == "none" else int(j.quantization)
+    convergence = None
     if j.target_loss is not None:
-        raise ConfigError(
-            source, "job.target_loss", "training to a target loss needs the convergence model (not yet built); use iterations or samples"
-        )
-    iterations = j.iterations if j.iterations is not None else math.ceil((j.samples or 0) / j.global_batch)
+        convergence, iterations = _to_target(model, j.target_loss, j.global_batch, quant_bits, source)
+    else:
+        iterations = j.iterations if j.iterations is not None else math.ceil((j.samples or 0) / j.global_batch)
     if j.sync == "ssp" and j.staleness == 0:
         pass  # SSP(0) is legal: lock-step without a global barrier
     job = Job(
@@ -134,9 +144,10 @@ def build_problem(cfg: Config, base_dir: Path, source: str = "<config>") -> Prob
         sync=j.sync,
         staleness=j.staleness,
         pipeline=j.pipeline,
-        quant_bits=32 if j.quantization == "none" else int(j.quantization),
+        quant_bits=quant_bits,
         failure_timeout_s=j.failure_timeout_s,
         warmup_iterations=min(j.warmup_iterations, max(iterations - 1, 0)),
+        convergence=convergence,
     )
     from sim.dynamics import build_dynamics  # sim.dynamics imports Dynamic from here
 
@@ -150,6 +161,21 @@ def build_problem(cfg: Config, base_dir: Path, source: str = "<config>") -> Prob
         objective=Objective(o.minimize, o.throughput_min, o.deadline_s, o.budget_usd),
         dynamics=dynamics,
     )
+
+
+def _to_target(model: Model, target: float, batch: int, bits: int,
+               source: str) -> tuple[ConvergenceModel, int]:
+    """The model's stored convergence fit and the iterations BSP needs to reach ``target``."""
+    fit = load_for(model.name)
+    if fit is None:
+        raise ConfigError(source, "job.target_loss",
+                          f"no convergence fit for model {model.name!r} (sim/convergence_fits/); "
+                          "use iterations or samples")
+    m = fit.model
+    if target <= m.L_inf:
+        raise ConfigError(source, "job.target_loss",
+                          f"{target} is not above the fitted asymptotic loss {m.L_inf:.4g} of {model.name!r}")
+    return m, effective_to_target_iterations(m, target, batch, bits, model_tensor_elems(model))
 
 
 def _bw(net: object, dev_id: str, default_Bps: float) -> float:

@@ -168,7 +168,7 @@ def test_measured_table_edge_cases() -> None:
     (1000.0, 32, 1000.0),
     (1000.0, 16, 500.0 + QUANT_META_BYTES),
     (1000.0, 8, 250.0 + QUANT_META_BYTES),
-    (1000.0, 2, 62.5 + QUANT_META_BYTES),
+    (1000.0, 2, 63.0 + QUANT_META_BYTES),  # 250 values x 2 bits = 62.5 B, rounded up to 63
     (0.0, 8, 0.0),  # nothing to send: no metadata either
 ])
 def test_quantized_bytes(nbytes: float, bits: int, expect: float) -> None:
@@ -230,11 +230,21 @@ def test_plan_costs_chunks_bytes_and_shard_work_without_pipelining() -> None:
     c = plan_costs(pr, plan(pr, [3, 7]))
     assert c.chunk_shard.tolist() == [0, 1] and c.chunk_group.tolist() == [0, 0]
     assert c.pull_bytes.tolist() == [[230.0, 230.0], [270.0, 270.0]]
-    # 8-bit push: a quarter plus 8 B of scale metadata per chunk
-    assert c.push_bytes.tolist() == [[230 / 4 + 8, 230 / 4 + 8], [270 / 4 + 8, 270 / 4 + 8]]
-    # aggregation: AGG_PASSES passes over the fp32 gradient at the shard's memory bandwidth
+    # 8-bit push: a quarter, rounded up to a whole byte, plus 8 B of scale metadata per chunk:
+    # 230 / 4 = 57.5 -> 58 + 8 = 66; 270 / 4 = 67.5 -> 68 + 8 = 76
+    assert c.push_bytes.tolist() == [[66.0, 66.0], [76.0, 76.0]]
+    # aggregation: AGG_PASSES passes over the fp32 gradient at the shard's memory bandwidth,
+    # plus the dequantize pass (read packed, write fp32): worker 0 3*230 + (66 + 230) = 986 B,
+    # worker 1 3*270 + (76 + 270) = 1156 B, at 1e9 B/s
     assert AGG_PASSES == 3.0 and APPLY_PASSES == 3.0
-    assert c.agg_s == pytest.approx(np.array([[3 * 230e-9] * 2, [3 * 270e-9] * 2]), rel=REL)
+    assert c.agg_s == pytest.approx(np.array([[9.86e-7] * 2, [1.156e-6] * 2]), rel=REL)
+    assert c.dequant_s == pytest.approx(np.array([[2.96e-7] * 2, [3.46e-7] * 2]), rel=REL)
+    # the senders' quantize pass (read fp32, write packed) at the worker's 1e12 B/s joins the
+    # one backward group: 2 chunks x 296 B = 5.92e-10 s and 2 x 346 B = 6.92e-10 s, on top of the
+    # memory-bound backward (no FLOPs): 2 x touched params = 2 * (60 + 400) = 920 B -> 9.2e-10 s
+    # and 2 * (140 + 400) = 1080 B -> 1.08e-9 s; totals 1.512e-9 and 1.772e-9 s
+    assert c.quant_s == pytest.approx(np.array([[2.96e-10] * 2, [3.46e-10] * 2]), rel=REL)
+    assert c.bwd_s == pytest.approx(np.array([[1.512e-9], [1.772e-9]]), rel=REL)
     # BSP apply: the dense chunk once plus every touched row (30 + 70): 3 * 300 B / 1e9
     assert c.apply_s.tolist() == pytest.approx([9e-7, 9e-7], rel=REL)
     # ASP apply of one worker's update: its own bytes

@@ -32,6 +32,16 @@ no gradient and leaves that iteration's barrier; under ASP/SSP it waits for a
 rebalance that gives it work (and does not hold back the SSP bound). The BSP
 update cost of a sparse table uses the shares of the latest plan (exact for
 dense layers).
+
+Time to target (``job.target_loss``): every applied update adds its samples,
+discounted by the convergence model (:mod:`sim.convergence`) for its batch,
+staleness (BSP: 0; ASP/SSP: the mean over its chunks of the updates applied
+since the worker pulled them) and the job's gradient bits, to a count of
+effective samples; the simulated time at which that count reaches the
+model's target is ``time_to_target_s``, and the run stops at the end of that
+global iteration. ``job.iterations`` (the BSP prediction) times
+``TARGET_CAP`` bounds the run; a target not reached by then is noted in
+``extra["target_not_reached"]``.
 """
 
 from __future__ import annotations
@@ -42,6 +52,7 @@ from typing import Any
 import numpy as np
 import simpy
 
+from sim.convergence import model_tensor_elems
 from sim.costmodel import PlanCosts, plan_costs
 from sim.des.network import FlowNetwork
 from sim.des.shard import ShardServer
@@ -51,6 +62,8 @@ from sim.problem import Problem
 from sim.result import DeviceUsage, RunResult, Trace
 
 _COMPUTE, _BLOCKED, _DONE = 0, 1, 2
+#: with a target loss, run at most this many times the iterations BSP would need
+TARGET_CAP = 100
 
 
 class _Acct:
@@ -151,6 +164,16 @@ class DataParallelSim:
         self.idle = [False] * N
         self.wake: list[simpy.Event | None] = [None] * N
         self.rebalances = 0
+        # Time to target
+        target = job.target_loss
+        self.conv = job.convergence if target is not None else None
+        self.eff_samples = 0.0
+        self.time_to_target: float | None = None
+        self.stale_sum: dict[tuple[int, int], int] = {}
+        if self.conv is not None and target is not None:
+            self.n_iter = job.iterations * TARGET_CAP
+            self.eff_target = self.conv.effective_to_target(target)
+            self.tensor_elems = model_tensor_elems(job.model)
 
     # ------------------------------------------------------------------ helpers
     def _span_cb(self, s: int) -> Any:
@@ -247,19 +270,26 @@ class DataParallelSim:
         n = self.applied_in_iter.get(it, 0) + 1
         self.applied_in_iter[it] = n
         if n == self.C:
-            self._end_iteration(self.samples_in_iter.pop(it, 0))
+            samples = self.samples_in_iter.pop(it, 0)
+            self._credit(samples, samples, 0.0)
+            self._end_iteration(samples)
         if it + 1 < self.n_iter:
             for w in range(self.N):
                 if self.alive[w]:
                     self._pull(w, it + 1, c)
 
     def _async_applied(self, w: int, it: int, c: int, batch: int) -> None:
-        self.staleness.append(self.version[c] - self.pulled_version[w][c])
+        st = self.version[c] - self.pulled_version[w][c]
+        self.staleness.append(st)
         self.version[c] += 1
         key = (w, it)
         n = self.worker_chunks_applied.get(key, 0) + 1
+        if self.conv is not None:
+            self.stale_sum[key] = self.stale_sum.get(key, 0) + st
         if n == self.C:
             self.worker_chunks_applied.pop(key, None)
+            if self.conv is not None:
+                self._credit(batch, batch, self.stale_sum.pop(key) / self.C)
             self.samples_applied += batch
             B = self.problem.job.global_batch
             while self.samples_applied >= (len(self.iter_end) + 1) * B and not self.finished.triggered:
@@ -270,12 +300,22 @@ class DataParallelSim:
             self.pulled_version[w][c] = self.version[c]
             self._pull(w, it + 1, c)
 
+    def _credit(self, samples: int, batch: int, staleness: float) -> None:
+        """An update of ``samples`` samples was applied: count them for the target loss."""
+        if self.conv is None or self.time_to_target is not None:
+            return
+        self.eff_samples += self.conv.effective_samples(samples, batch, staleness, self.problem.job.quant_bits,
+                                                        self.tensor_elems)
+        if self.eff_samples >= self.eff_target * (1 - 1e-9):
+            self.time_to_target = self.env.now
+
     def _end_iteration(self, samples: int) -> None:
         self.iter_end.append(self.env.now)
         self.iter_samples.append(samples)
         if self.on_iteration is not None:
             self.on_iteration(len(self.iter_end))
-        if len(self.iter_end) >= self.n_iter and not self.finished.triggered:
+        done = len(self.iter_end) >= self.n_iter or self.time_to_target is not None
+        if done and not self.finished.triggered:
             self.finished.succeed()
         if self.online and not self.finished.triggered:
             self._rebalance()
@@ -560,6 +600,10 @@ class DataParallelSim:
         extra: dict[str, Any] = {}
         if self.incomplete:
             extra["incomplete"] = self.incomplete
+        if self.conv is not None and self.time_to_target is None:
+            extra["target_not_reached"] = (
+                f"loss {self.conv.loss(self.eff_samples):.6g} > target {job.target_loss} after "
+                f"{len(self.iter_end)} iterations (cap: {TARGET_CAP} x the {job.iterations} BSP needs)")
         if self.sync != "bsp" and self.staleness:
             st = np.asarray(self.staleness)
             extra["staleness"] = {"mean": float(st.mean()), "max": int(st.max())}
@@ -572,6 +616,6 @@ class DataParallelSim:
             name=self.problem.name, evaluator="des", scheduler=self.plan.scheduler,
             seed=self.problem.seed, iter_end_s=list(self.iter_end), iter_samples=list(self.iter_samples),
             devices=devices, warmup=job.warmup_iterations, failures=self.failures, extra=extra,
-            trace=self.trace.events if self.trace is not None else [],
+            trace=self.trace.events if self.trace is not None else [], time_to_target_s=self.time_to_target,
         )
 

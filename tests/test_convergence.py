@@ -1,0 +1,179 @@
+"""The convergence model: discounts, inverse, JSON, and fit recovery."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sim.convergence import (
+    ConvergenceModel,
+    Curve,
+    Fit,
+    fit,
+    load,
+    quant_variance,
+    save,
+    typical_tensor_elems,
+)
+
+TRUE = ConvergenceModel(L_inf=0.05, a=3.0, alpha=0.5, critical_batch=64.0,
+                        staleness_penalty=0.2, quant_penalty=0.05)
+
+
+def _curves(m: ConvergenceModel, noise: float, seed: int = 0) -> list[Curve]:
+    rng = np.random.default_rng(seed)
+    n = np.geomspace(1e2, 1e7, 40)
+    out = []
+    for batch, st, bits in [(8, 0, 32), (32, 0, 32), (128, 0, 32), (512, 0, 32),
+                            (32, 2, 32), (32, 8, 32), (32, 0, 8), (32, 0, 4)]:
+        eff = m.effective_samples(n, batch, st, bits, 4096.0)
+        y = m.loss(eff) * np.exp(noise * rng.standard_normal(n.size))
+        out.append(Curve(tuple(n), tuple(y), batch, st, bits, 4096.0))
+    return out
+
+
+def test_fit_recovers_known_parameters() -> None:
+    got, rmse = fit(_curves(TRUE, noise=0.003))
+    for name in ("L_inf", "a", "alpha", "critical_batch", "staleness_penalty", "quant_penalty"):
+        assert getattr(got, name) == pytest.approx(getattr(TRUE, name), rel=0.02), name
+    assert rmse == pytest.approx(0.003, rel=0.2)
+
+
+def test_fit_exact_curves_has_zero_residual() -> None:
+    got, rmse = fit(_curves(TRUE, noise=0.0))
+    assert rmse < 1e-8
+    assert got.alpha == pytest.approx(0.5, rel=1e-6)
+
+
+def test_fit_leaves_unvaried_discounts_neutral() -> None:
+    m = ConvergenceModel(0.1, 2.0, 0.7)
+    n = np.geomspace(10, 1e5, 30)
+    got, _ = fit([Curve(tuple(n), tuple(m.loss(n)), batch=16)])
+    assert got.critical_batch == math.inf and got.staleness_penalty == 0.0 and got.quant_penalty == 0.0
+    assert (got.L_inf, got.a, got.alpha) == pytest.approx((0.1, 2.0, 0.7), rel=1e-6)
+
+
+def test_batch_discount() -> None:
+    m = ConvergenceModel(0.0, 1.0, 1.0, critical_batch=100.0)
+    # 1 / (1 + b / B_crit): b = 100 counts half, b = 300 a quarter
+    assert m.effective_samples(1000, batch=100) == pytest.approx(500.0)
+    assert m.effective_samples(1000, batch=300) == pytest.approx(250.0)
+    assert ConvergenceModel(0.0, 1.0, 1.0).effective_samples(1000, batch=10**6) == 1000.0
+
+
+def test_staleness_discount() -> None:
+    m = ConvergenceModel(0.0, 1.0, 1.0, staleness_penalty=0.25)
+    # 1 / (1 + 0.25 * 4) = 1/2
+    assert m.effective_samples(1000, batch=1, staleness=4) == pytest.approx(500.0)
+
+
+def test_quant_discount() -> None:
+    # 4 bits: s = 8 levels. d = 16: min(16/64, 4/8) = 0.25; d = 4096: min(64, 8) = 8
+    assert quant_variance(4, 16) == 0.25
+    assert quant_variance(4, 4096) == 8.0
+    assert quant_variance(8, 4096) == pytest.approx(min(4096 / 128**2, 64 / 128))  # 0.25
+    assert quant_variance(32, 4096) == 0.0
+    m = ConvergenceModel(0.0, 1.0, 1.0, quant_penalty=0.5)
+    assert m.effective_samples(100, batch=1, bits=4, tensor_elems=4096) == pytest.approx(100 / (1 + 4))
+    assert m.effective_samples(100, batch=1, bits=32, tensor_elems=4096) == 100.0
+
+
+def test_typical_tensor_elems() -> None:
+    # (100^2 + 300^2) / 400 = 250
+    assert typical_tensor_elems([100, 300, 0]) == 250.0
+
+
+@pytest.mark.parametrize("target", [0.06, 0.5, 2.0])
+def test_samples_to_target_inverts_loss(target: float) -> None:
+    n = TRUE.samples_to_target(target, batch=32, staleness=2, bits=8, tensor_elems=4096)
+    eff = TRUE.effective_samples(n, 32, 2, 8, 4096)
+    assert TRUE.loss(eff) == pytest.approx(target, rel=1e-12)
+
+
+def test_target_below_asymptote_is_unreachable() -> None:
+    assert TRUE.samples_to_target(0.05, batch=1) == math.inf
+    assert TRUE.samples_to_target(0.01, batch=1) == math.inf
+
+
+def test_json_round_trip(tmp_path: Path) -> None:
+    curves = tuple(_curves(TRUE, 0.01)[:2])
+    f = Fit(TRUE, 0.01, curves, {"source": "test"})
+    save(tmp_path / "m.json", f)
+    assert load(tmp_path / "m.json") == f
+    inf = Fit(ConvergenceModel(0.1, 1.0, 0.5), 0.0, curves)
+    save(tmp_path / "i.json", inf)
+    assert load(tmp_path / "i.json").model.critical_batch == math.inf
+
+
+# -- time to target in the evaluators ------------------------------------------------------
+
+from dataclasses import replace  # noqa: E402
+
+from sim import analytic, des  # noqa: E402
+from sim.config import config_from_dict  # noqa: E402
+from sim.convergence import effective_to_target_iterations  # noqa: E402
+from sim.errors import ConfigError  # noqa: E402
+from sim.problem import build_problem  # noqa: E402
+from tests.helpers_eval import dense, model, plan, problem, profile  # noqa: E402
+
+GPU, PS = profile("gpu"), profile("ps", kind="cpu")
+FC = model(dense("fc", 1e6, fwd_flops=1e10, bwd_flops=2e10))
+CONV = ConvergenceModel(L_inf=0.1, a=10.0, alpha=0.5, critical_batch=100.0)
+
+
+def _target_problem(target: float, sync: str = "bsp") -> tuple:
+    p = problem([GPU, GPU], [PS], FC, 20, sync=sync, sharing="none", latency_s=1e-4)
+    # loss 0.2 needs (10 / 0.1)^2 = 1e4 effective samples = 1e4 * (1 + 20/100) = 12000 samples:
+    # 600 iterations of 20
+    iters = effective_to_target_iterations(CONV, target, 20, 32, 1.0)
+    p = replace(p, job=replace(p.job, target_loss=target, convergence=CONV, iterations=iters))
+    return p, plan(p, [10, 10])
+
+
+def test_bsp_iterations_to_target_by_hand() -> None:
+    assert effective_to_target_iterations(CONV, 0.2, 20, 32, 1.0) == 600
+
+
+def test_des_time_to_target_matches_analytic_on_bsp() -> None:
+    p, pl = _target_problem(0.2)
+    d = des.simulate(p, pl, trace=False)
+    a = analytic.evaluate(p, pl)
+    assert len(d.iter_end_s) == 600
+    assert d.time_to_target_s == pytest.approx(d.iter_end_s[-1], rel=1e-12)
+    assert d.time_to_target_s == pytest.approx(a.time_to_target_s, rel=0.02)
+    assert d.summary_json() == des.simulate(p, pl, trace=False).summary_json()
+
+
+def test_asp_time_to_target_is_reported_and_close_to_analytic() -> None:
+    p, pl = _target_problem(0.2, sync="asp")
+    d = des.simulate(p, pl, trace=False)
+    a = analytic.evaluate(p, pl)
+    assert d.time_to_target_s is not None and "target_not_reached" not in d.extra
+    assert d.time_to_target_s == pytest.approx(a.time_to_target_s, rel=0.1)
+
+
+def _cfg(model_name: str, target: float) -> dict:
+    return {"cluster": {"devices": [{"type": "t4", "count": 2}]},
+            "job": {"model": model_name, "global_batch": 64, "target_loss": target}}
+
+
+def test_build_problem_accepts_target_loss_of_a_fitted_model() -> None:
+    fit_ = load(Path(__file__).parents[1] / "sim" / "convergence_fits" / "mlp.json")
+    target = fit_.model.L_inf + 0.5 * (fit_.curves[0].loss[-1] - fit_.model.L_inf)
+    p = build_problem(config_from_dict(_cfg("mlp", target), "c.yaml"), Path("."), "c.yaml")
+    assert p.job.convergence == fit_.model and p.job.target_loss == target
+    assert p.job.iterations >= 1
+
+
+def test_target_loss_without_a_fit_is_a_one_line_config_error() -> None:
+    with pytest.raises(ConfigError, match="job.target_loss") as e:
+        build_problem(config_from_dict(_cfg("vgg16", 0.5), "c.yaml"), Path("."), "c.yaml")
+    assert "\n" not in str(e.value) and "no convergence fit" in str(e.value)
+
+
+def test_target_below_the_fitted_asymptote_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="job.target_loss"):
+        build_problem(config_from_dict(_cfg("mlp", 1e-9), "c.yaml"), Path("."), "c.yaml")
