@@ -326,6 +326,7 @@ class DataParallelSim:
         fwd, bwd, groups = self.fwd[w], self.bwd[w], self.groups
         tr = self.trace
         name = self.c.workers[w]
+        slowed = w in self.slowed  # only these can have a compute interrupted by a slowdown
         it = 0
         try:
             while it < self.n_iter or self.sync != "bsp":
@@ -364,7 +365,10 @@ class DataParallelSim:
                     acct.advance(env.now)
                     acct.state = _COMPUTE
                     t0 = env.now
-                    yield from self._compute(w, fwd[g])
+                    if slowed:
+                        yield from self._compute(w, fwd[g])
+                    else:  # nothing can interrupt it: a plain timeout is cheaper
+                        yield env.timeout(fwd[g])
                     spent += env.now - t0
                     if tr is not None:
                         tr.span("workers", w, name, "fwd" if self.G == 1 else f"fwd g{g}", t0, env.now)
@@ -375,7 +379,10 @@ class DataParallelSim:
                             self._abstain(w, c)
                         continue
                     t0 = env.now
-                    yield from self._compute(w, bwd[g])
+                    if slowed:
+                        yield from self._compute(w, bwd[g])
+                    else:
+                        yield env.timeout(bwd[g])
                     spent += env.now - t0
                     if tr is not None:
                         tr.span("workers", w, name, "bwd" if self.G == 1 else f"bwd g{g}", t0, env.now)
@@ -549,6 +556,8 @@ class DataParallelSim:
         for w in range(self.N):
             for c in range(self.C):
                 self._pull(w, 0, c)
+        self.slowed = {wi for d in self.problem.dynamics if d.slowdown is not None
+                       and (wi := self._worker_index(d.worker)) is not None}
         self.procs = [env.process(self._worker(w)) for w in range(self.N)]
         for d in self.problem.dynamics:
             wi = self._worker_index(d.worker)
