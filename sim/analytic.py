@@ -22,6 +22,11 @@ global batch at staleness 0, so the target falls at the end of iteration
 ceil(n_target / (B * discount)). ASP/SSP: each worker's updates arrive at
 b_w / cycle_w samples/s with a mean staleness of N - 1 (the other workers'
 updates applied in between, one each).
+
+Adaptive quantization (``job.quantization: adaptive``): the policy is run over
+the modelled loss one global iteration at a time, each iteration taking the
+steady time and effective samples of the plan evaluated at its width; see
+:func:`_evaluate_adaptive`.
 """
 
 from __future__ import annotations
@@ -244,6 +249,8 @@ def evaluate(problem: Problem, plan: Plan, scheduler: Any = None) -> RunResult:
 
 
 def _evaluate(problem: Problem, plan: Plan) -> RunResult:
+    if problem.job.quant_adaptive is not None:
+        return _evaluate_adaptive(problem, plan)
     c = plan_costs(problem, plan)
     if problem.job.sync == "bsp":
         return _evaluate_bsp(problem, plan, c)
@@ -379,6 +386,10 @@ def _evaluate_bsp(problem: Problem, plan: Plan, c: PlanCosts) -> RunResult:
 
 
 def _evaluate_async(problem: Problem, plan: Plan, c: PlanCosts) -> RunResult:
+    return _async_steady(problem, plan, c)[0]
+
+
+def _async_steady(problem: Problem, plan: Plan, c: PlanCosts) -> tuple[RunResult, float]:
     """ASP / SSP by approximate mean-value analysis (Bard-Schweitzer).
 
     Workers are customers of a closed queueing network: compute and latency
@@ -447,16 +458,116 @@ def _evaluate_async(problem: Problem, plan: Plan, c: PlanCosts) -> RunResult:
     extra = _dyn_note(problem)
     ttt = None
     conv = job.convergence
-    if job.target_loss is not None and conv is not None:
+    eff_rate = 0.0
+    if conv is not None:
         d_el = model_tensor_elems(job.model)
         eff_rate = float(sum(conv.effective_samples(b / cy, b, N - 1, job.quant_bits, d_el)
                              for b, cy in zip(c.batch.tolist(), cycle.tolist()) if b > 0))
-        if eff_rate > 0:
-            ttt = warm + max(conv.effective_to_target(job.target_loss) / eff_rate - d, 0.0)
-    return RunResult(
+    if job.target_loss is not None and conv is not None and eff_rate > 0:
+        ttt = warm + max(conv.effective_to_target(job.target_loss) / eff_rate - d, 0.0)
+    res = RunResult(
         name=problem.name, evaluator="analytic", scheduler=plan.scheduler, seed=problem.seed,
         iter_end_s=ends, iter_samples=[B] * len(ends), devices=devices,
         warmup=job.warmup_iterations, extra=extra, time_to_target_s=ttt,
+    )
+    return res, eff_rate * d  # and the effective samples of one global iteration
+
+
+def _evaluate_adaptive(problem: Problem, plan: Plan) -> RunResult:
+    """``quantization: adaptive``: the policy run over the modelled loss, piecewise.
+
+    The plan is evaluated at each width the policy visits (a fixed-width run of
+    ``min(iterations, 64)`` iterations). The schedule then advances one global
+    iteration at a time: its time is that width's steady iteration time (the
+    first iteration: the start width's first, with the initial pulls), its
+    effective samples that width's steady effective samples per iteration
+    (BSP: the global batch at staleness 0; ASP/SSP: the steady effective rate
+    times the iteration time), the loss the convergence model's at the running
+    total; every ``quant_every`` iterations the loss is observed and the policy
+    asked for the width, exactly as the DES does. Device times are each width's
+    run scaled to the iterations spent at that width and summed. With
+    ``target_loss`` the schedule stops at the iteration that reaches it (at most
+    ``TARGET_CAP`` x ``iterations``).
+    """
+    from dataclasses import replace
+
+    from sim.des.engine import TARGET_CAP
+
+    job = problem.job
+    pol, conv = job.quant_adaptive, job.convergence
+    assert pol is not None and conv is not None
+    d_el = model_tensor_elems(job.model)
+    M = max(2, min(job.iterations, 64))
+    per: dict[int, tuple[RunResult, float]] = {}
+
+    def at(bits: int) -> tuple[RunResult, float]:
+        if bits not in per:
+            jb = replace(job, quant_bits=bits, quant_adaptive=None, target_loss=None, iterations=M,
+                         warmup_iterations=min(job.warmup_iterations, M - 1))
+            sub = replace(problem, job=jb)
+            if job.sync == "bsp":
+                r = _evaluate(sub, plan)
+                B = r.iter_samples[-1]
+                e = conv.effective_samples(B, B, 0.0, bits, d_el)
+            else:
+                r, e = _async_steady(sub, plan, plan_costs(sub, plan))
+            per[bits] = (r, e)
+        return per[bits]
+
+    target = conv.effective_to_target(job.target_loss) if job.target_loss is not None else None
+    n_max = job.iterations * TARGET_CAP if target is not None else job.iterations
+    bits = pol.start_bits
+    changes: list[list[int]] = [[0, bits]]
+    hist: list[float] = []
+    losses: list[float] = []
+    ends: list[float] = []
+    samples: list[int] = []
+    counts: dict[int, int] = {}
+    t = eff = 0.0
+    ttt = None
+    while len(ends) < n_max:
+        r, e = at(bits)
+        times = r.iteration_times()
+        t += float(times[0] if not ends else times[-1])
+        ends.append(t)
+        samples.append(int(r.iter_samples[-1]))
+        counts[bits] = counts.get(bits, 0) + 1
+        eff += e
+        losses.append(float(conv.loss(eff)))
+        k = len(ends)
+        if target is not None and eff >= target * (1 - 1e-9):
+            ttt = t
+            break
+        if k % job.quant_every == 0:
+            hist.append(losses[-1])
+            if not (pol.monotone and bits == pol.levels[-1]):
+                q = pol.bits(k, hist)
+                if q != bits:
+                    bits = q
+                    changes.append([k, q])
+    devices: dict[str, DeviceUsage] = {}
+    for b, n in counts.items():
+        r, _ = per[b]
+        f = n / len(r.iter_end_s)
+        for dv in r.devices:
+            acc = devices.get(dv.id)
+            if acc is None:
+                acc = devices[dv.id] = DeviceUsage(dv.id, dv.role, dv.price_per_hour, dv.idle_w, dv.active_w)
+            acc.busy_s += dv.busy_s * f
+            acc.compute_s += dv.compute_s * f
+            acc.comm_s += dv.comm_s * f
+            acc.wait_s += dv.wait_s * f
+    extra = _dyn_note(problem)
+    if target is not None and ttt is None:
+        extra["target_not_reached"] = (
+            f"loss {losses[-1]:.6g} > target {job.target_loss} after {len(ends)} iterations "
+            f"(cap: {TARGET_CAP} x the {job.iterations} BSP needs)")
+    extra["quant_bits"] = changes
+    return RunResult(
+        name=problem.name, evaluator="analytic", scheduler=plan.scheduler, seed=problem.seed,
+        iter_end_s=ends, iter_samples=samples, devices=list(devices.values()),
+        warmup=min(job.warmup_iterations, max(len(ends) - 1, 0)), extra=extra, time_to_target_s=ttt,
+        iter_loss=losses,
     )
 
 

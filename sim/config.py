@@ -20,6 +20,7 @@ from pydantic import (
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
@@ -79,6 +80,30 @@ class ClusterConfig(_Strict):
 QuantSpec = Literal["none", "adaptive", 32, 16, 8, 4, 2]
 
 
+BitWidth = Literal[2, 4, 8, 16, 32]
+_DEFAULT_LEVELS: tuple[BitWidth, ...] = (2, 4, 8, 16, 32)
+
+
+class QuantParamsConfig(_Strict):
+    """Parameters of ``quantization: adaptive`` (sim.quantization.Adaptive; defaults are its defaults)."""
+
+    window: int = Field(5, ge=2, description="loss observations the relative fall is measured over")
+    coarse_threshold: float = Field(0.10, description="relative fall at or above which the coarsest width is used")
+    fine_threshold: float = Field(0.01, description="relative fall at or below which the finest width is used")
+    levels: list[BitWidth] = Field(
+        default_factory=lambda: list(_DEFAULT_LEVELS), description="widths to choose from, strictly ascending"
+    )
+    monotone: bool = Field(True, description="never go coarser again")
+    every: int = Field(1, ge=1, description="observe the loss (and maybe change width) every this many iterations")
+
+    @model_validator(mode="after")
+    def _policy(self) -> QuantParamsConfig:
+        from sim.quantization import Adaptive
+
+        Adaptive(self.window, self.coarse_threshold, self.fine_threshold, tuple(self.levels), self.monotone)
+        return self
+
+
 class JobConfig(_Strict):
     """What to train and how."""
 
@@ -94,8 +119,19 @@ class JobConfig(_Strict):
     staleness: int = Field(0, ge=0, description="SSP bound: iterations a worker may run ahead")
     pipeline: bool = Field(False, description="layer-wise overlap of push/pull with compute")
     quantization: QuantSpec = Field("none", description="gradient bits on the wire")
+    quantization_params: QuantParamsConfig | None = Field(
+        None, description="with quantization: adaptive, the policy's parameters (default: its defaults)"
+    )
     failure_timeout_s: float = Field(5.0, gt=0, description="BSP failure-detection timeout")
     warmup_iterations: int = Field(1, ge=0, description="iterations excluded from throughput")
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: Any) -> dict[str, Any]:
+        # quantization_params appears in the resolved config only when given
+        out = handler(self)
+        if out.get("quantization_params", 0) is None:
+            del out["quantization_params"]
+        return out
 
     @model_validator(mode="after")
     def _amount(self) -> JobConfig:

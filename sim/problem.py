@@ -8,7 +8,7 @@ from pathlib import Path
 
 from hardware_profiles import load_profile
 from sim.cluster import Cluster, Device, Network
-from sim.config import Config
+from sim.config import Config, QuantParamsConfig
 from sim.convergence import (
     ConvergenceModel,
     effective_to_target_iterations,
@@ -16,6 +16,7 @@ from sim.convergence import (
     model_tensor_elems,
 )
 from sim.errors import ConfigError
+from sim.quantization import Adaptive
 from sim.workload import Model, resolve_model
 
 
@@ -36,7 +37,13 @@ class Job:
         quant_bits: gradient bits on the wire (32 = no quantization).
         failure_timeout_s: BSP failure-detection timeout.
         warmup_iterations: iterations excluded from throughput.
-        convergence: the model's fitted loss curve (set with ``target_loss``).
+        convergence: the model's fitted loss curve (set with ``target_loss`` or
+            adaptive quantization).
+        quant_adaptive: ``quantization: adaptive``: the policy choosing the width
+            from the modelled loss (``quant_bits`` is then its start width); None
+            = the fixed width ``quant_bits``.
+        quant_every: with ``quant_adaptive``, observe the loss every this many
+            global iterations.
     """
 
     model: Model
@@ -51,6 +58,8 @@ class Job:
     failure_timeout_s: float = 5.0
     warmup_iterations: int = 1
     convergence: ConvergenceModel | None = None
+    quant_adaptive: Adaptive | None = None
+    quant_every: int = 1
 
 
 @dataclass(frozen=True)
@@ -123,12 +132,25 @@ def build_problem(cfg: Config, base_dir: Path, source: str = "<config>") -> Prob
 
     j = cfg.job
     model = resolve_model(j.model, base_dir, source)
+    quant_adaptive: Adaptive | None = None
+    quant_every = 1
     if j.quantization == "adaptive":
-        raise ConfigError(
-            source, "job.quantization", "adaptive quantization is not implemented yet; use none or 32/16/8/4/2"
-        )
-    quant_bits = 32 if j.quantization == "none" else int(j.quantization)
+        qp = j.quantization_params or QuantParamsConfig()
+        quant_adaptive = Adaptive(qp.window, qp.coarse_threshold, qp.fine_threshold, tuple(qp.levels), qp.monotone)
+        quant_every = qp.every
+        quant_bits = quant_adaptive.start_bits
+    else:
+        if j.quantization_params is not None:
+            raise ConfigError(source, "job.quantization_params", "only with quantization: adaptive")
+        quant_bits = 32 if j.quantization == "none" else int(j.quantization)
     convergence = None
+    if quant_adaptive is not None:
+        fit = load_for(model.name)
+        if fit is None:
+            raise ConfigError(source, "job.quantization",
+                              "adaptive quantization follows the modelled loss; "
+                              f"no convergence fit for model {model.name!r} (sim/convergence_fits/)")
+        convergence = fit.model
     if j.target_loss is not None:
         convergence, iterations = _to_target(model, j.target_loss, j.global_batch, quant_bits, source)
     else:
@@ -148,6 +170,8 @@ def build_problem(cfg: Config, base_dir: Path, source: str = "<config>") -> Prob
         failure_timeout_s=j.failure_timeout_s,
         warmup_iterations=min(j.warmup_iterations, max(iterations - 1, 0)),
         convergence=convergence,
+        quant_adaptive=quant_adaptive,
+        quant_every=quant_every,
     )
     from sim.dynamics import build_dynamics  # sim.dynamics imports Dynamic from here
 

@@ -57,6 +57,8 @@ class RunResult:
             (iter_end_s[i-1], iter_end_s[i]], the first starts at 0.
         iter_samples: samples whose updates each iteration applied.
         warmup: leading iterations excluded from throughput and iteration-time stats.
+        iter_loss: the modelled training loss at the end of each iteration (None
+            without a convergence model; adds a ``loss`` column to iterations.csv).
     """
 
     name: str
@@ -71,6 +73,7 @@ class RunResult:
     failures: list[dict[str, Any]] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
     trace: list[dict[str, Any]] = field(default_factory=list)
+    iter_loss: list[float] | None = None
 
     # ---- derived metrics -------------------------------------------------
     @property
@@ -166,10 +169,14 @@ class RunResult:
     def iterations_csv(self) -> str:
         buf = io.StringIO()
         w = csv.writer(buf, lineterminator="\n")
-        w.writerow(["iteration", "start_s", "end_s", "time_s", "samples"])
+        loss = self.iter_loss
+        w.writerow(["iteration", "start_s", "end_s", "time_s", "samples"] + (["loss"] if loss is not None else []))
         start = 0.0
         for i, (end, n) in enumerate(zip(self.iter_end_s, self.iter_samples)):
-            w.writerow([i, repr(float(start)), repr(float(end)), repr(float(end - start)), int(n)])
+            row = [i, repr(float(start)), repr(float(end)), repr(float(end - start)), int(n)]
+            if loss is not None:
+                row.append(repr(float(loss[i])) if i < len(loss) else "")
+            w.writerow(row)
             start = end
         return buf.getvalue()
 

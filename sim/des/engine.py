@@ -41,11 +41,22 @@ effective samples; the simulated time at which that count reaches the
 model's target is ``time_to_target_s``, and the run stops at the end of that
 global iteration. ``job.iterations`` (the BSP prediction) times
 ``TARGET_CAP`` bounds the run; a target not reached by then is noted in
-``extra["target_not_reached"]``.
+``extra["target_not_reached"]``. Effective samples are counted whenever the
+job has a convergence model (a target or adaptive quantization), each update
+at the bits it was sent with, and the modelled loss at every global
+iteration's end is kept (``RunResult.iter_loss``, the ``loss`` column).
+
+Adaptive quantization (``job.quant_adaptive``): at the end of every
+``job.quant_every``-th global iteration the modelled loss is appended to a
+history and the policy gives the width; a new width rebuilds every worker's
+cost rows (``plan_costs`` at that ``quant_bits``, for the current plan), which
+each worker takes from its next iteration like a rebalanced share.
+``extra["quant_bits"]`` lists the ``[iteration, bits]`` changes, from ``[0, start]``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -121,6 +132,7 @@ class DataParallelSim:
         self.apply_one = costs.apply_one_s.tolist()
         self.chunk_shard = [int(s) for s in costs.chunk_shard]
         self.batch = [int(b) for b in costs.batch]
+        self.wbits = [job.quant_bits] * N  # gradient bits of the iteration each worker runs
         self.slow = [1.0] * N
         self.alive = [True] * N
         self.member = [True] * N  # in the BSP barrier group (false once a failure is detected)
@@ -153,7 +165,7 @@ class DataParallelSim:
         self.rebalance_fn: Callable[[Plan, Observation], Plan | None] | None = fn if callable(fn) else None
         self.online = self.rebalance_fn is not None
         self.plan_now = plan
-        # (batch, fwd, bwd, pull, push, agg, apply_one) rows of the pending share
+        # (batch, fwd, bwd, pull, push, agg, apply_one, bits) rows of the pending share
         self.next_rows: list[tuple[Any, ...] | None] = [None] * N
         self.next_pull = list(self.pull_b)
         self.issued: dict[tuple[int, int, int], float] = {}
@@ -164,16 +176,27 @@ class DataParallelSim:
         self.idle = [False] * N
         self.wake: list[simpy.Event | None] = [None] * N
         self.rebalances = 0
-        # Time to target
+        # Effective samples and the modelled loss (whenever a convergence model is present)
         target = job.target_loss
-        self.conv = job.convergence if target is not None else None
+        self.conv = job.convergence
+        self.has_target = target is not None and self.conv is not None
         self.eff_samples = 0.0
         self.time_to_target: float | None = None
         self.stale_sum: dict[tuple[int, int], int] = {}
-        if self.conv is not None and target is not None:
+        self.iter_loss: list[float] = []
+        self.bits_in_iter: dict[int, dict[int, int]] = {}  # BSP: iteration -> bits -> samples
+        if self.conv is not None:
+            self.tensor_elems = model_tensor_elems(job.model)
+        if self.has_target:
+            assert self.conv is not None and target is not None
             self.n_iter = job.iterations * TARGET_CAP
             self.eff_target = self.conv.effective_to_target(target)
-            self.tensor_elems = model_tensor_elems(job.model)
+        # Adaptive quantization: the width follows the modelled loss
+        self.qpolicy = job.quant_adaptive
+        self.adopting = self.online or self.qpolicy is not None
+        self.qproblem = problem  # the problem at the current width (plan_costs input)
+        self.loss_history: list[float] = []
+        self.quant_changes: list[tuple[int, int]] = [(0, job.quant_bits)]
 
     # ------------------------------------------------------------------ helpers
     def _span_cb(self, s: int) -> Any:
@@ -226,18 +249,18 @@ class DataParallelSim:
         self._flow_start(w)
         t0 = self.env.now
         # the shard's work follows the share of the iteration that produced the gradient
-        agg, apply_one, batch = self.agg[w][c], self.apply_one[w][c], self.batch[w]
+        agg, apply_one, batch, bits = self.agg[w][c], self.apply_one[w][c], self.batch[w], self.wbits[w]
 
         def delivered() -> None:
             self._flow_end(w)
             if self.trace is not None:
                 self.trace.async_span("network", w, self.c.workers[w], f"push c{c}", t0, self.env.now)
-            self._arrive(w, it, c, agg, apply_one, batch)
+            self._arrive(w, it, c, agg, apply_one, batch, bits)
 
         self.net.transfer(w, 2 * self.N + self.S + s, self.push_b[w][c], delivered)
 
     # --------------------------------------------------------------- shard side
-    def _arrive(self, w: int, it: int, c: int, agg: float, apply_one: float, batch: int) -> None:
+    def _arrive(self, w: int, it: int, c: int, agg: float, apply_one: float, batch: int, bits: int) -> None:
         srv = self.servers[self.chunk_shard[c]]
         if self.sync == "bsp":
             miss = self.missing[c]
@@ -247,7 +270,7 @@ class DataParallelSim:
                 self._submit_apply(c)
         else:
             srv.submit((c, w), agg + apply_one, f"apply c{c}",
-                       lambda: self._async_applied(w, it, c, batch))
+                       lambda: self._async_applied(w, it, c, batch, bits))
 
     def _abstain(self, w: int, c: int) -> None:
         """An idle worker (share 0) leaves the current BSP iteration's barrier of chunk c."""
@@ -271,14 +294,16 @@ class DataParallelSim:
         self.applied_in_iter[it] = n
         if n == self.C:
             samples = self.samples_in_iter.pop(it, 0)
-            self._credit(samples, samples, 0.0)
+            by_bits = self.bits_in_iter.pop(it, {})
+            for bits in sorted(by_bits):
+                self._credit(by_bits[bits], samples, 0.0, bits)
             self._end_iteration(samples)
         if it + 1 < self.n_iter:
             for w in range(self.N):
                 if self.alive[w]:
                     self._pull(w, it + 1, c)
 
-    def _async_applied(self, w: int, it: int, c: int, batch: int) -> None:
+    def _async_applied(self, w: int, it: int, c: int, batch: int, bits: int) -> None:
         st = self.version[c] - self.pulled_version[w][c]
         self.staleness.append(st)
         self.version[c] += 1
@@ -289,7 +314,7 @@ class DataParallelSim:
         if n == self.C:
             self.worker_chunks_applied.pop(key, None)
             if self.conv is not None:
-                self._credit(batch, batch, self.stale_sum.pop(key) / self.C)
+                self._credit(batch, batch, self.stale_sum.pop(key) / self.C, bits)
             self.samples_applied += batch
             B = self.problem.job.global_batch
             while self.samples_applied >= (len(self.iter_end) + 1) * B and not self.finished.triggered:
@@ -300,25 +325,58 @@ class DataParallelSim:
             self.pulled_version[w][c] = self.version[c]
             self._pull(w, it + 1, c)
 
-    def _credit(self, samples: int, batch: int, staleness: float) -> None:
-        """An update of ``samples`` samples was applied: count them for the target loss."""
-        if self.conv is None or self.time_to_target is not None:
+    def _credit(self, samples: int, batch: int, staleness: float, bits: int) -> None:
+        """``samples`` samples of an update of ``batch``, sent with ``bits``, were applied:
+        count them as effective samples (loss, target)."""
+        if self.conv is None:
             return
-        self.eff_samples += self.conv.effective_samples(samples, batch, staleness, self.problem.job.quant_bits,
-                                                        self.tensor_elems)
-        if self.eff_samples >= self.eff_target * (1 - 1e-9):
+        self.eff_samples += self.conv.effective_samples(samples, batch, staleness, bits, self.tensor_elems)
+        if (self.has_target and self.time_to_target is None
+                and self.eff_samples >= self.eff_target * (1 - 1e-9)):
             self.time_to_target = self.env.now
 
     def _end_iteration(self, samples: int) -> None:
         self.iter_end.append(self.env.now)
         self.iter_samples.append(samples)
+        if self.conv is not None:
+            self.iter_loss.append(float(self.conv.loss(self.eff_samples)))
         if self.on_iteration is not None:
             self.on_iteration(len(self.iter_end))
         done = len(self.iter_end) >= self.n_iter or self.time_to_target is not None
         if done and not self.finished.triggered:
             self.finished.succeed()
+        if self.qpolicy is not None and not self.finished.triggered:
+            self._requantize()
         if self.online and not self.finished.triggered:
             self._rebalance()
+
+    def _requantize(self) -> None:
+        """Adaptive quantization: observe the loss (every ``quant_every`` iterations) and,
+        when the policy's width changes, rebuild every worker's cost rows at the new width
+        (taken from each worker's next iteration, like a rebalanced share)."""
+        assert self.qpolicy is not None
+        k = len(self.iter_end)
+        if k % self.problem.job.quant_every:
+            return
+        self.loss_history.append(self.iter_loss[-1])
+        cur = self.qproblem.job.quant_bits
+        if self.qpolicy.monotone and cur == self.qpolicy.levels[-1]:
+            return  # already the finest: a monotone policy never goes coarser
+        q = self.qpolicy.bits(k, self.loss_history)
+        if q == cur:
+            return
+        self.qproblem = dataclasses.replace(self.problem, job=dataclasses.replace(self.problem.job, quant_bits=q))
+        self.quant_changes.append((k, q))
+        costs = plan_costs(self.qproblem, self.plan_now)
+        if costs.n_chunks != self.C or list(costs.chunk_shard) != self.chunk_shard:
+            raise ValueError("a re-quantized plan must keep the PS shards and layer groups")
+        pending = self.next_rows
+        for w in range(self.N):
+            share = int(costs.batch[w]) if pending[w] is None else pending[w][0]  # type: ignore[index]
+            self.next_rows[w] = (share, costs.fwd_s[w].tolist(), costs.bwd_s[w].tolist(),
+                                 costs.pull_bytes[w].tolist(), costs.push_bytes[w].tolist(),
+                                 costs.agg_s[w].tolist(), costs.apply_one_s[w].tolist(), q)
+        self.apply_all = costs.apply_s.tolist()
 
     # -------------------------------------------------------------- worker side
     def _worker(self, w: int) -> Any:
@@ -332,7 +390,7 @@ class DataParallelSim:
             while it < self.n_iter or self.sync != "bsp":
                 if self.finished.triggered:
                     break
-                if self.online and self.sync != "bsp":
+                if self.adopting and self.sync != "bsp":
                     self._adopt(w)
                     while self.batch[w] == 0:  # idle until a rebalance gives it work
                         self.idle[w] = True
@@ -355,10 +413,10 @@ class DataParallelSim:
                             acct.state = _BLOCKED
                             yield ev
                         del self.ready[(w, it, c)]
+                    if self.adopting and g == 0 and self.sync == "bsp":
+                        self._adopt(w)
+                        fwd, bwd = self.fwd[w], self.bwd[w]
                     if self.online:
-                        if g == 0 and self.sync == "bsp":
-                            self._adopt(w)
-                            fwd, bwd = self.fwd[w], self.bwd[w]
                         yield from self._top_up(w, it, groups[g])
                     if self.batch[w] == 0:
                         continue
@@ -395,6 +453,9 @@ class DataParallelSim:
                     self.win_samples[w] += self.batch[w]
                 if self.sync == "bsp":
                     self.samples_in_iter[it] = self.samples_in_iter.get(it, 0) + self.batch[w]
+                    if self.conv is not None:
+                        by_bits = self.bits_in_iter.setdefault(it, {})
+                        by_bits[self.wbits[w]] = by_bits.get(self.wbits[w], 0) + self.batch[w]
                 else:
                     self.completed[w] = it + 1
                     self._ssp_release()
@@ -494,7 +555,7 @@ class DataParallelSim:
             return
         self.next_rows[w] = None
         (self.batch[w], self.fwd[w], self.bwd[w], self.pull_b[w], self.push_b[w],
-         self.agg[w], self.apply_one[w]) = rows
+         self.agg[w], self.apply_one[w], self.wbits[w]) = rows
 
     def _top_up(self, w: int, it: int, chunks: list[int]) -> Any:
         """Fetch the sparse rows a grown share needs beyond what the pulls carried."""
@@ -535,13 +596,14 @@ class DataParallelSim:
             return
         shares = accepted_shares(new, obs, self.problem.job.global_batch)
         full = full_membership(new, self.c.workers, shares)
-        costs = plan_costs(self.problem, full)
+        costs = plan_costs(self.qproblem, full)
         if costs.n_chunks != self.C or list(costs.chunk_shard) != self.chunk_shard:
             raise ValueError("a rebalanced plan must keep the PS shards and layer groups")
         for w in range(self.N):
             self.next_rows[w] = (shares[w], costs.fwd_s[w].tolist(), costs.bwd_s[w].tolist(),
                                  costs.pull_bytes[w].tolist(), costs.push_bytes[w].tolist(),
-                                 costs.agg_s[w].tolist(), costs.apply_one_s[w].tolist())
+                                 costs.agg_s[w].tolist(), costs.apply_one_s[w].tolist(),
+                                 self.qproblem.job.quant_bits)
             self.next_pull[w] = costs.pull_bytes[w].tolist()
             wake = self.wake[w]
             if shares[w] > 0 and wake is not None and not wake.triggered:
@@ -609,7 +671,7 @@ class DataParallelSim:
         extra: dict[str, Any] = {}
         if self.incomplete:
             extra["incomplete"] = self.incomplete
-        if self.conv is not None and self.time_to_target is None:
+        if self.has_target and self.conv is not None and self.time_to_target is None:
             extra["target_not_reached"] = (
                 f"loss {self.conv.loss(self.eff_samples):.6g} > target {job.target_loss} after "
                 f"{len(self.iter_end)} iterations (cap: {TARGET_CAP} x the {job.iterations} BSP needs)")
@@ -621,10 +683,13 @@ class DataParallelSim:
         if self.online:
             extra["rebalances"] = self.rebalances
             extra["final_shares"] = {r.device: r.batch for r in self.plan_now.replicas}
+        if self.qpolicy is not None:
+            extra["quant_bits"] = [list(ch) for ch in self.quant_changes]
         return RunResult(
             name=self.problem.name, evaluator="des", scheduler=self.plan.scheduler,
             seed=self.problem.seed, iter_end_s=list(self.iter_end), iter_samples=list(self.iter_samples),
             devices=devices, warmup=job.warmup_iterations, failures=self.failures, extra=extra,
             trace=self.trace.events if self.trace is not None else [], time_to_target_s=self.time_to_target,
+            iter_loss=list(self.iter_loss) if self.conv is not None else None,
         )
 
