@@ -254,7 +254,7 @@ def _evaluate(problem: Problem, plan: Plan) -> RunResult:
     c = plan_costs(problem, plan)
     if problem.job.sync == "bsp":
         return _evaluate_bsp(problem, plan, c)
-    return _evaluate_async(problem, plan, c)
+    return _async_steady(problem, plan, c)[0]
 
 
 def _bsp_time_to_target(problem: Problem, ends: list[float], batch: int) -> float | None:
@@ -383,10 +383,6 @@ def _evaluate_bsp(problem: Problem, plan: Plan, c: PlanCosts) -> RunResult:
         warmup=job.warmup_iterations, extra=_dyn_note(problem),
         time_to_target_s=_bsp_time_to_target(problem, ends, int(c.batch.sum())),
     )
-
-
-def _evaluate_async(problem: Problem, plan: Plan, c: PlanCosts) -> RunResult:
-    return _async_steady(problem, plan, c)[0]
 
 
 def _async_steady(problem: Problem, plan: Plan, c: PlanCosts) -> tuple[RunResult, float]:

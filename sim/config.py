@@ -191,11 +191,25 @@ def _check_workers(v: Any) -> Any:
     return v
 
 
-class StepsPattern(_Strict):
+class _StatusPattern(_Strict):
+    """What every generated status trace shares: the workers it applies to, and
+    at least one of slowdown and free memory."""
+
+    workers: Workers = Field(description="worker indices (inventory order) or 'all'")
+
+    _workers = field_validator("workers", mode="before")(_check_workers)
+
+    @model_validator(mode="after")
+    def _some(self) -> _StatusPattern:
+        if getattr(self, "slowdown", None) is None and getattr(self, "free_memory", None) is None:
+            raise ValueError("give slowdown and/or free_memory")
+        return self
+
+
+class StepsPattern(_StatusPattern):
     """Piecewise-constant status: from ``times_s[k]`` on, ``slowdown[k]`` / ``free_memory[k]``."""
 
     pattern: Literal["steps"] = Field(description="pattern name")
-    workers: Workers = Field(description="worker indices (inventory order) or 'all'")
     times_s: list[Annotated[float, Field(ge=0)]] = Field(
         min_length=1, description="change times, strictly increasing"
     )
@@ -205,8 +219,6 @@ class StepsPattern(_Strict):
     free_memory: list[Annotated[float, Field(gt=0, le=1)]] | None = Field(
         None, description="fraction of memory free from times_s[k] on (one per time)"
     )
-
-    _workers = field_validator("workers", mode="before")(_check_workers)
 
     @field_validator("times_s")
     @classmethod
@@ -224,11 +236,6 @@ class StepsPattern(_Strict):
             raise ValueError(f"{len(v)} values but times_s has {len(times)}")
         return v
 
-    @model_validator(mode="after")
-    def _some(self) -> StepsPattern:
-        if self.slowdown is None and self.free_memory is None:
-            raise ValueError("give slowdown and/or free_memory")
-        return self
 
 
 class Walk(_Strict):
@@ -256,17 +263,15 @@ class Walk(_Strict):
         return v
 
 
-class RandomWalkPattern(_Strict):
+class RandomWalkPattern(_StatusPattern):
     """Seeded random walks of slowdown and/or free memory, one step every ``every_s``."""
 
     pattern: Literal["random_walk"] = Field(description="pattern name")
-    workers: Workers = Field(description="worker indices (inventory order) or 'all'")
     every_s: float = Field(gt=0, description="time between steps; the first value (start) is at t = 0")
     until_s: float = Field(gt=0, description="no steps at or after this time; the last value holds")
     slowdown: Walk | None = Field(None, description="walk of the compute-time multiplier")
     free_memory: Walk | None = Field(None, description="walk of the free-memory fraction (max <= 1)")
 
-    _workers = field_validator("workers", mode="before")(_check_workers)
 
     @field_validator("free_memory")
     @classmethod
@@ -275,18 +280,12 @@ class RandomWalkPattern(_Strict):
             raise ValueError(f"max {v.max} is above 1 (a fraction of memory)")
         return v
 
-    @model_validator(mode="after")
-    def _some(self) -> RandomWalkPattern:
-        if self.slowdown is None and self.free_memory is None:
-            raise ValueError("give slowdown and/or free_memory")
-        return self
 
 
-class PeriodicPattern(_Strict):
+class PeriodicPattern(_StatusPattern):
     """A co-located job active for ``duty * period_s`` of every period, from ``phase_s`` on."""
 
     pattern: Literal["periodic"] = Field(description="pattern name")
-    workers: Workers = Field(description="worker indices (inventory order) or 'all'")
     period_s: float = Field(gt=0, description="period of the co-located job")
     duty: float = Field(gt=0, lt=1, description="fraction of each period it is active, in (0, 1)")
     phase_s: float = Field(0.0, ge=0, description="start of the first active window")
@@ -299,13 +298,7 @@ class PeriodicPattern(_Strict):
         None, gt=0, le=1, description="free-memory fraction while active (1.0 otherwise)"
     )
 
-    _workers = field_validator("workers", mode="before")(_check_workers)
 
-    @model_validator(mode="after")
-    def _some(self) -> PeriodicPattern:
-        if self.slowdown is None and self.free_memory is None:
-            raise ValueError("give slowdown and/or free_memory")
-        return self
 
 
 Pattern = StepsPattern | RandomWalkPattern | PeriodicPattern

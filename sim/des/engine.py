@@ -367,16 +367,9 @@ class DataParallelSim:
             return
         self.qproblem = dataclasses.replace(self.problem, job=dataclasses.replace(self.problem.job, quant_bits=q))
         self.quant_changes.append((k, q))
-        costs = plan_costs(self.qproblem, self.plan_now)
-        if costs.n_chunks != self.C or list(costs.chunk_shard) != self.chunk_shard:
-            raise ValueError("a re-quantized plan must keep the PS shards and layer groups")
-        pending = self.next_rows
-        for w in range(self.N):
-            share = int(costs.batch[w]) if pending[w] is None else pending[w][0]  # type: ignore[index]
-            self.next_rows[w] = (share, costs.fwd_s[w].tolist(), costs.bwd_s[w].tolist(),
-                                 costs.pull_bytes[w].tolist(), costs.push_bytes[w].tolist(),
-                                 costs.agg_s[w].tolist(), costs.apply_one_s[w].tolist(), q)
-        self.apply_all = costs.apply_s.tolist()
+        # plan_now holds every pending share (a rebalance updates it), so its costs
+        # at the new width are the rows each worker takes next.
+        self._stage(self.plan_now)
 
     # -------------------------------------------------------------- worker side
     def _worker(self, w: int) -> Any:
@@ -596,21 +589,28 @@ class DataParallelSim:
             return
         shares = accepted_shares(new, obs, self.problem.job.global_batch)
         full = full_membership(new, self.c.workers, shares)
-        costs = plan_costs(self.qproblem, full)
-        if costs.n_chunks != self.C or list(costs.chunk_shard) != self.chunk_shard:
-            raise ValueError("a rebalanced plan must keep the PS shards and layer groups")
+        costs = self._stage(full)
         for w in range(self.N):
-            self.next_rows[w] = (shares[w], costs.fwd_s[w].tolist(), costs.bwd_s[w].tolist(),
-                                 costs.pull_bytes[w].tolist(), costs.push_bytes[w].tolist(),
-                                 costs.agg_s[w].tolist(), costs.apply_one_s[w].tolist(),
-                                 self.qproblem.job.quant_bits)
             self.next_pull[w] = costs.pull_bytes[w].tolist()
             wake = self.wake[w]
             if shares[w] > 0 and wake is not None and not wake.triggered:
                 wake.succeed()
-        self.apply_all = costs.apply_s.tolist()
         self.plan_now = full
         self.rebalances += 1
+
+    def _stage(self, plan: Plan) -> PlanCosts:
+        """Cost rows of ``plan`` at the current width, taken by each worker at the
+        next iteration it starts (a rebalance and a width change both go through here)."""
+        costs = plan_costs(self.qproblem, plan)
+        if costs.n_chunks != self.C or list(costs.chunk_shard) != self.chunk_shard:
+            raise ValueError("a new plan or width must keep the PS shards and layer groups")
+        bits = self.qproblem.job.quant_bits
+        for w in range(self.N):
+            self.next_rows[w] = (int(costs.batch[w]), costs.fwd_s[w].tolist(), costs.bwd_s[w].tolist(),
+                                 costs.pull_bytes[w].tolist(), costs.push_bytes[w].tolist(),
+                                 costs.agg_s[w].tolist(), costs.apply_one_s[w].tolist(), bits)
+        self.apply_all = costs.apply_s.tolist()
+        return costs
 
     # --------------------------------------------------------------------- run
     def run(self) -> RunResult:
@@ -629,9 +629,8 @@ class DataParallelSim:
                 env.process(self._failure(wi, d.at_s))
             elif d.slowdown is not None:
                 env.process(self._slowdown(wi, d.at_s, d.slowdown))
-            frac = getattr(d, "free_memory_frac", None)
-            if frac is not None:
-                env.process(self._free_memory(wi, d.at_s, frac))
+            if d.free_memory_frac is not None:
+                env.process(self._free_memory(wi, d.at_s, d.free_memory_frac))
         try:
             env.run(until=self.finished)
         except RuntimeError:
