@@ -25,7 +25,7 @@ _TYPES = ("a100", "v100", "t4", "l4")
 
 
 def bench_config(workers: int, shards: int, iterations: int, pipeline: bool,
-                 model: str = "resnet50", per_worker_batch: int = 32) -> runner.Loaded:
+                 model: str = "resnet50", per_worker_batch: int = 32, sharing: str = "fair") -> runner.Loaded:
     """A heterogeneous cluster: ``workers`` spread evenly over four GPU types."""
     counts = [workers // len(_TYPES) + (1 if i < workers % len(_TYPES) else 0) for i in range(len(_TYPES))]
     data = {
@@ -33,7 +33,7 @@ def bench_config(workers: int, shards: int, iterations: int, pipeline: bool,
         "cluster": {
             "devices": [{"type": t, "count": n} for t, n in zip(_TYPES, counts) if n > 0],
             "ps": {"shards": shards, "type": "cpu-16c"},
-            "network": {"bandwidth_gbps": 25, "latency_us": 20},
+            "network": {"bandwidth_gbps": 25, "latency_us": 20, "sharing": sharing},
         },
         "job": {"model": model, "global_batch": per_worker_batch * workers, "iterations": iterations,
                 "sync": "bsp", "pipeline": pipeline},
@@ -59,11 +59,7 @@ def simpy_event_rate(n: int = 300_000) -> float:
 def des_run(workers: int, shards: int, iterations: int, pipeline: bool,
             sharing: str = "fair") -> dict[str, Any]:
     """Wall time and event count of one DES run (tracing off, as in large runs)."""
-    loaded = bench_config(workers, shards, iterations, pipeline)
-    if sharing != "fair":
-        data = loaded.config.model_dump(mode="json")
-        data["cluster"]["network"]["sharing"] = sharing
-        loaded = runner.from_dict(data, loaded.base_dir, loaded.source)
+    loaded = bench_config(workers, shards, iterations, pipeline, sharing=sharing)
     problem = runner.problem_of(loaded)
     plan = runner.plan_for(loaded, problem)
     t0 = time.perf_counter()

@@ -44,7 +44,8 @@ def evaluate_directly(sweep: Sweep) -> float:
     for p in sweep.points():
         loaded = runner.from_dict(p.config, sweep.base_dir, sweep.source)
         problem = runner.problem_of(loaded)
-        runner.evaluate(problem, runner.plan_for(loaded, problem), sweep.evaluator, trace=False)
+        sched, plan = runner.schedule(loaded, problem)  # as run_point does: online ones rebalance
+        runner.evaluate(problem, plan, sweep.evaluator, trace=False, scheduler=sched)
     return time.perf_counter() - t0
 
 

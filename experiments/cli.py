@@ -19,6 +19,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from experiments.runner import EVALUATORS
+from experiments.sweep import BACKENDS
 from sim.errors import ConfigError, HetsimError
 
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "demo.yaml"
@@ -206,7 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("simulate", help="simulate one config")
     s.add_argument("config")
-    s.add_argument("--evaluator", choices=("des", "analytic"), default="des")
+    s.add_argument("--evaluator", choices=EVALUATORS, default="des")
     s.add_argument("--scheduler", help="override the config's scheduler")
     s.add_argument("--plan", help="evaluate this plan.json instead of planning (e.g. one edited by hand)")
     s.add_argument("--out", help="output folder (default results/NAME/EVALUATOR)")
@@ -221,7 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("compare", help="compare schedulers on one config")
     c.add_argument("config")
     c.add_argument("--schedulers", help="comma-separated names (default: all registered)")
-    c.add_argument("--evaluator", choices=("des", "analytic"), default="des")
+    c.add_argument("--evaluator", choices=EVALUATORS, default="des")
     c.add_argument("--out", help="output folder (default results/NAME/compare)")
     c.set_defaults(fn=cmd_compare)
 
@@ -230,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--jobs", type=int, default=_default_jobs(),
                     help="worker processes (default: the CPUs available)")
     sw.add_argument("--out", help="output folder (default results/sweeps/SWEEP_STEM)")
-    sw.add_argument("--backend", choices=("local", "dask"), default="local",
+    sw.add_argument("--backend", choices=BACKENDS, default="local",
                     help="local process pool (default) or a dask.distributed cluster")
     sw.add_argument("--address", help="dask scheduler address, e.g. tcp://10.0.0.1:8786 "
                     "(default: a LocalCluster of --jobs workers on 127.0.0.1)")

@@ -17,6 +17,9 @@ import pandas as pd  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
+from experiments.sweep import FIXED_COLUMNS  # noqa: E402
+from sim.result import HEADLINE_KEYS  # noqa: E402
+
 _PALETTE = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C"]
 _KNOWN = ["equal", "proportional", "lbbsp", "hps", "greedy", "genetic", "exact", "rl"]
 
@@ -108,9 +111,8 @@ STATUS_OK = "ok"
 SCHED = "_scheduler"  # column added by load_sweep: the scheduler of each point
 SEED = "seed"
 THROUGHPUT_MIN = "objective.throughput_min"
-HEADLINE = ("throughput_sps", "iteration_time_mean_s", "iteration_time_p50_s", "iteration_time_p95_s",
-            "iterations", "elapsed_s", "time_to_target_s", "cost_usd", "energy_j")
-_NOT_SWEPT = {"point_id", "status", "error", *HEADLINE}
+HEADLINE = HEADLINE_KEYS
+_NOT_SWEPT = {*FIXED_COLUMNS, *HEADLINE}
 _METRIC_LABELS = {
     "throughput_sps": "throughput (samples/s)",
     "cost_usd": "cost of the run (USD)",

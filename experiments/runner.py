@@ -83,7 +83,8 @@ def evaluate(problem: Problem, plan: Plan, evaluator: str, trace: bool = True,
                                 on_iteration=lambda n: bar.update(n - bar.n), scheduler=scheduler)
     if evaluator == "analytic":
         return analytic.evaluate(problem, plan, scheduler=scheduler)
-    raise ConfigError("<command line>", "--evaluator", f"unknown evaluator {evaluator!r}; use des or analytic")
+    raise ConfigError("<command line>", "--evaluator",
+                      f"unknown evaluator {evaluator!r}; use {' or '.join(EVALUATORS)}")
 
 
 def prepare_out(out: str | Path) -> Path:
@@ -138,5 +139,5 @@ def run_one(loaded: Loaded, evaluator: str, scheduler: str | None = None,
         if key in result.extra:
             print(f"hetsim: warning: {result.extra[key]}", file=sys.stderr)
     if out is not None:
-        write_run(out, result, plan, loaded)
+        write_run(out, result, plan, loaded, trace=trace)
     return result, plan

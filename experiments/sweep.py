@@ -64,6 +64,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from experiments.runner import EVALUATORS
 from sim.config import Config, read_yaml
 from sim.errors import ConfigError, HetsimError
 from sim.result import HEADLINE_KEYS
@@ -73,7 +74,6 @@ __all__ = [
     "load_sweep", "parse_path", "point_id", "run_point", "run_sweep", "set_path", "sweep_from_dict",
 ]
 
-EVALUATORS = ("analytic", "des")
 BACKENDS = ("local", "dask")
 RESULTS = "results.csv"
 FIXED_COLUMNS = ("point_id", "status", "error")
@@ -293,7 +293,8 @@ class Sweep:
 
     def columns(self) -> list[str]:
         """The columns of results.csv."""
-        return ["point_id", *self.axes(), "status", "error", *HEADLINE_KEYS]
+        first, *rest = FIXED_COLUMNS
+        return [first, *self.axes(), *rest, *HEADLINE_KEYS]
 
     def points(self) -> list[Point]:
         """Every point, in order; a point whose id repeats an earlier one is dropped.

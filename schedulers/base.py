@@ -131,16 +131,7 @@ def largest_remainder(weights: Sequence[float] | np.ndarray, total: int) -> list
     Floors of the exact quotas, then one more to the largest remainders
     (ties to the lower index), so the result is deterministic.
     """
-    w = np.asarray(weights, dtype=float)
-    if total < 0 or w.size == 0 or np.any(w < 0) or not np.isfinite(w).all() or w.sum() <= 0:
-        raise ValueError("weights must be non-negative, finite and not all zero; total >= 0")
-    quota = w / w.sum() * total
-    base = np.floor(quota).astype(int)
-    short = total - int(base.sum())
-    order = sorted(range(len(w)), key=lambda i: (-(quota[i] - base[i]), i))
-    for i in order[:short]:
-        base[i] += 1
-    return [int(x) for x in base]
+    return capped_largest_remainder(weights, [None] * len(weights), total)[0]
 
 
 def data_parallel_plan(problem: Problem, shares: Sequence[int], scheduler: str) -> Plan:

@@ -33,7 +33,7 @@ from schedulers.proportional import Proportional
 from sim.costmodel import iteration_compute_s, max_batch_in_memory
 from sim.observation import Observation
 from sim.plan import Plan
-from sim.problem import Problem
+from sim.problem import Problem, initial_free_memory_bytes
 from sim.workload import Model
 
 
@@ -71,10 +71,8 @@ class HPS:
         devs = [problem.cluster.device(r.device) for r in base.replicas]
         rates = [r.batch / iteration_compute_s(job.model, d.type, job.dtype, r.batch)
                  for r, d in zip(base.replicas, devs)]
-        frac: dict[int, float] = {d.worker: d.free_memory_frac for d in problem.dynamics
-                                  if d.at_s <= 0 and d.free_memory_frac is not None}
-        index = {d.id: i for i, d in enumerate(problem.cluster.devices)}
-        free = [d.type.memory_bytes * frac.get(index[d.id], 1.0) for d in devs]
+        free_now = initial_free_memory_bytes(problem)
+        free = [free_now[d.id] for d in devs]
         caps = [max_batch_in_memory(job.model, job.dtype, f, self.copies) for f in free]
         shares, short = capped_largest_remainder(rates, caps, job.global_batch)
         plan = dataclasses.replace(base, scheduler=self.name)  # type: ignore[attr-defined]

@@ -39,7 +39,7 @@ from sim.convergence import effective_to_target_iterations, model_tensor_elems
 from sim.costmodel import PlanCosts, plan_costs
 from sim.observation import Observation, WorkerStatus, accepted_shares, full_membership, rate_sps
 from sim.plan import Plan
-from sim.problem import Problem
+from sim.problem import Problem, initial_free_memory_bytes
 from sim.result import DeviceUsage, RunResult
 
 #: An online scheduler is driven to its steady state by at most this many plan changes ...
@@ -279,14 +279,12 @@ def _observation(problem: Problem, plan: Plan, iteration: int, t_s: float) -> Ob
     per iteration at its share, its free memory at t = 0, everyone alive."""
     c = plan_costs(problem, _working(plan))
     compute = dict(zip(c.workers, (c.fwd_s.sum(axis=1) + c.bwd_s.sum(axis=1)).tolist()))
-    devices = problem.cluster.devices
-    frac: dict[str, float] = {devices[d.worker].id: d.free_memory_frac for d in problem.dynamics
-                              if d.at_s <= 0 and d.free_memory_frac is not None}
+    free = initial_free_memory_bytes(problem)
     ws = []
     for r in plan.replicas:
         t = compute.get(r.device, 0.0) if r.batch > 0 else 0.0
-        mem = problem.cluster.device(r.device).type.memory_bytes * frac.get(r.device, 1.0)
-        ws.append(WorkerStatus(r.device, r.batch, t, r.batch if t > 0 else 0, rate_sps(r.batch, t), mem, True))
+        ws.append(WorkerStatus(r.device, r.batch, t, r.batch if t > 0 else 0, rate_sps(r.batch, t),
+                               free[r.device], True))
     return Observation(t_s, iteration, tuple(ws), problem.job.global_batch)
 
 

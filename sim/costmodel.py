@@ -129,11 +129,6 @@ def iteration_compute_s(model: Model, dev: DeviceProfile, dtype: str, b: int) ->
     return float(f.sum() + w.sum())
 
 
-def message_time_s(nbytes: float, bw_Bps: float, latency_s: float) -> float:
-    """An uncontended message: latency plus bytes over bandwidth."""
-    return latency_s + nbytes / bw_Bps
-
-
 def quantized_bytes(fp32_bytes: float, bits: int) -> float:
     """Bytes on the wire of ``fp32_bytes`` of gradient sent with ``bits`` bits per value:
     ``packed_bytes(fp32_bytes / 4, bits)``, i.e. ``ceil(fp32_bytes * bits / 32) + 8`` below

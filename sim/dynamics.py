@@ -34,7 +34,14 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from sim.config import DynamicsEntry, PeriodicPattern, RandomWalkPattern, StepsPattern, Walk
+from sim.config import (
+    DynamicsEntry,
+    Pattern,
+    PeriodicPattern,
+    RandomWalkPattern,
+    StepsPattern,
+    Walk,
+)
 from sim.errors import ConfigError
 from sim.problem import Dynamic
 
@@ -43,8 +50,6 @@ from sim.problem import Dynamic
 DYNAMICS_STREAM = 0x44594E
 #: Most events the dynamics of one config may expand to (each becomes a SimPy process).
 MAX_EVENTS = 1_000_000
-
-Pattern = StepsPattern | RandomWalkPattern | PeriodicPattern
 
 
 def seed_sequence(seed: int, entry: int, worker: int) -> np.random.SeedSequence:

@@ -98,6 +98,15 @@ class Problem:
     dynamics: tuple[Dynamic, ...] = ()
 
 
+def initial_free_memory_bytes(problem: Problem) -> dict[str, float]:
+    """Free memory of every worker device at t = 0 (its memory, times a
+    ``free_memory_frac`` status set at t <= 0), by device id."""
+    frac = {d.worker: d.free_memory_frac for d in problem.dynamics
+            if d.at_s <= 0 and d.free_memory_frac is not None}
+    return {dev.id: dev.type.memory_bytes * frac.get(i, 1.0)
+            for i, dev in enumerate(problem.cluster.devices)}
+
+
 def build_problem(cfg: Config, base_dir: Path, source: str = "<config>") -> Problem:
     """Resolve profiles and the model of a validated config into a Problem.
 
@@ -144,19 +153,19 @@ def build_problem(cfg: Config, base_dir: Path, source: str = "<config>") -> Prob
             raise ConfigError(source, "job.quantization_params", "only with quantization: adaptive")
         quant_bits = 32 if j.quantization == "none" else int(j.quantization)
     convergence = None
-    if quant_adaptive is not None:
+    if quant_adaptive is not None or j.target_loss is not None:
         fit = load_for(model.name)
         if fit is None:
-            raise ConfigError(source, "job.quantization",
-                              "adaptive quantization follows the modelled loss; "
-                              f"no convergence fit for model {model.name!r} (sim/convergence_fits/)")
+            field, why = (("job.target_loss", "use iterations or samples") if j.target_loss is not None
+                          else ("job.quantization", "adaptive quantization follows the modelled loss"))
+            raise ConfigError(source, field, f"no convergence fit for model {model.name!r} "
+                              f"(sim/convergence_fits/); {why}")
         convergence = fit.model
     if j.target_loss is not None:
-        convergence, iterations = _to_target(model, j.target_loss, j.global_batch, quant_bits, source)
+        assert convergence is not None
+        iterations = _to_target(convergence, model, j.target_loss, j.global_batch, quant_bits, source)
     else:
         iterations = j.iterations if j.iterations is not None else math.ceil((j.samples or 0) / j.global_batch)
-    if j.sync == "ssp" and j.staleness == 0:
-        pass  # SSP(0) is legal: lock-step without a global barrier
     job = Job(
         model=model,
         global_batch=j.global_batch,
@@ -187,19 +196,13 @@ def build_problem(cfg: Config, base_dir: Path, source: str = "<config>") -> Prob
     )
 
 
-def _to_target(model: Model, target: float, batch: int, bits: int,
-               source: str) -> tuple[ConvergenceModel, int]:
-    """The model's stored convergence fit and the iterations BSP needs to reach ``target``."""
-    fit = load_for(model.name)
-    if fit is None:
-        raise ConfigError(source, "job.target_loss",
-                          f"no convergence fit for model {model.name!r} (sim/convergence_fits/); "
-                          "use iterations or samples")
-    m = fit.model
+def _to_target(m: ConvergenceModel, model: Model, target: float, batch: int, bits: int,
+               source: str) -> int:
+    """The iterations BSP needs to reach ``target`` under the fitted model ``m``."""
     if target <= m.L_inf:
         raise ConfigError(source, "job.target_loss",
                           f"{target} is not above the fitted asymptotic loss {m.L_inf:.4g} of {model.name!r}")
-    return m, effective_to_target_iterations(m, target, batch, bits, model_tensor_elems(model))
+    return effective_to_target_iterations(m, target, batch, bits, model_tensor_elems(model))
 
 
 def _bw(net: object, dev_id: str, default_Bps: float) -> float:

@@ -1,8 +1,9 @@
 """RunResult: one schema for whatever produced it (analytic, des, runtime).
 
 Headline metrics are derived from recorded facts (iteration boundaries, busy
-times, provisioned devices), never stored twice. ``write`` produces
-summary.json, iterations.csv and trace.json (Chrome trace format).
+times, provisioned devices), never stored twice. ``summary_json``,
+``iterations_csv`` and ``trace_json`` give the file contents
+(experiments/runner.py writes them).
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import csv
 import io
 import json
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -182,14 +182,6 @@ class RunResult:
 
     def trace_json(self) -> str:
         return json.dumps({"traceEvents": self.trace, "displayTimeUnit": "ms"}) + "\n"
-
-    def write(self, out_dir: str | Path) -> None:
-        """Write summary.json, iterations.csv and trace.json into ``out_dir``."""
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "summary.json").write_text(self.summary_json())
-        (out / "iterations.csv").write_text(self.iterations_csv())
-        (out / "trace.json").write_text(self.trace_json())
 
 
 class Trace:

@@ -97,7 +97,8 @@ def test_grid_is_every_combination_last_axis_fastest() -> None:
     p = sw.points()[1]
     assert p.config["cluster"]["network"] == {"bandwidth_gbps": 1}  # created in the base
     assert p.config["scheduler"] == {"name": "proportional"}
-    assert BASE["cluster"] == {"devices": [{"type": "t4", "count": 1}, {"type": "cpu-8c", "count": 2}]}
+    # setting a point's fields leaves the sweep's own base untouched
+    assert sw.base["cluster"] == {"devices": [{"type": "t4", "count": 1}, {"type": "cpu-8c", "count": 2}]}
 
 
 def test_zip_takes_lists_together_and_unequal_lengths_are_an_error() -> None:
