@@ -18,6 +18,12 @@ global batch at all, every worker gets its cap and the shortfall is recorded
 in ``plan.options["memory_short_samples"]`` (nothing is raised here; a plan
 checker may still refuse such a plan).
 
+``status_aware: false`` is the ablation without status awareness: the shares
+come from the modelled (profiled) rates and the free memory at t = 0 only, as
+in :meth:`HPS.plan`, and observations never move them. A detected failure
+still sends the dead worker's share to the others at once, split by the same
+modelled rates and t = 0 caps (otherwise the global batch would shrink).
+
 H-PS's other mechanisms are job options in hetsim, not the scheduler's:
 layer-wise pipelining of push/pull is ``job.pipeline`` and gradient
 quantization is ``job.quantization``. The scheduler's mechanism is the
@@ -47,10 +53,13 @@ class HPS:
         optimizer_state_copies: parameter-sized optimizer buffers per worker
             (1: momentum SGD, 2: Adam, 0: plain SGD).
         rounds: refinement rounds of the modelled rates of the initial plan.
+        status_aware: False: never rebalance from observed rates or free memory;
+            keep the plan's modelled split (a failure is still redistributed,
+            by modelled rates).
     """
 
     def __init__(self, rebalance_every: int = 5, alpha: float = 0.5, optimizer_state_copies: int = 1,
-                 rounds: int = 5) -> None:
+                 rounds: int = 5, status_aware: bool = True) -> None:
         if rebalance_every < 1:
             raise ValueError("rebalance_every must be >= 1")
         if optimizer_state_copies < 0:
@@ -62,6 +71,9 @@ class HPS:
         self.calls = 0
         self.model: Model | None = None  # set by plan(): caps need the model
         self.dtype = "fp32"
+        self.status_aware = status_aware
+        # set by plan(): the modelled rate and the t = 0 cap of every worker, by device id
+        self.modelled: dict[str, tuple[float, int | None]] = {}
 
     def plan(self, problem: Problem) -> Plan:
         """Memory-capped proportional split from the modelled rates (free memory at t = 0)."""
@@ -74,6 +86,7 @@ class HPS:
         free_now = initial_free_memory_bytes(problem)
         free = [free_now[d.id] for d in devs]
         caps = [max_batch_in_memory(job.model, job.dtype, f, self.copies) for f in free]
+        self.modelled = {r.device: (rate, cap) for r, rate, cap in zip(base.replicas, rates, caps)}
         shares, short = capped_largest_remainder(rates, caps, job.global_batch)
         plan = dataclasses.replace(base, scheduler=self.name)  # type: ignore[attr-defined]
         plan = plan.with_shares({r.device: b for r, b in zip(base.replicas, shares)})
@@ -90,9 +103,11 @@ class HPS:
                 for w in obs.workers]
 
     def rebalance(self, plan: Plan, obs: Observation) -> Plan | None:
+        dead_with_work = any(not w.alive and w.batch > 0 for w in obs.workers)
+        if not self.status_aware:
+            return self._without_status(plan, obs) if dead_with_work else None
         self.rates.update(obs)
         self.calls += 1
-        dead_with_work = any(not w.alive and w.batch > 0 for w in obs.workers)
         if self.calls % self.rebalance_every != 0 and not dead_with_work:
             return None
         rates = self.rates.live_rates(obs)
@@ -102,7 +117,19 @@ class HPS:
             rates = [float(w.batch) if w.alive else 0.0 for w in obs.workers]
             if sum(rates) <= 0:
                 rates = [1.0 if w.alive else 0.0 for w in obs.workers]
-        shares, short = capped_largest_remainder(rates, self.caps(obs), obs.global_batch)
+        return self._apply(plan, obs, rates, self.caps(obs))
+
+    def _without_status(self, plan: Plan, obs: Observation) -> Plan | None:
+        """A failure without status awareness: the live workers' modelled rates and t = 0 caps."""
+        rates = [self.modelled.get(w.device, (0.0, None))[0] if w.alive else 0.0 for w in obs.workers]
+        if sum(rates) <= 0:
+            rates = [1.0 if w.alive else 0.0 for w in obs.workers]
+        caps = [self.modelled.get(w.device, (0.0, None))[1] for w in obs.workers]
+        return self._apply(plan, obs, rates, caps)
+
+    def _apply(self, plan: Plan, obs: Observation, rates: list[float],
+               caps: list[int | None]) -> Plan | None:
+        shares, short = capped_largest_remainder(rates, caps, obs.global_batch)
         if shares == [w.batch for w in obs.workers] and short == int(plan.options.get("memory_short_samples", 0)):
             return None
         new = plan.with_shares({w.device: b for w, b in zip(obs.workers, shares)})

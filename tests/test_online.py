@@ -318,6 +318,39 @@ def test_hps_recovers_from_a_slowdown_that_proportional_keeps() -> None:
     assert rp.throughput_sps == pytest.approx(272.1753088140317, rel=1e-9)
 
 
+def test_hps_without_status_awareness_keeps_the_modelled_split_under_a_slowdown() -> None:
+    # The case above with status_aware false: the split stays the modelled 20/10 although the
+    # fast worker runs at half the slow one's speed from 0.2 s, so every iteration after the
+    # slowdown takes 20 x 3e9 / 5e11 + 2.2e-3 = 0.1222 s, as with proportional (status-aware
+    # hps: 0.0622 s); nothing is ever rebalanced.
+    prob = _two(iterations=40, dynamics=[Dynamic(worker=0, at_s=0.2, slowdown=4.0)])
+    h = schedulers.make("hps", {"rebalance_every": 2, "status_aware": False})
+    r = _run(prob, h.plan(prob), h, trace=False)
+    assert r.extra["final_shares"] == {"fast:0": 20, "slow:0": 10}
+    assert r.extra["rebalances"] == 0
+    assert r.iteration_times()[-10:] == pytest.approx([0.1222] * 10, rel=EXACT)
+    assert r.throughput_sps == pytest.approx(272.1753088140317, rel=1e-9)  # proportional's
+
+
+def test_hps_without_status_awareness_splits_a_failed_share_by_modelled_rates() -> None:
+    # Modelled rates 2:1:1 (fast, slow, slow): 20/10/10 of 40. Observed: the fast worker at 50
+    # samples/s (slowed down), worker 1 dead, worker 2 at 100/s. Status-aware (alpha 1): rates
+    # 50 : 0 : 100 -> 13.3/26.7 -> 13/0/27. Without status: modelled 2 : 0 : 1 -> 26.7/13.3 ->
+    # 27/0/13. Without a failure, the unaware one keeps the plan whatever it observes.
+    prob = problem([FAST, SLOW, SLOW], [PS_FREE], FC, 40)
+    devs = [d.id for d in prob.cluster.devices]
+    aware, unaware = HPS(rebalance_every=1, alpha=1.0), HPS(rebalance_every=1, alpha=1.0, status_aware=False)
+    p = aware.plan(prob)
+    assert [r.batch for r in unaware.plan(prob).replicas] == [r.batch for r in p.replicas] == [20, 10, 10]
+    dead = Observation(1.0, 1, (_ws(devs[0], 20, 50), _ws(devs[1], 10, 0, alive=False),
+                                _ws(devs[2], 10, 100)), 40)
+    assert _shares(aware.rebalance(p, dead), devs) == [13, 0, 27]
+    assert _shares(unaware.rebalance(p, dead), devs) == [27, 0, 13]
+    slowed = Observation(1.0, 1, (_ws(devs[0], 20, 50), _ws(devs[1], 10, 100), _ws(devs[2], 10, 100)), 40)
+    assert unaware.rebalance(p, slowed) is None
+    assert _shares(aware.rebalance(p, slowed), devs) == [8, 16, 16]
+
+
 # -- the seam ---------------------------------------------------------------------------------
 
 
