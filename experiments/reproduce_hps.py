@@ -70,7 +70,7 @@ SSP_STALENESS = 3
 GAP_FRACTION = 0.5
 #: ... unless equal-split BSP would need more global iterations than this (full run / --quick)
 TARGET_ITERATIONS = 60
-QUICK_TARGET_ITERATIONS = 12
+QUICK_TARGET_ITERATIONS = 20
 
 #: method -> (scheduler, scheduler params, sync, pipeline, quantization)
 METHODS: dict[str, tuple[str, dict[str, Any], str, bool, str]] = {
@@ -582,27 +582,57 @@ def _gm(v: pd.Series) -> float:
     return math.exp(float(np.log(v).mean())) if len(v) else math.nan
 
 
-def mechanism_section(table: pd.DataFrame, sp: pd.DataFrame) -> list[str]:
-    """The measured numbers the closing section rests on: speed-ups over the equal-split
-    baselines, and what each ablation costs, by regime."""
-    L: list[str] = []
-    eq = [m for m in ("bsp-equal", "asp-equal", "ssp-equal") if m in sp]
-    if eq:
-        allv = pd.concat([sp[m] for m in eq]).replace([np.inf, -np.inf], np.nan).dropna()
-        L += [f"Against the equal-split methods (BSP, ASP, SSP: the paper's \"existing methods\"), "
-              f"hps' speed-up spans {allv.min():.2f}x..{allv.max():.2f}x over all cases "
-              f"(geometric mean {_gm(allv):.2f}x); the paper reports 1.4x-3.5x.", ""]
-    L += ["What each mechanism is worth, by regime (geometric mean of the ablation's time to "
-          "target / hps'; > 1: removing the mechanism slows training down):", ""]
-    dims = [("bandwidth_gbps", "Gbit/s"), ("cluster", "cluster"), ("load", "load"), ("model", "model")]
-    cols = [m for m in (*ABLATIONS, "proportional", "lbbsp", "bsp-equal", "asp-equal", "ssp-equal") if m in sp]
-    L += ["| regime | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+def _sel(sp: pd.DataFrame, **where: Any) -> pd.DataFrame:
     idx = sp.reset_index()
+    for k, v in where.items():
+        idx = idx[idx[k] == v]
+    return idx
+
+
+def _range(v: pd.Series) -> str:
+    v = v.replace([np.inf, -np.inf], np.nan).dropna()
+    if v.empty:
+        return "-"
+    return f"{v.min():.2f}x..{v.max():.2f}x (geometric mean {_gm(v):.2f}x, {len(v)} cases)"
+
+
+def mechanism_section(table: pd.DataFrame, sp: pd.DataFrame) -> list[str]:
+    """The closing section: where the speed-ups land against the paper's, and what each
+    mechanism is worth by regime, from the measured speed-ups."""
+    L: list[str] = []
+    idx = sp.reset_index()
+    clusters = list(dict.fromkeys(idx["cluster"]))
+    L += ["Speed-up of hps (time to target of the baseline / hps'), by cluster, over models, "
+          "bandwidths and load:", "", "| baseline | " + " | ".join(clusters) + " |",
+          "|---" * (len(clusters) + 1) + "|"]
+    for m in BASELINES:
+        if m in sp:
+            L += [f"| {m} | " + " | ".join(_range(_sel(sp, cluster=c)[m]) for c in clusters) + " |"]
+    L += [""]
+    base = [m for m in BASELINES if m in sp]
+    lost = idx[base].lt(1.0)
+    if lost.to_numpy().any():
+        models = list(dict.fromkeys(idx["model"]))
+        L += ["Cases where hps is slower than the baseline (of the cases per model):", "",
+              "| baseline | " + " | ".join(models) + " |", "|---" * (len(models) + 1) + "|"]
+        for m in base:
+            if lost[m].any():
+                L += [f"| {m} | " + " | ".join(f"{int(lost[m][idx['model'] == mo].sum())} of "
+                                               f"{int((idx['model'] == mo).sum())}" for mo in models) + " |"]
+        L += [""]
+    else:
+        L += ["hps reaches the target first in every comparison.", ""]
+
+    L += ["What each mechanism is worth, by regime (geometric mean over the cases in the regime of the "
+          "method's time to target / hps'; for an ablation, > 1 means the mechanism it removes helps):", ""]
+    dims = [("bandwidth_gbps", "Gbit/s"), ("cluster", "cluster"), ("load", "load"), ("model", "model")]
+    cols = [m for m in (*ABLATIONS, *BASELINES) if m in sp]
+    L += ["| regime | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
     for dim, lab in dims:
         for val in dict.fromkeys(idx[dim]):
             sub = idx[idx[dim] == val]
-            L += [f"| {lab} = {val:g} |" if isinstance(val, float) else f"| {lab} = {val} |"]
-            L[-1] += " " + " | ".join(f"{_gm(sub[c]):.2f}x" for c in cols) + " |"
+            name = f"{val:g}" if isinstance(val, float) else str(val)
+            L += [f"| {lab} = {name} | " + " | ".join(f"{_gm(sub[c]):.2f}x" for c in cols) + " |"]
     L += [""]
     return L
 
@@ -615,7 +645,7 @@ def available_models(models: Sequence[str]) -> tuple[list[str], list[str]]:
 
 
 def run(out: str | Path, models: Sequence[str] = MODELS, clusters: Sequence[str] = tuple(CLUSTERS),
-        bandwidths: Sequence[float] = BANDWIDTHS_GBPS, loads: Sequence[str] = LOADS, seeds: int = 3,
+        bandwidths: Sequence[float] = BANDWIDTHS_GBPS, loads: Sequence[str] = LOADS, seeds: int = 5,
         methods: Sequence[str] = tuple(METHODS), iterations: int = TARGET_ITERATIONS, jobs: int = 2,
         progress: bool = True, argv: str = "") -> pd.DataFrame:
     """Run the grid and write results.csv, report.md and the figures into ``out``."""
@@ -638,8 +668,8 @@ def run(out: str | Path, models: Sequence[str] = MODELS, clusters: Sequence[str]
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m experiments.reproduce_hps", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true",
-                    help=f"one seed, the cpu cluster only, target at {QUICK_TARGET_ITERATIONS} BSP iterations")
-    ap.add_argument("--seeds", type=int, default=None, help="seeds of the loaded cases (default 3; --quick: 1)")
+                    help=f"one seed, a target BSP reaches in at most {QUICK_TARGET_ITERATIONS} iterations")
+    ap.add_argument("--seeds", type=int, default=None, help="seeds of the loaded cases (default 5; --quick: 1)")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="processes (default 2)")
     ap.add_argument("--models", default=",".join(MODELS), help="comma-separated zoo models")
     ap.add_argument("--out", default="results/reproduce_hps")
@@ -650,11 +680,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = [m for m in models if m not in GLOBAL_BATCH]
     if unknown:
         ap.error(f"no global batch set for {', '.join(unknown)}; known: {', '.join(GLOBAL_BATCH)}")
-    seeds = a.seeds if a.seeds is not None else (1 if a.quick else 3)
-    kw: dict[str, Any] = {}
-    if a.quick:
-        kw = {"clusters": ("cpu",), "iterations": QUICK_TARGET_ITERATIONS}
-    table = run(a.out, models=models, seeds=seeds, jobs=a.jobs, progress=not a.quiet, argv=args, **kw)
+    seeds = a.seeds if a.seeds is not None else (1 if a.quick else 5)
+    if seeds < 1:
+        ap.error("--seeds must be >= 1")
+    iterations = QUICK_TARGET_ITERATIONS if a.quick else TARGET_ITERATIONS
+    table = run(a.out, models=models, seeds=seeds, iterations=iterations, jobs=max(1, a.jobs),
+                progress=not a.quiet, argv=args)
     print(f"wrote {a.out}/: results.csv ({len(table)} runs, {table.attrs['wall_s']:.0f} s), report.md, figures")
     return 0
 
