@@ -612,6 +612,15 @@ def mechanism_section(table: pd.DataFrame, sp: pd.DataFrame) -> list[str]:
             L += [f"| {m} | " + " | ".join(_range(_sel(sp, cluster=c)[m]) for c in clusters) + " |"]
     L += [""]
     base = [m for m in BASELINES if m in sp]
+    L += ["Against the paper's range, case by case (below 1.4x / within 1.4x-3.5x / above 3.5x):", "",
+          "| baseline | " + " | ".join(clusters) + " |", "|---" * (len(clusters) + 1) + "|"]
+    for m in base:
+        cells = []
+        for c in clusters:
+            v = _sel(sp, cluster=c)[m].replace([np.inf, -np.inf], np.nan).dropna()
+            cells.append(f"{int((v < 1.4).sum())} / {int(((v >= 1.4) & (v <= 3.5)).sum())} / {int((v > 3.5).sum())}")
+        L += [f"| {m} | " + " | ".join(cells) + " |"]
+    L += [""]
     lost = idx[base].lt(1.0)
     if lost.to_numpy().any():
         models = list(dict.fromkeys(idx["model"]))
