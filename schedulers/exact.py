@@ -1,0 +1,319 @@
+"""`exact`: the proven cost optimum of a placement (Problem B), or a bound and its gap.
+
+The cost of a placement is ``(R + R_ps) * samples / T / 3600`` where R is the
+provisioned devices' price per hour and T the plan's throughput, the minimum
+of its stages' throughputs ``T_s`` and the PS bound. Provisioning fixes each
+stage's (segment, type) replicas, so every stage option has a fixed rate and
+throughput (:class:`sim.placement.PlacementSpace`). The ratio makes the cost
+non-separable; it is minimised by a search over the bottleneck throughput:
+
+* For a threshold V, ``R(V)`` = the least rate of a placement whose stages all
+  have ``T_s >= V``. Without inventory coupling this is a dynamic programme
+  over layer boundaries with the last stage's type as state (consecutive
+  stages differ in type: one type's consecutive layers form one stage),
+  O(L^2 K) per threshold. When the DP's placement uses more devices of a type
+  than the inventory holds, a MILP (scipy.optimize.milp, HiGHS) over stage
+  options x[segment, type] with flow, no-repeated-type, inventory (and, for a
+  candidate plan, PS bandwidth) constraints gives R(V) instead.
+* R is non-decreasing in V, and a placement whose minimum stage throughput is
+  in [V_a, V_b] costs at least ``(R(V_a) + R_ps) * samples / V_b / 3600``
+  (T never exceeds the minimum stage throughput). Branch and bound over the
+  sorted distinct stage throughputs prunes every interval whose bound is not
+  below the best placement found; a single-threshold leaf is closed when its
+  bound ``(R(V) + R_ps) * samples / V / 3600`` is not below the best.
+
+When no leaf stays open the result is optimal (gap 0). The PS bound can make
+a placement's T lower than its minimum stage throughput; such placements are
+still bounded correctly, and the reported gap covers the rest: ``gap =
+(best - lower_bound) / best``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import Bounds, LinearConstraint, milp
+from scipy.sparse import csr_array
+
+from schedulers.base import register
+from schedulers.placement import PlacementScheduler
+from sim.errors import ConfigError
+from sim.placement import PlacementInfeasible, PlacementSpace
+from sim.plan import Plan
+from sim.problem import Problem
+
+#: Wall-clock cap of one MILP call (HiGHS returns its incumbent and dual bound past it).
+MILP_CALL_LIMIT_S = 5.0
+
+
+@dataclass
+class ExactResult:
+    assignment: np.ndarray | None
+    cost_usd: float
+    lower_bound_usd: float
+    gap: float
+    thresholds: int          # distinct stage throughputs
+    solves: int              # thresholds solved
+    milp_solves: int
+    seconds: float
+
+    @property
+    def proven(self) -> bool:
+        return self.gap <= 1e-9
+
+
+def dp_min_rate(space: PlacementSpace, allowed: np.ndarray,
+                rate: np.ndarray | None = None) -> tuple[float, np.ndarray | None]:
+    """Least total ``rate`` (default: the provisioned price per hour) of a placement using
+    only ``allowed`` (S, K) stage options.
+
+    Consecutive stages differ in type. Returns (rate, assignment) or (inf, None).
+    """
+    L, K = space.L, space.K
+    rate = np.where(allowed, space.rate if rate is None else rate, np.inf)
+    best = np.full((L + 1, K), np.inf)
+    from_j = np.zeros((L + 1, K), dtype=int)
+    from_k = np.full((L + 1, K), -1, dtype=int)
+    excl = np.full((L + 1, K), np.inf)      # min over the previous type k' != k at boundary j
+    excl_k = np.full((L + 1, K), -1, dtype=int)
+    excl[0] = 0.0
+    for i in range(1, L + 1):
+        js = np.arange(i)
+        cand = excl[:i] + rate[space.seg_index[js, i]]            # (i, K)
+        jbest = np.argmin(cand, axis=0)
+        best[i] = cand[jbest, np.arange(K)]
+        from_j[i] = jbest
+        from_k[i] = excl_k[jbest, np.arange(K)]
+        if i < L:
+            order = np.argsort(best[i], kind="stable")
+            k1, k2 = order[0], order[1] if K > 1 else order[0]
+            excl[i] = best[i][k1]
+            excl_k[i] = k1
+            excl[i, k1] = best[i][k2] if K > 1 else np.inf
+            excl_k[i, k1] = k2 if K > 1 else -1
+    k = int(np.argmin(best[L]))
+    if not np.isfinite(best[L, k]):
+        return np.inf, None
+    a = np.empty(L, dtype=int)
+    i = L
+    while i > 0:
+        j = from_j[i, k]
+        a[j:i] = k
+        i, k = j, from_k[i, k]
+    return float(best[L].min()), a
+
+
+def resources(space: PlacementSpace, ps_threshold: float | None) -> tuple[np.ndarray, np.ndarray]:
+    """Resource use of every stage option and the capacities: one row per device type
+    (replicas vs the inventory) and, given ``ps_threshold``, one for the PS
+    (bytes per sample vs ``ps_capacity / ps_threshold``, i.e. T_ps >= threshold)."""
+    K = space.K
+    use = np.zeros((K + (ps_threshold is not None), space.S, K))
+    for k in range(K):
+        use[k, :, k] = space.n[:, k]
+    cap = space.counts.astype(float)
+    if ps_threshold is not None:
+        use[K] = space.ps
+        cap = np.append(cap, space.ps_capacity / ps_threshold)
+    return use, cap
+
+
+def lagrangian_min_rate(space: PlacementSpace, allowed: np.ndarray, ps_threshold: float | None,
+                        iterations: int = 40) -> tuple[float, float, np.ndarray | None]:
+    """Least rate under the inventory (and PS) rows, by Lagrangian relaxation of those rows.
+
+    ``min sum rate + lam . (use - cap)`` over placements is a DP with
+    per-option surcharges; its value is a lower bound for every lam >= 0.
+    Subgradient steps (Polyak, against the best feasible rate found) move lam.
+    Returns (lower bound, best feasible rate, its placement); equal bound and
+    rate prove the placement optimal.
+    """
+    use, cap = resources(space, ps_threshold)
+    lam = np.zeros(cap.size)
+    lb, ub, best = -np.inf, np.inf, None
+    finite = space.rate[allowed & np.isfinite(space.rate)]
+    scale = float(finite.max()) if finite.size else 1.0
+    norm = np.where(cap > 0, cap, 1.0)             # rows in comparable units
+    for _ in range(iterations):
+        surcharge = np.tensordot(lam / norm, use, axes=1)
+        r, a = dp_min_rate(space, allowed, space.rate + surcharge)
+        if a is None:
+            return np.inf, np.inf, None
+        st = [(space.seg_index[j, i], k) for j, i, k in space.stages_of(a)]
+        used = np.array([sum(use[q][s, k] for s, k in st) for q in range(cap.size)])
+        true_rate = float(sum(space.rate[s, k] for s, k in st))
+        lb = max(lb, true_rate + float(lam / norm @ (used - cap)))
+        g = (used - cap) / norm
+        if (g <= 1e-12).all() and true_rate < ub:
+            ub, best = true_rate, a
+        if ub - lb <= 1e-9 * max(abs(ub), 1e-12):
+            break
+        target = ub if np.isfinite(ub) else lb + 0.1 * scale + 1e-9
+        step = max(target - lb, 1e-9 * scale) / max(float(g @ g), 1e-12)
+        lam = np.maximum(0.0, lam + step * g)
+    return lb, ub, best
+
+
+def closed(lb: float, ub: float) -> bool:
+    return bool(np.isfinite(ub) and ub - lb <= 1e-9 * max(abs(ub), 1e-12))
+
+
+def milp_min_rate(space: PlacementSpace, allowed: np.ndarray, ps_threshold: float | None,
+                  time_limit_s: float) -> tuple[float, np.ndarray | None]:
+    """Least rate with the inventory (and, given ``ps_threshold``, PS bandwidth) enforced."""
+    s_idx, k_idx = np.nonzero(allowed)
+    nv = s_idx.size
+    if nv == 0:
+        return np.inf, None
+    L, K = space.L, space.K
+    sj, si = space.seg_j[s_idx], space.seg_i[s_idx]
+    rows, lo, hi = [], [], []
+
+    def add(coef: np.ndarray, a: float, b: float) -> None:
+        rows.append(coef)
+        lo.append(a)
+        hi.append(b)
+
+    add((sj == 0).astype(float), 1, 1)                              # one first stage
+    for p in range(1, L):                                           # a stage ends where the next starts
+        add((si == p).astype(float) - (sj == p).astype(float), 0, 0)
+        for k in range(K):                                          # not the same type on both sides
+            m = (k_idx == k) & ((si == p) | (sj == p))
+            if m.any():
+                add(m.astype(float), 0, 1)
+    add((si == L).astype(float), 1, 1)
+    n = space.n[s_idx, k_idx].astype(float)
+    for k in range(K):
+        add(np.where(k_idx == k, n, 0.0), 0, float(space.counts[k]))
+    if ps_threshold is not None and space.ps_capacity > 0:
+        add(space.ps[s_idx, k_idx], 0, space.ps_capacity / ps_threshold)
+    res = milp(space.rate[s_idx, k_idx], integrality=np.ones(nv), bounds=Bounds(0, 1),
+               constraints=LinearConstraint(csr_array(np.array(rows)), lo, hi),
+               options={"time_limit": time_limit_s, "mip_rel_gap": 1e-9})
+    if res.x is None:
+        return np.inf, None
+    # past the time limit HiGHS returns its incumbent; the dual bound is what stays a valid bound
+    bound = float(res.fun) if res.status == 0 else float(getattr(res, "mip_dual_bound", -np.inf))
+    a = np.empty(L, dtype=int)
+    for v in np.flatnonzero(res.x > 0.5):
+        a[sj[v]:si[v]] = k_idx[v]
+    return bound, a
+
+
+def solve(space: PlacementSpace, time_limit_s: float = 60.0) -> ExactResult:
+    """Branch and bound over the bottleneck stage throughput (module docstring)."""
+    t0 = time.perf_counter()
+    feas = space.n > 0
+    V = np.unique(space.tput[feas])
+    hours = space.samples / 3600.0
+    memo: dict[int, tuple[float, np.ndarray | None]] = {}
+    state: dict = {"best": np.inf, "a": None, "milp": 0}
+
+    def consider(a: np.ndarray | None) -> None:
+        if a is None:
+            return
+        ev = space.evaluate(a[None, :])
+        if ev.feasible[0] and ev.cost_usd[0] < state["best"]:
+            state["best"], state["a"] = float(ev.cost_usd[0]), a
+
+    def rate_at(idx: int) -> float:
+        """A lower bound on R(V[idx]) under the inventory; records candidate placements."""
+        if idx in memo:
+            return memo[idx][0]
+        v = float(V[idx])
+        allowed = feas & (space.tput >= v)
+        r, a = dp_min_rate(space, allowed)
+        if a is not None:
+            ev = space.evaluate(a[None, :])
+            consider(a)
+            inventory_ok = not ev.bottleneck[0].startswith("inventory")
+            ps_ok = ev.throughput_sps[0] >= v * (1 - 1e-12)
+            if not inventory_ok:            # R(V) under the inventory rows
+                lb, ub, a1 = lagrangian_min_rate(space, allowed, None)
+                consider(a1)
+                r = polish(allowed, None, lb, ub)
+            if not (inventory_ok and ps_ok) and (r + space.ps_rate) * hours / v < state["best"] * (1 - 1e-12):
+                lb2, ub2, a2 = lagrangian_min_rate(space, allowed, v)   # and T_ps >= v
+                consider(a2)
+                if (lb2 + space.ps_rate) * hours / v < state["best"] * (1 - 1e-12):
+                    polish(allowed, v, lb2, ub2)
+        memo[idx] = (r, a)
+        return r
+
+    def polish(allowed: np.ndarray, ps_v: float | None, lb: float, ub: float) -> float:
+        """Close a Lagrangian duality gap with a time-capped MILP; return the best bound."""
+        left = time_limit_s - (time.perf_counter() - t0)
+        if closed(lb, ub) or left <= 0:
+            return lb
+        state["milp"] += 1
+        r_m, a_m = milp_min_rate(space, allowed, ps_v, min(left, MILP_CALL_LIMIT_S))
+        consider(a_m)
+        return max(lb, r_m)
+
+    lower = np.inf
+    stack = [(0, V.size - 1)] if V.size else []
+    timed_out = False
+    while stack:
+        if time.perf_counter() - t0 > time_limit_s:
+            timed_out = True
+            break
+        a_i, b_i = stack.pop()
+        ra = rate_at(a_i)
+        if not np.isfinite(ra):
+            continue                                   # no placement has every stage >= V[a_i]
+        if a_i == b_i:
+            leaf = (ra + space.ps_rate) * hours / V[a_i]
+            if leaf < state["best"] * (1 - 1e-12):
+                lower = min(lower, leaf)               # stays open: PS-bound placements
+            continue
+        bound = (ra + space.ps_rate) * hours / V[b_i]
+        if bound >= state["best"] * (1 - 1e-12):
+            continue
+        mid = (a_i + b_i) // 2
+        stack.append((mid + 1, b_i))
+        stack.append((a_i, mid))
+    if timed_out:  # open intervals: R is non-decreasing, so the nearest solved threshold below bounds it
+        for a_i, b_i in stack:
+            ra = max((memo[i][0] for i in memo if i <= a_i), default=0.0)
+            lower = min(lower, (ra + space.ps_rate) * hours / V[b_i])
+    best = state["best"]
+    lb = min(lower, best)
+    gap = 0.0 if not np.isfinite(best) or lb >= best else (best - lb) / best
+    return ExactResult(state["a"], best, lb, gap, int(V.size), len(memo),
+                       state["milp"], time.perf_counter() - t0)
+
+
+@register("exact")
+class Exact(PlacementScheduler):
+    """The cost-optimal placement (DP over layer segments; MILP when the inventory binds).
+
+    Args:
+        time_limit_s: wall-clock budget; past it the best placement found is
+            returned with its lower bound and gap in ``plan.options["exact"]``.
+    """
+
+    def __init__(self, time_limit_s: float = 60.0) -> None:
+        if time_limit_s <= 0:
+            raise ValueError("time_limit_s must be > 0")
+        self.time_limit_s = time_limit_s
+        self.last: ExactResult | None = None
+
+    def plan(self, problem: Problem) -> Plan:
+        if problem.objective.minimize != "cost":
+            raise ConfigError("<config>", "objective.minimize",
+                              f"exact minimises cost; got {problem.objective.minimize!r}")
+        space = PlacementSpace(problem)
+        res = self.last = solve(space, self.time_limit_s)
+        if res.assignment is None:
+            raise PlacementInfeasible("exact: " + space.describe_infeasible())
+        plan = space.to_plan(res.assignment, self.name)
+        plan.options["exact"] = {"lower_bound_usd": res.lower_bound_usd, "gap": res.gap,
+                                 "proven_optimal": res.proven,
+                                 "thresholds": res.thresholds, "solves": res.solves,
+                                 "milp_solves": res.milp_solves, "seconds": res.seconds}
+        return plan
+
+    def search(self, space: PlacementSpace, minimize: str) -> np.ndarray | None:
+        return solve(space, self.time_limit_s).assignment

@@ -1,0 +1,133 @@
+"""Problem B (HeterPS placement): the steady-state model, provisioning and the placement schedulers.
+
+Hand-computed cases use round-number profiles (tests/helpers_eval.py): no
+launch overhead, memory far faster than compute, so a layer's time is
+flops / peak. Property tests compare `exact` with `bruteforce` (every
+placement) on small random instances (sim/instances.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from schedulers import make
+from schedulers.exact import Exact, solve
+from schedulers.placement import Bruteforce, Genetic, Greedy
+from sim.instances import random_problem
+from sim.placement import PlacementInfeasible, PlacementSpace
+from sim.plan import check_plan
+from sim.problem import Objective
+from tests.helpers_eval import dense, model, problem, profile
+
+SLOW = profile("slow", peak=1e12, mem_bw=1e15, kind="cpu", price=1.0, idle_w=10, active_w=60)
+FAST = profile("fast", peak=1e13, mem_bw=1e15, kind="gpu", price=5.0, idle_w=20, active_w=220)
+
+
+def two_layer_problem(tmin: float, counts: int = 4):
+    """L0: 1e9/2e9 FLOPs per sample (fwd/bwd), L1: 1e6/2e6; no parameters, no activations."""
+    mdl = model(dense("L0", 0.0, 1e9, 2e9), dense("L1", 0.0, 1e6, 2e6))
+    p = problem([SLOW] * counts + [FAST] * counts, [SLOW], mdl, global_batch=8, pipeline=True,
+                iterations=1000)
+    return dataclasses.replace(p, objective=Objective("cost", throughput_min=tmin))
+
+
+def test_stage_throughput_and_provisioning_by_hand():
+    space = PlacementSpace(two_layer_problem(2000.0))
+    slow, fast = space.type_names.index("slow"), space.type_names.index("fast")
+    whole = space.seg_index[0, 2]
+    # all on slow: n replicas, largest share ceil(8/n), 3.003e9 FLOPs per sample at 1e12
+    for n in (1, 2, 4):
+        b = -(-8 // n)
+        assert space.stage_tput[whole, slow, n - 1] == pytest.approx(8 / (b * 3.003e-3), rel=1e-12)
+    # 4 slow replicas reach 8 / 6.006e-3 = 1332 < 2000: no provisioning on slow
+    assert space.n[whole, slow] == 0 and np.isinf(space.rate[whole, slow])
+    # one fast replica: 8 / (8 * 3.003e-4) = 3330.0 >= 2000
+    assert space.n[whole, fast] == 1
+    assert space.tput[whole, fast] == pytest.approx(8 / (8 * 3.003e-4), rel=1e-12)
+    ev = space.evaluate_one(np.array([fast, fast]))
+    T = 8 / (8 * 3.003e-4)
+    elapsed = 8000 / T
+    assert ev["feasible"] and ev["throughput_sps"] == pytest.approx(T, rel=1e-12)
+    # one fast replica at 5 $/h plus the PS shard (slow profile) at 1 $/h
+    assert ev["cost_usd"] == pytest.approx(6.0 * elapsed / 3600, rel=1e-12)
+    # busy all the time (T equals its compute rate): active 220 W; the PS idles at 10 W
+    assert ev["energy_j"] == pytest.approx((220 + 10) * elapsed, rel=1e-9)
+    # L0 on fast, L1 on slow: stages 3333.3 and 333333 samples/s; rate 5 + 1 + PS 1
+    mixed = space.evaluate_one(np.array([fast, slow]))
+    assert mixed["throughput_sps"] == pytest.approx(8 / (8 * 3e-4), rel=1e-12)
+    assert mixed["rate_usd_h"] == pytest.approx(7.0)
+
+
+@pytest.mark.parametrize("name", ["exact", "bruteforce", "greedy", "genetic", "gpu_only"])
+def test_every_scheduler_finds_the_hand_optimum(name):
+    prob = two_layer_problem(2000.0)
+    plan = make(name).plan(prob)
+    check_plan(plan, prob)
+    assert [(s.first_layer, s.end_layer, s.device_type, len(s.replicas)) for s in plan.stages] == [(0, 2, "fast", 1)]
+
+
+def test_cpu_only_infeasible_names_the_bottleneck():
+    with pytest.raises(PlacementInfeasible, match="cpu_only"):
+        make("cpu_only").plan(two_layer_problem(2000.0))
+    # below 1332 samples/s four slow replicas suffice
+    plan = make("cpu_only").plan(two_layer_problem(1000.0))
+    assert [(s.device_type, len(s.replicas)) for s in plan.stages] == [("slow", 4)]
+
+
+def test_unreachable_target_names_the_layer():
+    # L0 alone reaches at most 8 / (2 * 3e-4) = 13333 samples/s (4 fast replicas, 2 samples each)
+    with pytest.raises(PlacementInfeasible, match=r"layer 'L0' reaches at most 1\.333e\+04"):
+        make("exact").plan(two_layer_problem(20000.0))
+
+
+def test_vectorised_evaluation_equals_one_by_one():
+    space = PlacementSpace(random_problem(3, n_layers=8, n_types=3))
+    A = np.random.default_rng(0).integers(0, space.K, (200, space.L))
+    ev = space.evaluate(A)
+    for p in range(0, 200, 17):
+        one = space.evaluate_one(A[p])
+        assert one["cost_usd"] == ev.cost_usd[p] or (np.isinf(one["cost_usd"]) and np.isinf(ev.cost_usd[p]))
+        assert one["throughput_sps"] == ev.throughput_sps[p]
+        assert one["feasible"] == bool(ev.feasible[p])
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), tight=st.booleans())
+def test_exact_equals_bruteforce(seed, tight):
+    counts = (1, 3) if tight else (2, 16)
+    frac = (0.2, 0.9) if tight else (0.05, 0.6)
+    prob = random_problem(seed, n_layers=(2, 6), n_types=(2, 3), counts=counts, throughput_frac=frac)
+    space = PlacementSpace(prob)
+    brute = Bruteforce().search(space, "cost")
+    res = solve(space, time_limit_s=30)
+    if brute is None or not space.evaluate(brute[None, :]).feasible[0]:
+        assert res.assignment is None
+        return
+    best = space.evaluate(brute[None, :]).cost_usd[0]
+    assert res.proven
+    assert res.cost_usd == pytest.approx(best, rel=1e-9)
+    # the heuristics never beat the optimum
+    for sched in (Greedy(), Genetic(generations=20, seed=0)):
+        a = sched.search(space, "cost")
+        if a is not None:
+            assert space.evaluate(a[None, :]).cost_usd[0] >= best * (1 - 1e-9)
+
+
+def test_plans_tile_the_model_and_use_the_inventory():
+    prob = random_problem(11, n_layers=12, n_types=4)
+    plan = Exact(time_limit_s=30).plan(prob)
+    check_plan(plan, prob)
+    assert plan.options["exact"]["gap"] >= 0
+    assert plan.options["placement"]["predicted"]["feasible"]
+
+
+def test_genetic_is_deterministic_per_seed():
+    space = PlacementSpace(random_problem(5, n_layers=10, n_types=4))
+    a = Genetic(generations=30, seed=7).search(space, "cost")
+    b = Genetic(generations=30, seed=7).search(space, "cost")
+    assert a is not None and np.array_equal(a, b)
