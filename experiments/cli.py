@@ -189,6 +189,37 @@ def cmd_bench(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_profile(a: argparse.Namespace) -> int:
+    from hardware_profiles import profiler
+
+    models = [m for m in a.models.split(",") if m] if a.models else None
+    prof, path = profiler.run_profile(a.device, a.out, quick=a.quick, threads=a.threads,
+                                      models=models, network=not a.no_network,
+                                      progress=not a.quiet)
+    print(profiler.summary(prof))
+    print(f"wrote {path}")
+    return 0
+
+
+def cmd_calibrate(a: argparse.Namespace) -> int:
+    from hardware_profiles import calibrate, load_profile_file
+    from hardware_profiles.profiler import write_profile
+
+    prof = load_profile_file(a.profile)
+    if not prof.raw or not (prof.raw.get("models") or prof.raw.get("micro")):
+        raise ConfigError(a.profile, "raw", "no raw layer measurements to fit (make the "
+                          "profile with hetsim profile)")
+    result = calibrate.calibrate(prof)
+    print(calibrate.format_residuals(result.residuals))
+    out = a.out or a.profile
+    if Path(out).stem != prof.name:
+        result = calibrate.CalibrationResult(result.profile.model_copy(update={"name": Path(out).stem}),
+                                             result.residuals)
+    write_profile(result.profile, out)
+    print(f"wrote {out}")
+    return 0
+
+
 # ------------------------------------------------------------------ parser
 class _Parser(argparse.ArgumentParser):
     """argparse with the house error convention: one line on stderr, exit 2."""
@@ -243,6 +274,24 @@ def build_parser() -> argparse.ArgumentParser:
     pt.add_argument("dir", help="a sweep's output folder (with results.csv)")
     pt.add_argument("--out", help="figure folder (default: chosen by plot_sweep)")
     pt.set_defaults(fn=cmd_plot)
+
+    pr = sub.add_parser("profile", help="measure this machine's CPU or a GPU into a device profile")
+    pr.add_argument("--device", default="cpu", help="cpu (default) or cuda:N")
+    pr.add_argument("--out", default="hardware_profiles/measured/local.json",
+                    help="profile file; its name is the file stem (default "
+                    "hardware_profiles/measured/local.json)")
+    pr.add_argument("--quick", action="store_true", help="small sizes, a few minutes on 2 CPU cores")
+    pr.add_argument("--threads", type=int, help="torch threads (default: the CPUs available); "
+                    "with 1, CPU times are the thread's CPU time")
+    pr.add_argument("--models", help="comma-separated zoo models to time (default: all)")
+    pr.add_argument("--no-network", action="store_true", help="skip the two-process network benchmark")
+    pr.add_argument("--quiet", action="store_true", help="no progress bar")
+    pr.set_defaults(fn=cmd_profile)
+
+    ca = sub.add_parser("calibrate", help="fit a measured profile's efficiency curves; print the residuals")
+    ca.add_argument("profile", help="a profile written by hetsim profile")
+    ca.add_argument("--out", help="write the calibrated profile here (default: in place)")
+    ca.set_defaults(fn=cmd_calibrate)
 
     b = sub.add_parser("bench", help="DES speed and scale benchmark")
     b.add_argument("--json", action="store_true", help="print the figures as JSON")

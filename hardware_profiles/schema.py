@@ -8,6 +8,7 @@ profiles (``hetsim profile``) add per-layer tables and network measurements.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from itertools import pairwise
 from typing import Annotated, Any, Literal
@@ -66,17 +67,98 @@ class EfficiencyCurve(_Strict):
         return self.eff[-1]  # pragma: no cover (guarded above)
 
 
+class BandwidthCurve(_Strict):
+    """Achieved fraction of ``mem_bw_Bps`` as a function of the bytes one call moves.
+
+    Piecewise linear in log10(bytes), clamped at both ends. Values above 1 are
+    allowed: small working sets run from cache, faster than the DRAM bandwidth
+    that ``mem_bw_Bps`` states.
+    """
+
+    bytes: list[float] = Field(description="bytes moved by one call, increasing")
+    eff: list[float] = Field(description="fraction of mem_bw_Bps at each point, in (0, 100]")
+
+    @model_validator(mode="after")
+    def _check(self) -> BandwidthCurve:
+        if len(self.bytes) != len(self.eff) or not self.bytes:
+            raise ValueError("bytes and eff must be non-empty lists of equal length")
+        if any(f <= 0 for f in self.bytes) or any(b <= a for a, b in pairwise(self.bytes)):
+            raise ValueError("bytes must be positive and strictly increasing")
+        if any(not 0 < e <= 100 for e in self.eff):
+            raise ValueError("eff values must lie in (0, 100]")
+        return self
+
+    def at(self, nbytes: float) -> float:
+        """Fraction of the memory bandwidth for one call moving ``nbytes`` bytes."""
+        return _log_interp(self.bytes, self.eff, nbytes)
+
+
+def _log_interp(xs_: list[float], ys: list[float], x_: float) -> float:
+    if x_ <= xs_[0]:
+        return ys[0]
+    if x_ >= xs_[-1]:
+        return ys[-1]
+    x = math.log10(x_)
+    xs = [math.log10(f) for f in xs_]
+    for i in range(1, len(xs)):
+        if x <= xs[i]:
+            w = (x - xs[i - 1]) / (xs[i] - xs[i - 1])
+            return ys[i - 1] + w * (ys[i] - ys[i - 1])
+    return ys[-1]  # pragma: no cover (guarded above)
+
+
+_EFF_KEY_RE = re.compile(r"^(" + "|".join(OP_CLASSES) + r")/[a-z0-9]+$")
+_MEM_KEY_RE = re.compile(r"^(" + "|".join(OP_CLASSES) + r")/k\d+p?r?$")
+
+
+def mem_key(op: str, kernels: int, has_params: bool, reduces: bool = False) -> str:
+    """Key of a layer kind in ``mem_efficiency``: ``OP/kN`` plus ``p`` when the
+    layer has parameters and ``r`` when its output is smaller than its input
+    (pooling), e.g. ``elementwise/k2p`` (two kernels, parameters: a BatchNorm)."""
+    return f"{op}/k{kernels}{'p' if has_params else ''}{'r' if reduces else ''}"
+
+
+class IntensityCurve(_Strict):
+    """Achieved fraction of peak FLOP/s as a function of a call's arithmetic intensity.
+
+    Intensity is FLOPs per byte the call moves (the cost model's bytes term).
+    Piecewise linear in log10(intensity), clamped at both ends. On CPUs it
+    separates, say, a 1x1 from a 3x3 convolution of equal FLOPs, which a curve
+    over FLOPs cannot.
+    """
+
+    intensity: list[float] = Field(description="FLOPs per byte, increasing")
+    eff: list[float] = Field(description="fraction of peak at each point, in (0, 1.5]")
+
+    @model_validator(mode="after")
+    def _check(self) -> IntensityCurve:
+        if len(self.intensity) != len(self.eff) or not self.intensity:
+            raise ValueError("intensity and eff must be non-empty lists of equal length")
+        if any(f <= 0 for f in self.intensity) or any(b <= a for a, b in pairwise(self.intensity)):
+            raise ValueError("intensity must be positive and strictly increasing")
+        if any(not 0 < e <= 1.5 for e in self.eff):
+            raise ValueError("eff values must lie in (0, 1.5]")
+        return self
+
+    def at(self, intensity: float) -> float:
+        """Efficiency of a call of ``intensity`` FLOPs per byte."""
+        return _log_interp(self.intensity, self.eff, intensity)
+
+
 def _efficiency_kind(v: Any) -> str:
+    if isinstance(v, IntensityCurve) or (isinstance(v, dict) and "intensity" in v):
+        return "intensity"
     return "curve" if isinstance(v, dict | EfficiencyCurve) else "const"
 
 
 # One op class's efficiency: a constant or a curve. A callable discriminator
 # (rather than a plain union) makes pydantic report only the member that was
 # meant, at ``efficiency.<op>.<tag>...``; error_field() drops the tag.
-_EFFICIENCY_TAGS = ("const", "curve")
+_EFFICIENCY_TAGS = ("const", "curve", "intensity")
 Efficiency = Annotated[
     Annotated[float, Field(gt=0, le=1.5), Tag("const")]
-    | Annotated[EfficiencyCurve, Tag("curve")],
+    | Annotated[EfficiencyCurve, Tag("curve")]
+    | Annotated[IntensityCurve, Tag("intensity")],
     Discriminator(_efficiency_kind),
 ]
 
@@ -87,7 +169,7 @@ def error_field(loc: Sequence[int | str]) -> str:
     Drops the union tag that pydantic inserts after an efficiency entry.
     """
     parts = [str(p) for p in loc]
-    if len(parts) >= 3 and parts[0] == "efficiency" and parts[2] in _EFFICIENCY_TAGS:
+    if len(parts) >= 3 and parts[0] in ("efficiency", "efficiency_bwd") and parts[2] in _EFFICIENCY_TAGS:
         del parts[2]
     return ".".join(parts)
 
@@ -159,6 +241,18 @@ class DeviceProfile(_Strict):
     layers: dict[str, LayerTable] | None = Field(
         default=None, description="measured per-layer tables keyed by Layer.signature"
     )
+    efficiency_bwd: dict[str, Efficiency] | None = Field(
+        default=None, description="backward-pass efficiency per op class (missing: `efficiency`)"
+    )
+    mem_efficiency: dict[str, Annotated[float, Field(gt=0, le=100)] | BandwidthCurve] | None = Field(
+        default=None, description="fraction of mem_bw_Bps per op class, forward (missing: 1.0)"
+    )
+    mem_efficiency_bwd: dict[str, Annotated[float, Field(gt=0, le=100)] | BandwidthCurve] | None = Field(
+        default=None, description="fraction of mem_bw_Bps per op class, backward (missing: forward's)"
+    )
+    dense_sparse_grad: bool = Field(
+        default=False, description="the backward of a sparse (embedding) layer writes a dense "
+        "gradient of its whole table (torch's nn.Embedding default): adds param_bytes to its bytes")
     network: NetworkMeasurement | None = None
     spread: dict[str, Any] | None = Field(default=None, description="measurement spread (measured only)")
     raw: dict[str, Any] | None = Field(default=None, description="raw measurements (measured only)")
@@ -175,12 +269,22 @@ class DeviceProfile(_Strict):
                 raise ValueError(f"{k} must be > 0")
         return v
 
-    @field_validator("efficiency")
+    @field_validator("mem_efficiency", "mem_efficiency_bwd")
     @classmethod
-    def _eff(cls, v: dict[str, Any]) -> dict[str, Any]:
-        for k in v:
-            if k not in OP_CLASSES:
-                raise ValueError(f"unknown op class {k!r} (known: {', '.join(OP_CLASSES)})")
+    def _mem_eff(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        for k in v or {}:
+            if k not in OP_CLASSES and not _MEM_KEY_RE.match(k):
+                raise ValueError(f"unknown key {k!r}: an op class ({', '.join(OP_CLASSES)}) "
+                                 "or OP/kN[p][r] (N kernels, p: parameters, r: reducing)")
+        return v
+
+    @field_validator("efficiency", "efficiency_bwd")
+    @classmethod
+    def _eff(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        for k in v or {}:
+            if k not in OP_CLASSES and not _EFF_KEY_RE.match(k):
+                raise ValueError(f"unknown op class {k!r} (known: {', '.join(OP_CLASSES)}, "
+                                 "or OP/KIND)")
         return v
 
     def peak(self, dtype: str) -> float:
@@ -192,11 +296,58 @@ class DeviceProfile(_Strict):
             return self.peak_flops[alt]
         return self.peak_flops["fp32"]
 
-    def eff(self, op: str, flops: float) -> float:
-        """Fraction of peak for one call of ``flops`` FLOPs of op class ``op``."""
-        e = self.efficiency.get(op)
+    def eff(self, op: str, flops: float, phase: str = "fwd", nbytes: float | None = None,
+            kind: str | None = None) -> float:
+        """Fraction of peak for one call of ``flops`` FLOPs of op class ``op``.
+
+        The backward pass (``phase='bwd'``) uses ``efficiency_bwd`` where it has
+        the op class, else ``efficiency``. Within a table the entry ``OP/KIND``
+        (e.g. ``conv/spatial``, see :func:`sim.costmodel.compute_kind`) is used
+        where present, else the op class's. An intensity curve reads ``flops /
+        nbytes`` (its last value when ``nbytes`` is not given).
+        """
+        keys = [f"{op}/{kind}", op] if kind else [op]
+        e = None
+        for table in ((self.efficiency_bwd, self.efficiency) if phase == "bwd"
+                      else (self.efficiency,)):
+            for k in keys:
+                if table and k in table:
+                    e = table[k]
+                    break
+            if e is not None:
+                break
         if e is None:
             return 1.0
         if isinstance(e, EfficiencyCurve):
             return e.at(flops)
+        if isinstance(e, IntensityCurve):
+            return e.at(flops / nbytes) if nbytes else e.eff[-1]
+        return float(e)
+
+    def mem_eff(self, op: str, nbytes: float, phase: str = "fwd", kernels: int | None = None,
+                has_params: bool = False, reduces: bool = False) -> float:
+        """Fraction of ``mem_bw_Bps`` for one call of op class ``op`` moving ``nbytes``.
+
+        1.0 unless the profile has ``mem_efficiency`` (``mem_efficiency_bwd`` for
+        the backward pass, falling back to the forward entries). Within a table
+        the entry of the layer's kind, :func:`mem_key` (op class, forward kernel
+        count, parameters or not, output smaller than input or not: a ReLU, a
+        BatchNorm, a Dropout and a max-pool are all ``elementwise`` but make
+        different passes over their data), is used where present, else the op
+        class's.
+        """
+        keys = [op] if kernels is None else [mem_key(op, kernels, has_params, reduces), op]
+        e = None
+        for table in ((self.mem_efficiency_bwd, self.mem_efficiency) if phase == "bwd"
+                      else (self.mem_efficiency,)):
+            for k in keys:
+                if table and k in table:
+                    e = table[k]
+                    break
+            if e is not None:
+                break
+        if e is None:
+            return 1.0
+        if isinstance(e, BandwidthCurve):
+            return e.at(nbytes)
         return float(e)

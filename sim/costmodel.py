@@ -75,6 +75,45 @@ def layer_time_s(layer: Layer, phase: str, b: float, dev: DeviceProfile, dtype: 
     if dev.layers and layer.signature in dev.layers:
         t = dev.layers[layer.signature]
         return _table_time(t.batch, t.fwd_s if phase == "fwd" else t.bwd_s, b)
+    flops, kernels, nbytes = layer_work(layer, phase, b, dtype, input_bytes, dev.dense_sparse_grad)
+    compute = (flops / (dev.peak(dtype) * dev.eff(layer.op, flops, phase, nbytes,
+                                                   compute_kind(layer, input_bytes)))
+               if flops > 0 else 0.0)
+    memory = nbytes / (dev.mem_bw_Bps * dev.mem_eff(layer.op, nbytes, phase, layer.kernels,
+                                                    layer.param_bytes > 0,
+                                                    layer.activation_bytes < input_bytes))
+    return dev.launch_overhead_s * kernels + max(compute, memory)
+
+
+def compute_kind(layer: Layer, input_bytes: float) -> str | None:
+    """A finer class than the op class where the layer record tells one: for a
+    convolution, ``"spatial"`` (a window of several pixels per output at stride 1,
+    e.g. 3x3: Winograd/direct kernels) or ``"pointwise"`` (1x1, or a window no
+    larger than its stride: a GEMM); None otherwise.
+
+    Derived from the per-sample figures of a dense 2-D convolution:
+    positions = fwd_flops / (2 * weights), and window / stride^2 =
+    weights * positions^2 / (output elements * input elements); >= 2 is spatial.
+    """
+    if layer.op != "conv" or layer.param_bytes <= 0 or layer.fwd_flops <= 0:
+        return None
+    weights = layer.param_bytes / 4.0
+    positions = layer.fwd_flops / (2.0 * weights)
+    out_el, in_el = layer.activation_bytes / 4.0, input_bytes / 4.0
+    if out_el <= 0 or in_el <= 0:
+        return None
+    return "spatial" if weights * positions**2 / (out_el * in_el) >= 2.0 else "pointwise"
+
+
+def layer_work(layer: Layer, phase: str, b: float, dtype: str, input_bytes: float,
+               dense_sparse_grad: bool = False) -> tuple[float, int, float]:
+    """(FLOPs, kernel launches, bytes moved) of one pass of ``layer`` on ``b`` samples.
+
+    The quantities the cost model prices; :mod:`hardware_profiles.calibrate`
+    fits efficiencies against the same ones. With ``dense_sparse_grad`` (a
+    device profile's flag) the backward of a sparse layer also writes a dense
+    gradient of its whole table, ``param_bytes``.
+    """
     act = _ACT_SCALE.get(dtype, 1.0)
     if phase == "fwd":
         flops = layer.fwd_flops * b
@@ -86,8 +125,9 @@ def layer_time_s(layer: Layer, phase: str, b: float, dev: DeviceProfile, dtype: 
         kernels = 2 * layer.kernels
         weights = 2.0 * _touched_param_bytes(layer, b)  # read weights, write their gradient
         nbytes = weights + b * act * (input_bytes + 2.0 * layer.activation_bytes)
-    compute = flops / (dev.peak(dtype) * dev.eff(layer.op, flops)) if flops > 0 else 0.0
-    return dev.launch_overhead_s * kernels + max(compute, nbytes / dev.mem_bw_Bps)
+        if dense_sparse_grad and layer.sparse is not None:
+            nbytes += layer.param_bytes
+    return flops, kernels, nbytes
 
 
 def _touched_param_bytes(layer: Layer, b: float) -> float:

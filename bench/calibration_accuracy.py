@@ -1,0 +1,146 @@
+"""Calibration accuracy: leave-one-model-out prediction of measured layer times.
+
+    python -m bench.calibration_accuracy PROFILE [--repeat PROFILE2] [--json]
+
+For each zoo model measured in PROFILE (``hetsim profile``), the efficiency
+curves are fitted on every other model and the single-layer benchmarks
+(:func:`hardware_profiles.calibrate.fit` with ``exclude=[model]``), and the
+cost model, without per-layer tables, predicts the held-out model's
+per-layer forward and backward times and its whole forward+backward
+iteration at each measured batch size (two or more). Errors are relative to
+the measured medians; the whole-iteration reference is the iteration timed
+without hooks. Targets (issue 3, this project's CPU machine): median
+|per-layer error| <= 15% and |whole-iteration error| <= 10% for every model.
+
+With ``--repeat`` a second profile of the same machine is compared with the
+first: the relative difference of every per-layer time and every whole
+iteration (repeatability), next to the spread each profile recorded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from hardware_profiles import load_profile_file
+from hardware_profiles.calibrate import fit, predict_layers
+from sim import zoo
+
+LAYER_TARGET = 0.15
+ITER_TARGET = 0.10
+
+
+def loo_rows(profile: Any) -> list[dict[str, Any]]:
+    """One row per (held-out model, batch size)."""
+    raw = profile.raw or {}
+    rows = []
+    for name, runs in raw.get("models", {}).items():
+        fitted, _ = fit(profile, exclude=[name])
+        model = zoo.get(name)
+        for run in runs:
+            b = int(run["batch"])
+            pf, pb = predict_layers(fitted, model, b)
+            errs = []
+            measured_sum = 0.0
+            for i, ly in enumerate(model.layers):
+                vals = run["layers"].get(ly.name)
+                if vals is None:
+                    continue
+                for pred, meas in ((pf[i], vals[0]), (pb[i], vals[1])):
+                    measured_sum += meas
+                    if meas > 0:
+                        errs.append(abs(pred - meas) / meas)
+            whole_pred = float(sum(pf) + sum(pb))
+            whole = float(run["iter_s"])
+            rows.append({
+                "model": name, "batch": b, "layer_passes": len(errs),
+                "layer_median_abs_err": float(np.median(errs)),
+                "layer_p90_abs_err": float(np.percentile(errs, 90)),
+                "iter_pred_s": whole_pred, "iter_meas_s": whole,
+                "iter_err": (whole_pred - whole) / whole,
+                "glue_frac": float(run.get("glue_s", run.get("unattributed_s", 0.0)))
+                / float(run["hooked_iter_s"]),
+                "layers_over_iter": measured_sum / whole,
+            })
+    return rows
+
+
+def repeatability(a: Any, b: Any) -> dict[str, Any]:
+    """Relative differences between two profiles' per-layer times and iterations."""
+    ra, rb = a.raw or {}, b.raw or {}
+    layer, whole = [], []
+    for name, runs in ra.get("models", {}).items():
+        other = {int(r["batch"]): r for r in rb.get("models", {}).get(name, [])}
+        for run in runs:
+            o = other.get(int(run["batch"]))
+            if o is None:
+                continue
+            whole.append(abs(o["iter_s"] - run["iter_s"]) / run["iter_s"])
+            for k, v in run["layers"].items():
+                w = o["layers"].get(k)
+                if w is None:
+                    continue
+                for x, y in ((v[0], w[0]), (v[1], w[1])):
+                    if x > 0:
+                        layer.append(abs(y - x) / x)
+    return {
+        "layer_passes": len(layer),
+        "layer_median_abs_diff": float(np.median(layer)) if layer else None,
+        "layer_p90_abs_diff": float(np.percentile(layer, 90)) if layer else None,
+        "iterations": len(whole),
+        "iter_median_abs_diff": float(np.median(whole)) if whole else None,
+        "iter_max_abs_diff": float(np.max(whole)) if whole else None,
+        "spread_a": a.spread, "spread_b": b.spread,
+    }
+
+
+def print_report(rows: list[dict[str, Any]], rep: dict[str, Any] | None) -> bool:
+    print("leave-one-model-out: fit on the other zoo models + single-layer benchmarks, "
+          "predict the held-out model (no per-layer tables)")
+    print(f"{'model':<12}{'batch':>6}{'passes':>7}{'med |layer err|':>17}{'p90':>8}"
+          f"{'iter pred s':>13}{'iter meas s':>13}{'iter err':>10}{'glue':>7}{'L/it':>7}  ok")
+    ok_all = True
+    for r in rows:
+        ok = r["layer_median_abs_err"] <= LAYER_TARGET and abs(r["iter_err"]) <= ITER_TARGET
+        ok_all &= ok
+        print(f"{r['model']:<12}{r['batch']:>6}{r['layer_passes']:>7}"
+              f"{100 * r['layer_median_abs_err']:>16.1f}%{100 * r['layer_p90_abs_err']:>7.0f}%"
+              f"{r['iter_pred_s']:>13.4g}{r['iter_meas_s']:>13.4g}{100 * r['iter_err']:>+9.1f}%"
+              f"{100 * r['glue_frac']:>6.1f}%{r['layers_over_iter']:>7.2f}  {'yes' if ok else 'NO'}")
+    print(f"targets: median |layer err| <= {LAYER_TARGET:.0%}, |iter err| <= {ITER_TARGET:.0%} "
+          f"(glue: share of the hooked iteration outside the layers' own brackets, charged to "
+          f"neighbouring layers; L/it: measured layer times summed over the iteration timed "
+          f"without hooks)")
+    if rep is not None:
+        print("repeatability (two profiles of this machine): per-layer |diff| median "
+              f"{100 * rep['layer_median_abs_diff']:.1f}% (p90 {100 * rep['layer_p90_abs_diff']:.1f}%), "
+              f"whole iteration |diff| median {100 * rep['iter_median_abs_diff']:.1f}% "
+              f"(max {100 * rep['iter_max_abs_diff']:.1f}%)")
+        print(f"recorded spread (relative IQR of repeats): first {json.dumps(rep['spread_a'])}")
+        print(f"                                           second {json.dumps(rep['spread_b'])}")
+    return ok_all
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.calibration_accuracy", description=__doc__)
+    ap.add_argument("profile", help="a measured profile (hetsim profile)")
+    ap.add_argument("--repeat", help="a second profile of the same machine (repeatability)")
+    ap.add_argument("--json", action="store_true", help="print the figures as JSON")
+    a = ap.parse_args(argv)
+    prof = load_profile_file(a.profile)
+    rows = loo_rows(prof)
+    rep = repeatability(prof, load_profile_file(a.repeat)) if a.repeat else None
+    if a.json:
+        print(json.dumps({"loo": rows, "repeatability": rep}, indent=2))
+        return 0
+    ok = print_report(rows, rep)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

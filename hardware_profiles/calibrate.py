@@ -1,0 +1,510 @@
+"""Fit a device's efficiency curves to its raw measurements (``hetsim calibrate``).
+
+The cost model (``sim/costmodel.py``) prices one pass of a layer as
+
+    t = launch_overhead_s * kernels
+      + max(flops / (peak * eff[phase](op, flops)), bytes / (mem_bw * mem_eff[phase](op, bytes)))
+
+Calibration takes every measured layer pass of a profile's ``raw`` data (the
+single-layer benchmarks and the zoo models' per-layer times, see
+:mod:`hardware_profiles.profiler`) as a point ``(op, phase, flops, bytes,
+kernels, t)`` with the work computed by :func:`sim.costmodel.layer_work`, and
+fits, per op class and phase:
+
+* a compute efficiency curve over FLOPs per call, from the points with FLOPs:
+  each gives ``eff = flops / (peak * (t - launch * kernels))`` (points the
+  memory term already over-predicts carry no information about ``eff`` and
+  are left out);
+* a bandwidth efficiency curve over bytes per call, from the points without
+  FLOPs (activations, norms, pooling, embedding lookups and their sparse
+  gradients): ``mem_eff = bytes / (mem_bw * (t - launch * kernels))``.
+
+A curve is piecewise linear in log10(size) (the schema's form) with knots
+spread over the data; its values solve a weighted least-squares problem in
+which each point's weight is ``1 / eff`` (so the residual is the relative
+time error), with a small penalty on second differences that keeps knots
+without data in line, and two reweighting rounds that discount outliers.
+The launch overhead is chosen from multiples of the measured dispatch time by
+the smallest median relative error. ``peak_flops`` and ``mem_bw_Bps`` stay as
+measured (best GEMM rate, best copy bandwidth): the curves are relative to them.
+
+A model left out of the fit (``exclude``) contributes no point: that is how
+``bench/calibration_accuracy.py`` predicts a model it never saw.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from hardware_profiles.schema import (
+    BandwidthCurve,
+    DeviceProfile,
+    EfficiencyCurve,
+    IntensityCurve,
+    LayerTable,
+    mem_key,
+)
+from sim.costmodel import compute_kind, layer_time_s, layer_work
+from sim.workload import Model, model_from_dict
+
+__all__ = [
+    "CalibrationResult",
+    "Point",
+    "calibrate",
+    "fit",
+    "fit_curve",
+    "format_residuals",
+    "layer_tables",
+    "points_from_raw",
+    "predict_layers",
+    "spread_of",
+]
+
+PHASES = ("fwd", "bwd")
+#: Bounds of fitted efficiencies (the schema's ranges).
+EFF_RANGE = (1e-4, 1.5)
+MEM_EFF_RANGE = (1e-4, 100.0)
+#: Knot spacing of an automatic curve, decades of size; at most MAX_KNOTS knots.
+KNOT_STEP = 0.5
+MAX_KNOTS = 9
+#: Fewest points for a bandwidth curve of one layer kind (else the op class's applies).
+MIN_KIND_POINTS = 4
+#: A pass whose bytes at mem_bw_Bps take at least this share of its time is memory-bound.
+MEMORY_BOUND_SHARE = 0.5
+#: What a compute class's efficiency may be a function of. A GEMM's efficiency
+#: follows its size (small calls are overhead-bound; a low-intensity GEMM is
+#: priced by the bytes term); a convolution's algorithm follows its shape
+#: (Winograd for a 3x3, a GEMM for a 1x1 of equal FLOPs), which intensity
+#: tells apart: for conv, cross-validation across models picks the variable.
+CURVE_VARIABLES = {"conv": ("flops", "intensity")}
+#: Candidate launch overheads, multiples of the measured dispatch time.
+LAUNCH_MULTIPLES = (0.5, 1.0, 1.5, 2.0, 3.0)
+
+
+@dataclass(frozen=True)
+class Point:
+    """One measured layer pass: its work and its median time."""
+
+    op: str
+    phase: str
+    flops: float
+    nbytes: float
+    kernels: int
+    t_s: float
+    model: str
+    layer: str
+    batch: int
+    kind: str = ""  # schema.mem_key of the layer: op, forward kernels, parameters or not
+    ckind: str = ""  # OP/KIND of sim.costmodel.compute_kind, '' when it has none
+
+
+def _zoo_model(name: str) -> Model:
+    from sim import zoo
+
+    return zoo.get(name)
+
+
+def _model_points(model: Model, source: str, runs: Iterable[dict[str, Any]], dtype: str,
+                  dense_sparse_grad: bool) -> list[Point]:
+    index = {ly.name: i for i, ly in enumerate(model.layers)}
+    out = []
+    for run in runs:
+        b = int(run["batch"])
+        for name, vals in run["layers"].items():
+            i = index.get(name)
+            if i is None:
+                continue
+            ly = model.layers[i]
+            for phase, t in zip(PHASES, vals[:2], strict=True):
+                flops, kernels, nbytes = layer_work(ly, phase, b, dtype, model.input_bytes_of(i),
+                                                    dense_sparse_grad)
+                if flops == 0 and nbytes == 0:
+                    continue
+                ck = compute_kind(ly, model.input_bytes_of(i))
+                out.append(Point(ly.op, phase, flops, nbytes, kernels, float(t), source, name, b,
+                                 mem_key(ly.op, ly.kernels, ly.param_bytes > 0,
+                                         ly.activation_bytes < model.input_bytes_of(i)),
+                                 f"{ly.op}/{ck}" if ck else ""))
+    return out
+
+
+def points_from_raw(raw: dict[str, Any], exclude: Sequence[str] = (), dtype: str = "fp32",
+                    micro: bool = True, dense_sparse_grad: bool = True) -> list[Point]:
+    """Every measured layer pass in ``raw``, leaving out the zoo models in ``exclude``.
+
+    ``dense_sparse_grad``: the profile's flag of that name (bytes of an
+    embedding's backward), as :func:`sim.costmodel.layer_work` takes it.
+    """
+    pts: list[Point] = []
+    if micro:
+        for entry in raw.get("micro", []):
+            model = model_from_dict(entry["model"], source=f"micro:{entry['name']}")
+            pts += _model_points(model, f"micro:{entry['name']}", entry["runs"], dtype,
+                                 dense_sparse_grad)
+    for name, runs in raw.get("models", {}).items():
+        if name in exclude:
+            continue
+        pts += _model_points(_zoo_model(name), name, runs, dtype, dense_sparse_grad)
+    return pts
+
+
+# ------------------------------------------------------------------- fitting
+def _auto_knots(logx: np.ndarray) -> np.ndarray:
+    lo, hi = float(logx.min()), float(logx.max())
+    if hi - lo < 1e-9:
+        return np.array([lo])
+    n = min(MAX_KNOTS, max(2, math.ceil((hi - lo) / KNOT_STEP) + 1))
+    return np.linspace(lo, hi, n)
+
+
+def _hat_basis(logx: np.ndarray, knots: np.ndarray) -> np.ndarray:
+    """Rows: points; columns: knots; piecewise-linear interpolation weights, clamped."""
+    n, k = len(logx), len(knots)
+    B = np.zeros((n, k))
+    if k == 1:
+        B[:, 0] = 1.0
+        return B
+    x = np.clip(logx, knots[0], knots[-1])
+    j = np.clip(np.searchsorted(knots, x, side="right") - 1, 0, k - 2)
+    w = (x - knots[j]) / (knots[j + 1] - knots[j])
+    B[np.arange(n), j] = 1.0 - w
+    B[np.arange(n), j + 1] = w
+    return B
+
+
+def fit_curve(x: Sequence[float], y: Sequence[float], knots: Sequence[float] | None = None,
+              bounds: tuple[float, float] = EFF_RANGE, smooth: float = 1e-3,
+              robust_rounds: int = 2) -> tuple[list[float], list[float]]:
+    """Fit a curve piecewise linear in log10(x) to points ``(x, y)``.
+
+    The knot values are fitted in log space: minimises ``sum_i (g(x_i) -
+    log y_i)^2 + smooth * n * sum (second differences of g at the knots)^2``
+    where ``g`` interpolates the log knot values linearly in log10(x), so over-
+    and under-prediction by the same factor cost the same; then reweights twice
+    (Tukey-like: a point's weight falls with its residual over 4 median absolute
+    residuals). Points at the knots of a curve are recovered exactly (with
+    ``smooth=0``); between knots the stored curve interpolates the values
+    themselves, not their logs.
+
+    Args:
+        x: sizes (> 0) of the points.
+        y: efficiencies (> 0) at those sizes.
+        knots: sizes of the knots; by default every ~0.5 decade over the data
+            (at most 9).
+        bounds: values are clipped into this range.
+        smooth: weight of the second-difference penalty.
+        robust_rounds: reweighting rounds.
+
+    Returns:
+        ``(knot sizes, values)``, sizes increasing.
+    """
+    xa, ya = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if len(xa) == 0 or np.any(xa <= 0) or np.any(ya <= 0):
+        raise ValueError("need at least one point with x > 0 and y > 0")
+    logx = np.log10(xa)
+    kn = np.log10(np.asarray(knots, dtype=float)) if knots is not None else _auto_knots(logx)
+    B = _hat_basis(logx, kn)
+    ly = np.log(ya)
+    robust = np.ones_like(ya)
+    k = len(kn)
+    D = np.zeros((max(0, k - 2), k))
+    for i in range(k - 2):
+        D[i, i:i + 3] = (1.0, -2.0, 1.0)
+    med = float(np.median(ly))
+    v = np.full(k, med)
+    for rnd in range(robust_rounds + 1):
+        A = B * robust[:, None]
+        rhs = ly * robust
+        if k > 2 and smooth > 0:
+            A = np.vstack([A, D * math.sqrt(smooth * len(ya))])
+            rhs = np.concatenate([rhs, np.zeros(k - 2)])
+        # a vanishing ridge towards the median defines knots that nothing else does
+        A = np.vstack([A, 1e-9 * np.eye(k)])
+        rhs = np.concatenate([rhs, np.full(k, 1e-9 * med)])
+        v = np.linalg.lstsq(A, rhs, rcond=None)[0]
+        if rnd == robust_rounds:
+            break
+        r = np.abs(B @ v - ly)
+        mad = float(np.median(r)) or 1e-12
+        u = np.clip(r / (4.0 * mad), 0.0, 1.0)
+        robust = (1.0 - u**2) ** 2 + 1e-3
+    vals = np.clip(np.exp(v), *bounds)
+    return [float(10**z) for z in kn], [float(z) for z in vals]
+
+
+@dataclass(frozen=True)
+class FitResult:
+    """Fitted profile fields and the points they were fitted to."""
+
+    launch_overhead_s: float
+    efficiency: dict[str, EfficiencyCurve | IntensityCurve]
+    efficiency_bwd: dict[str, EfficiencyCurve | IntensityCurve]
+    mem_efficiency: dict[str, BandwidthCurve]
+    mem_efficiency_bwd: dict[str, BandwidthCurve]
+    points: tuple[Point, ...]
+
+
+def _best_compute_curve(flops: list[float], intensity: list[float], effs: list[float],
+                        sources: list[str], variables: tuple[str, ...] = ("flops", "intensity")
+                        ) -> EfficiencyCurve | IntensityCurve:
+    """The curve over FLOPs or over intensity, whichever predicts a source (a model
+    or a single-layer benchmark) left out of its fit better: the median over
+    sources of the median |relative error| of the efficiency. With fewer than
+    three sources, the smaller residual of the fit itself decides."""
+    y = np.asarray(effs)
+    src = np.asarray(sources)
+    names = sorted(set(sources))
+
+    def curve(x: np.ndarray, keep: np.ndarray, by: str) -> EfficiencyCurve | IntensityCurve:
+        k, v = fit_curve(x[keep], y[keep], bounds=EFF_RANGE)
+        return EfficiencyCurve(flops=k, eff=v) if by == "flops" else IntensityCurve(intensity=k, eff=v)
+
+    scores = {}
+    candidates = (("flops", np.asarray(flops)), ("intensity", np.asarray(intensity)))
+    for by, xs in candidates[:len(variables)] if variables == ("flops",) else candidates:
+        if len(names) >= 3:
+            per = []
+            for n in names:
+                out = src == n
+                c = curve(xs, ~out, by)
+                per.append(np.median(np.abs(np.array([c.at(x) for x in xs[out]]) / y[out] - 1)))
+            scores[by] = float(np.median(per))
+        else:
+            c = curve(xs, np.ones(len(y), bool), by)
+            scores[by] = float(np.median(np.abs(np.array([c.at(x) for x in xs]) / y - 1)))
+    by = min(scores, key=lambda k: scores[k])
+    xs = np.asarray(flops if by == "flops" else intensity)
+    return curve(xs, np.ones(len(y), bool), by)
+
+
+def _fit_at(pts: Sequence[Point], peak: float, mem_bw: float, launch: float) -> FitResult:
+    eff: dict[str, dict[str, EfficiencyCurve | IntensityCurve]] = {"fwd": {}, "bwd": {}}
+    mem: dict[str, dict[str, BandwidthCurve]] = {"fwd": {}, "bwd": {}}
+    groups: dict[tuple[str, str, bool], list[Point]] = {}
+    for p in pts:
+        groups.setdefault((p.op, p.phase, p.flops > 0), []).append(p)
+        if p.flops == 0:  # bandwidth curves per layer kind too, where there are enough points
+            groups.setdefault((p.kind, p.phase, False), []).append(p)
+        elif p.ckind:  # and efficiency curves per compute kind (conv/spatial, conv/pointwise)
+            groups.setdefault((p.ckind, p.phase, True), []).append(p)
+    for (op, phase, compute), g in sorted(groups.items()):
+        if "/" in op and len(g) < MIN_KIND_POINTS:
+            continue
+        xs, ys, ai, srcs = [], [], [], []
+        mx, my = [], []  # memory-bound passes of a compute class
+        for p in g:
+            busy = p.t_s - launch * p.kernels
+            if busy <= 0:
+                continue
+            if compute:
+                if p.nbytes / mem_bw >= MEMORY_BOUND_SHARE * busy:
+                    # The bytes explain most of the time: the pass says little about
+                    # the compute efficiency (and would drag the curve down at
+                    # low intensity), but it measures the class's bandwidth.
+                    mx.append(p.nbytes)
+                    my.append(p.nbytes / (mem_bw * busy))
+                    continue
+                xs.append(p.flops)
+                ai.append(p.flops / p.nbytes)
+                srcs.append(p.model)
+                ys.append(p.flops / (peak * busy))
+            else:
+                xs.append(p.nbytes)
+                ys.append(p.nbytes / (mem_bw * busy))
+        if compute and len(mx) >= MIN_KIND_POINTS and "/" not in op:
+            k, v = fit_curve(mx, my, bounds=MEM_EFF_RANGE)
+            mem[phase][op] = BandwidthCurve(bytes=k, eff=v)
+        if not xs:
+            continue
+        if compute:
+            eff[phase][op] = _best_compute_curve(xs, ai, ys, srcs,
+                                                 CURVE_VARIABLES.get(op.split("/")[0], ("flops",)))
+        else:
+            k, v = fit_curve(xs, ys, bounds=MEM_EFF_RANGE)
+            mem[phase][op] = BandwidthCurve(bytes=k, eff=v)
+    return FitResult(launch, eff["fwd"], eff["bwd"], mem["fwd"], mem["bwd"], tuple(pts))
+
+
+def _with_fit(profile: DeviceProfile, f: FitResult, keep_tables: bool) -> DeviceProfile:
+    # Forward curves are the base; backward-only classes stay in efficiency_bwd.
+    data = profile.model_dump(by_alias=True, exclude_none=True)
+    data.update(
+        launch_overhead_s=f.launch_overhead_s,
+        efficiency={op: c.model_dump() for op, c in f.efficiency.items()},
+        efficiency_bwd={op: c.model_dump() for op, c in f.efficiency_bwd.items()} or None,
+        mem_efficiency={op: c.model_dump() for op, c in f.mem_efficiency.items()} or None,
+        mem_efficiency_bwd={op: c.model_dump() for op, c in f.mem_efficiency_bwd.items()} or None,
+    )
+    if not keep_tables:
+        data.pop("layers", None)
+    return DeviceProfile.model_validate({k: v for k, v in data.items() if v is not None})
+
+
+def _rel_errors(profile: DeviceProfile, pts: Sequence[Point]) -> np.ndarray:
+    out = np.empty(len(pts))
+    for i, p in enumerate(pts):
+        pred = _point_time(profile, p)
+        out[i] = (pred - p.t_s) / p.t_s if p.t_s > 0 else 0.0
+    return out
+
+
+def _point_time(dev: DeviceProfile, p: Point) -> float:
+    compute = (p.flops / (dev.peak("fp32") * dev.eff(p.op, p.flops, p.phase, p.nbytes))
+               if p.flops > 0 else 0.0)
+    flags = p.kind.partition("/k")[2]
+    kernels = int(flags.rstrip("pr")) if flags else None
+    if p.flops > 0:
+        ck = p.ckind.partition("/")[2] or None
+        compute = p.flops / (dev.peak("fp32") * dev.eff(p.op, p.flops, p.phase, p.nbytes, ck))
+    memory = p.nbytes / (dev.mem_bw_Bps * dev.mem_eff(
+        p.op, p.nbytes, p.phase, kernels, "p" in flags, "r" in flags))
+    return dev.launch_overhead_s * p.kernels + max(compute, memory)
+
+
+def fit(profile: DeviceProfile, exclude: Sequence[str] = (), micro: bool = True
+        ) -> tuple[DeviceProfile, FitResult]:
+    """Fit ``profile``'s curves to its raw measurements, leaving out ``exclude``d models.
+
+    Returns:
+        (the profile with fitted ``launch_overhead_s`` and curves and **without
+        per-layer tables**, so that every time comes from the curves; the fit).
+
+    Raises:
+        ValueError: when the profile has no raw measurements.
+    """
+    raw = profile.raw
+    if not raw or ("models" not in raw and "micro" not in raw):
+        raise ValueError("the profile has no raw layer measurements (run hetsim profile)")
+    pts = [p for p in points_from_raw(raw, exclude, micro=micro,
+                                      dense_sparse_grad=profile.dense_sparse_grad) if p.t_s > 0]
+    peak, mem_bw = profile.peak("fp32"), profile.mem_bw_Bps
+    dispatch = float(raw.get("dispatch_s") or profile.launch_overhead_s or 1e-6)
+    best: tuple[float, DeviceProfile, FitResult] | None = None
+    for m in LAUNCH_MULTIPLES:
+        f = _fit_at(pts, peak, mem_bw, dispatch * m)
+        prof = _with_fit(profile, f, keep_tables=False)
+        err = float(np.median(np.abs(_rel_errors(prof, pts))))
+        if best is None or err < best[0]:
+            best = (err, prof, f)
+    assert best is not None
+    return best[1], best[2]
+
+
+# ------------------------------------------------------------ residual report
+@dataclass(frozen=True)
+class CalibrationResult:
+    """A calibrated profile and its residuals (one row per op class and phase)."""
+
+    profile: DeviceProfile
+    residuals: list[dict[str, Any]]
+
+
+def residual_rows(profile: DeviceProfile, pts: Sequence[Point]) -> list[dict[str, Any]]:
+    """Median and 90th-percentile |relative time error| per (op, phase), and overall."""
+    err = _rel_errors(profile, pts)
+    rows = []
+    keys = sorted({(p.op, p.phase) for p in pts})
+    for op, phase in keys:
+        e = np.abs(np.array([x for x, p in zip(err, pts, strict=True) if (p.op, p.phase) == (op, phase)]))
+        rows.append({"op": op, "phase": phase, "points": len(e), "median_abs_rel_err": float(np.median(e)),
+                     "p90_abs_rel_err": float(np.percentile(e, 90))})
+    e = np.abs(err)
+    rows.append({"op": "all", "phase": "both", "points": len(e), "median_abs_rel_err": float(np.median(e)),
+                 "p90_abs_rel_err": float(np.percentile(e, 90))})
+    return rows
+
+
+def calibrate(profile: DeviceProfile, exclude: Sequence[str] = ()) -> CalibrationResult:
+    """Fit the curves of a measured profile and keep its per-layer tables.
+
+    The residuals are those of the curves alone (tables not used), on the
+    points fitted.
+    """
+    fitted, f = fit(profile, exclude)
+    rows = residual_rows(fitted, f.points)
+    data = fitted.model_dump(by_alias=True, exclude_none=True)
+    if profile.layers:
+        data["layers"] = {k: v.model_dump() for k, v in profile.layers.items()}
+    spread = dict(profile.spread or {})
+    spread["fit_residual_median_abs_rel"] = round(rows[-1]["median_abs_rel_err"], 4)
+    data["spread"] = spread
+    return CalibrationResult(DeviceProfile.model_validate(data), rows)
+
+
+def format_residuals(rows: Sequence[dict[str, Any]]) -> str:
+    """The residual table as text."""
+    lines = [f"{'op':<12}{'phase':<7}{'points':>7}{'median |err|':>14}{'p90 |err|':>11}"]
+    for r in rows:
+        lines.append(f"{r['op']:<12}{r['phase']:<7}{r['points']:>7}"
+                     f"{100 * r['median_abs_rel_err']:>13.1f}%{100 * r['p90_abs_rel_err']:>10.1f}%")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------- predictions
+def predict_layers(profile: DeviceProfile, model: Model, batch: int, dtype: str = "fp32"
+                   ) -> tuple[list[float], list[float]]:
+    """Cost-model forward and backward seconds of each layer of ``model``."""
+    fwd = [layer_time_s(ly, "fwd", batch, profile, dtype, model.input_bytes_of(i))
+           for i, ly in enumerate(model.layers)]
+    bwd = [layer_time_s(ly, "bwd", batch, profile, dtype, model.input_bytes_of(i))
+           for i, ly in enumerate(model.layers)]
+    return fwd, bwd
+
+
+# ------------------------------------------------------ tables and spread
+def layer_tables(raw: dict[str, Any]) -> dict[str, LayerTable]:
+    """Per-layer tables of the zoo models in ``raw``, keyed by layer signature.
+
+    Layers of one signature (repeated blocks, or equal layers of two models)
+    are pooled: the median over them at each batch size.
+    """
+    pooled: dict[str, dict[int, tuple[list[float], list[float]]]] = {}
+    for name, runs in raw.get("models", {}).items():
+        model = _zoo_model(name)
+        sig = {ly.name: ly.signature for ly in model.layers}
+        for run in runs:
+            b = int(run["batch"])
+            for lname, vals in run["layers"].items():
+                s = sig.get(lname)
+                if s is None:
+                    continue
+                f, w = pooled.setdefault(s, {}).setdefault(b, ([], []))
+                f.append(float(vals[0]))
+                w.append(float(vals[1]))
+    out = {}
+    for s, by_b in pooled.items():
+        bs = sorted(by_b)
+        out[s] = LayerTable(batch=bs,
+                            fwd_s=[float(f"{np.median(by_b[b][0]):.4g}") for b in bs],
+                            bwd_s=[float(f"{np.median(by_b[b][1]):.4g}") for b in bs])
+    return out
+
+
+def spread_of(raw: dict[str, Any]) -> dict[str, Any]:
+    """Spread of the repeats: relative IQR (IQR / median) summaries.
+
+    ``layer_*``: over the zoo models' per-layer times (both phases);
+    ``iteration_*``: over their whole iterations; ``gemm_median``; ``reps``.
+    """
+    lay, it = [], []
+    for runs in raw.get("models", {}).values():
+        for run in runs:
+            it.append(float(run["iter_rel_iqr"]))
+            for vals in run["layers"].values():
+                lay += [float(vals[2]), float(vals[3])]
+    gemm = [float(r["rel_iqr"]) for r in raw.get("gemm", [])]
+
+    def q(xs: list[float], p: float) -> float | None:
+        return round(float(np.percentile(xs, p)), 4) if xs else None
+
+    return {
+        "stat": "relative IQR of repeats (IQR / median)",
+        "layer_median": q(lay, 50), "layer_p90": q(lay, 90),
+        "iteration_median": q(it, 50), "iteration_max": q(it, 100),
+        "gemm_median": q(gemm, 50),
+    }

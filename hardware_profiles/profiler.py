@@ -1,0 +1,1110 @@
+"""Measure a device: microbenchmarks, per-layer times of the zoo models, the network.
+
+``hetsim profile --device cpu|cuda:N [--quick] --out FILE`` calls
+:func:`run_profile`, which
+
+1. times GEMMs over a grid of shapes (fp32; bf16/fp16 on GPUs), memory copies
+   and elementwise adds (bandwidth), a one-element add (dispatch overhead) and,
+   on GPUs, host-device copies. These are timed with ``torch.profiler``
+   (one ``record_function`` range per repeat; the range's duration is the
+   sample) on CPUs and with CUDA events on GPUs;
+2. times single-layer modules (Linear, Conv2d, Embedding/EmbeddingBag and a
+   sparse gradient scatter-add, MultiheadAttention, norms and activations) and
+   every zoo model at several batch sizes, forward and backward per layer (see
+   :class:`LayerTimer`);
+3. measures point-to-point and all-reduce latency and bandwidth between two
+   processes over ``torch.distributed`` (gloo; NCCL on GPUs), see
+   :func:`network_bench`;
+4. fits the efficiency curves (:mod:`hardware_profiles.calibrate`) and writes a
+   :class:`~hardware_profiles.schema.DeviceProfile` with ``source.kind =
+   "measured"``, the per-layer tables, the raw measurements and their spread.
+
+Every figure is the median of repeats after warm-up; the spread of a figure is
+its relative inter-quartile range (IQR / median) over the repeats.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import queue as _queue
+import socket
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hardware_profiles.schema import DeviceProfile
+from sim.errors import ConfigError, HetsimError
+
+__all__ = [
+    "LayerTimer",
+    "ProfileSpec",
+    "check_device",
+    "check_writable",
+    "network_bench",
+    "run_profile",
+    "spec_for",
+]
+
+#: Significant digits kept for raw times in the JSON (the noise is far larger).
+_DIGITS = 4
+
+
+def _r(x: float) -> float:
+    return float(f"{x:.{_DIGITS}g}")
+
+
+def _median_iqr(xs: Sequence[float]) -> tuple[float, float]:
+    """(median, relative IQR) of the samples."""
+    a = np.asarray(xs, dtype=float)
+    med = float(np.median(a))
+    q1, q3 = np.percentile(a, [25, 75])
+    return med, float((q3 - q1) / med) if med > 0 else 0.0
+
+
+# ----------------------------------------------------------------- what to run
+@dataclass(frozen=True)
+class ProfileSpec:
+    """Sizes and repeat counts of one profiling run (``quick`` or full).
+
+    Attributes:
+        gemm: (m, n, k) shapes of the GEMM grid.
+        copy_elems: element counts of the bandwidth benchmarks (fp32).
+        micro: single-layer benchmarks, names from :func:`_micro_layers`.
+        models: zoo model -> batch sizes to time.
+        min_reps, max_reps: repeats of one timed item (after one warm-up).
+        target_s: time budget of one item's repeats; sets the repeat count
+            between min_reps and max_reps from the warm-up's duration.
+        net_bytes: message sizes of the network benchmark.
+        net_reps: repeats per message size.
+    """
+
+    gemm: tuple[tuple[int, int, int], ...]
+    copy_elems: tuple[int, ...]
+    micro: tuple[str, ...]
+    models: dict[str, tuple[int, ...]]
+    min_reps: int
+    max_reps: int
+    target_s: float
+    net_bytes: tuple[int, ...]
+    net_reps: int
+    warmup: int = 1
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+_ALL_MICRO = (
+    "linear_256x256", "linear_1024x1024", "linear_4096x1024", "linear_512x4096",
+    "conv_3x64_k7s2_224", "conv_64x64_k3_56", "conv_128x128_k3_28", "conv_256x256_k3_14",
+    "conv_512x512_k3_7", "conv_64x256_k1_56", "conv_256x64_k1_56",
+    "emb_100000x16", "emb_32000x512_seq128", "embbag_1300000x1_26",
+    "mha_256h4_seq64", "mha_512h8_seq128", "mha_768h12_seq256",
+    "relu_1m", "bn2d_64x56", "ln_512_seq128", "maxpool_64x112", "dropout_512_seq128",
+)
+
+
+def spec_for(quick: bool) -> ProfileSpec:
+    """The sizes of a ``--quick`` run (a few minutes on 2 CPU cores) or a full one."""
+    if quick:
+        return ProfileSpec(
+            gemm=((64, 64, 64), (256, 256, 256), (1024, 1024, 1024), (32, 1024, 1024),
+                  (2048, 512, 512)),
+            copy_elems=(1_000, 100_000, 16_000_000),
+            micro=_ALL_MICRO,
+            models={"mlp": (16, 128), "ctr_dnn": (32, 256), "wide_deep": (32, 256),
+                    "resnet18": (1, 2), "resnet50": (1, 2), "vgg16": (1, 2),
+                    "transformer": (1, 2)},
+            min_reps=5, max_reps=15, target_s=0.6,
+            net_bytes=(8, 65_536, 4_194_304), net_reps=10,
+        )
+    return ProfileSpec(
+        gemm=tuple((s, s, s) for s in (32, 64, 128, 256, 512, 1024, 2048))
+        + ((32, 1024, 1024), (128, 4096, 1024), (2048, 512, 512), (512, 32000, 512)),
+        copy_elems=(1_000, 10_000, 100_000, 1_000_000, 4_000_000, 16_000_000, 64_000_000),
+        micro=_ALL_MICRO,
+        models={"mlp": (16, 64, 256), "ctr_dnn": (32, 128, 512), "wide_deep": (32, 128, 512),
+                "resnet18": (1, 2, 4), "resnet50": (1, 2, 4), "vgg16": (1, 2, 4),
+                "transformer": (1, 2, 4)},
+        min_reps=5, max_reps=40, target_s=2.0,
+        net_bytes=(8, 1024, 65_536, 1_048_576, 16_777_216), net_reps=20,
+    )
+
+
+# ------------------------------------------------------------------- checks
+def check_device(device: str) -> Any:
+    """The ``torch.device`` for ``device`` ('cpu' or 'cuda[:N]').
+
+    Raises:
+        ConfigError: ``<command line>: --device: ...`` when the name is not a
+            device or the device is not available here.
+    """
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise ConfigError("<command line>", "--device", f"{device!r} is not a device "
+                          "(use cpu or cuda:N)") from None
+    if dev.type == "cpu":
+        return dev
+    if dev.type != "cuda":
+        raise ConfigError("<command line>", "--device", f"device type {dev.type!r} is not "
+                          "supported (use cpu or cuda:N)")
+    if not torch.cuda.is_available():
+        raise ConfigError("<command line>", "--device", f"{device} is not available: this "
+                          f"torch ({torch.__version__}) sees no CUDA GPU")
+    idx = dev.index or 0
+    if idx >= torch.cuda.device_count():
+        raise ConfigError("<command line>", "--device", f"{device} is not available: "
+                          f"{torch.cuda.device_count()} CUDA device(s) visible")
+    return torch.device("cuda", idx)
+
+
+def check_writable(out: str | os.PathLike[str]) -> Path:
+    """Make sure ``out`` can be written (creating its folder); return it as a Path.
+
+    The name of a profile is its file stem, so ``out`` must end in ``.json``.
+
+    Raises:
+        ConfigError: naming ``out`` when it cannot be written.
+    """
+    p = Path(out)
+    shown = os.fspath(out)
+    if p.suffix != ".json":
+        raise ConfigError(shown, "", "a profile file name must end in .json")
+    if p.is_dir():
+        raise ConfigError(shown, "", "is a folder; give a file name ending in .json")
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        # open for append: proves the file can be written without touching its contents
+        existed = p.exists()
+        with p.open("a"):
+            pass
+        if not existed:
+            p.unlink()
+    except OSError as e:
+        raise ConfigError(shown, "", f"cannot write: {e.strerror or e}") from None
+    return p
+
+
+# ------------------------------------------------------------------- timing
+def clock_kind(dev: Any) -> str:
+    """How times are taken on ``dev``: 'cuda' (CUDA events), 'thread' (CPU time of the
+    calling thread, when torch runs single-threaded on a CPU) or 'wall' (perf_counter).
+
+    With one intra-op thread every CPU op runs on the calling thread, so its CPU
+    time is the op's time without the intervals in which another process held
+    the core: on a shared machine this removes the scheduler's preemptions
+    (multi-millisecond steps) from the samples. With several threads the wall
+    clock is the only faithful one.
+    """
+    import torch
+
+    if dev.type == "cuda":
+        return "cuda"
+    return "thread" if torch.get_num_threads() == 1 else "wall"
+
+
+class _Clock:
+    """Marks on a timeline: CUDA events on a GPU stream; on a CPU the thread's CPU
+    time or perf_counter (see :func:`clock_kind`)."""
+
+    def __init__(self, dev: Any) -> None:
+        import torch
+
+        self.kind = clock_kind(dev)
+        self.cuda = self.kind == "cuda"
+        self._torch = torch
+        self.dev = dev
+        self._now = time.thread_time if self.kind == "thread" else time.perf_counter
+
+    def mark(self) -> Any:
+        if self.cuda:
+            ev = self._torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return ev
+        return self._now()
+
+    def seconds(self, a: Any, b: Any) -> float:
+        """Seconds from mark ``a`` to mark ``b`` (synchronises a GPU first)."""
+        if self.cuda:
+            b.synchronize()
+            return float(a.elapsed_time(b)) / 1e3
+        return float(b - a)
+
+    def sync(self) -> None:
+        if self.cuda:
+            self._torch.cuda.synchronize(self.dev)
+
+
+def _reps_for(first_s: float, spec: ProfileSpec) -> int:
+    if first_s <= 0:
+        return spec.max_reps
+    return int(min(spec.max_reps, max(spec.min_reps, math.ceil(spec.target_s / first_s))))
+
+
+class _OpTimer:
+    """Times callables, one sample per repeat.
+
+    On CPUs with the wall clock the repeats run under one ``torch.profiler``
+    session, each inside a ``record_function`` range whose duration is the
+    sample; on GPUs a pair of CUDA events brackets each repeat, and with the
+    thread clock (one thread) the thread's CPU time does.
+    """
+
+    def __init__(self, dev: Any, spec: ProfileSpec) -> None:
+        self.dev, self.spec = dev, spec
+        self.clock = _Clock(dev)
+
+    def time(self, fn: Callable[[], Any], label: str) -> list[float]:
+        from torch.profiler import ProfilerActivity, profile, record_function
+
+        for _ in range(self.spec.warmup):
+            fn()
+        a = self.clock.mark()
+        fn()
+        reps = _reps_for(self.clock.seconds(a, self.clock.mark()), self.spec)
+        if self.clock.kind != "wall":
+            out = []
+            for _ in range(reps):
+                a = self.clock.mark()
+                fn()
+                b = self.clock.mark()
+                out.append(self.clock.seconds(a, b))
+            return out
+        tag = f"hetsim:{label}"
+        with _quiet_kineto(), profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(reps):
+                with record_function(tag):
+                    fn()
+        return [e.time_range.elapsed_us() / 1e6 for e in prof.events() if e.name == tag]
+
+
+@contextlib.contextmanager
+def _quiet_kineto() -> Iterator[None]:
+    """Silence the profiler's start/stop lines that kineto writes to fd 2."""
+    try:
+        saved = os.dup(2)
+    except OSError:  # pragma: no cover
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            try:
+                yield
+            finally:
+                os.dup2(saved, 2)
+    finally:
+        os.close(saved)
+
+
+@dataclass(eq=False)
+class _Call:
+    module: Any
+    fqn: str
+    leaf: bool = True
+    t_in: Any = None
+    t_out: Any = None
+
+
+class LayerTimer:
+    """Forward and backward seconds of every leaf module call of a model.
+
+    Layers are named as :func:`sim.torch_extract.from_torch` names them: the
+    module's qualified name, with ``#k`` for the k-th call of a module called
+    more than once. Forward: from the call's forward pre-hook to its forward
+    hook, each call inside a ``torch.profiler.record_function`` range named
+    ``hetsim.fwd:<layer>``. Backward: every autograd node belongs to the module
+    call that created it (the rule of ``from_torch``); a pre-hook on each node
+    marks the timeline, and the time from one node's start to the next node's
+    start is charged to the node's owner. On CPUs the autograd engine runs the
+    nodes one after the other on the calling thread, so the marks partition
+    the backward pass; on GPUs the marks are CUDA events on the stream.
+    Work of no leaf call (glue such as ``torch.cat``, residual adds, the loss)
+    is charged to a neighbouring layer (see :meth:`iteration`) so that the layer
+    times add up to the iteration, and reported as ``glue`` too.
+    """
+
+    def __init__(self, module: Any, dev: Any) -> None:
+        self.module = module
+        self.clock = _Clock(dev)
+        self.calls: list[_Call] = []
+        self.stack: list[_Call] = []
+        self.owner: dict[Any, _Call] = {}
+        self.ranges: list[Any] = []
+        self.fqns = {m: n for n, m in module.named_modules()}
+        self.handles: list[Any] = []
+
+    # hooks ---------------------------------------------------------------
+    def _claim(self, tensors: Sequence[Any], call: _Call) -> None:
+        todo = [t.grad_fn for t in tensors if getattr(t, "grad_fn", None) is not None]
+        while todo:
+            node = todo.pop()
+            if node is None or node in self.owner:
+                continue
+            self.owner[node] = call
+            todo.extend(nxt for nxt, _ in node.next_functions)
+
+    def _pre(self, fqn: str) -> Callable[..., None]:
+        from torch.autograd.profiler import record_function
+
+        def hook(module: Any, args: Any, kwargs: Any) -> None:
+            inputs = _tensors((args, kwargs))
+            if self.stack:
+                parent = self.stack[-1]
+                parent.leaf = False
+                self._claim(inputs, parent)
+            call = _Call(module=module, fqn=fqn)
+            self.calls.append(call)
+            self.stack.append(call)
+            rf = record_function(f"hetsim.fwd:{fqn or 'root'}")
+            rf.__enter__()
+            self.ranges.append(rf)
+            call.t_in = self.clock.mark()
+
+        return hook
+
+    def _post(self, module: Any, args: Any, kwargs: Any, output: Any) -> None:
+        if not self.stack or self.stack[-1].module is not module:
+            return
+        call = self.stack.pop()
+        call.t_out = self.clock.mark()
+        self.ranges.pop().__exit__(None, None, None)
+        self._claim(_tensors(output), call)
+
+    def __enter__(self) -> LayerTimer:
+        for mod, fqn in self.fqns.items():
+            self.handles.append(mod.register_forward_pre_hook(self._pre(fqn), with_kwargs=True))
+            self.handles.append(mod.register_forward_hook(self._post, with_kwargs=True,
+                                                          always_call=True))
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles.clear()
+
+    # one iteration --------------------------------------------------------
+    def iteration(self, args: tuple[Any, ...], kwargs: dict[str, Any]
+                  ) -> tuple[dict[str, float], dict[str, float], float, float]:
+        """Run forward and backward once.
+
+        Returns:
+            (forward seconds per layer, backward seconds per layer, glue
+            seconds (in no layer's own bracket, charged to a neighbour), whole-
+            iteration seconds).
+        """
+        import torch
+
+        self.calls, self.stack, self.owner = [], [], {}
+        self.module.zero_grad(set_to_none=True)
+        self.clock.sync()
+        t0 = self.clock.mark()
+        output = self.module(*args, **kwargs)
+        outs = [t for t in _tensors(output) if t.is_floating_point() and t.requires_grad]
+        loss = torch.stack([t.float().sum() for t in outs]).sum()
+        t_fwd = self.clock.mark()
+        marks: list[tuple[Any, _Call | None]] = []
+        nodes: list[Any] = []
+        todo, seen = [loss.grad_fn], set()
+        while todo:
+            n = todo.pop()
+            if n is None or n in seen:
+                continue
+            seen.add(n)
+            nodes.append(n)
+            todo.extend(m for m, _ in n.next_functions)
+        hooks = []
+        for n in nodes:
+            owner = self.owner.get(n)
+            hooks.append(n.register_prehook(
+                lambda _g, owner=owner: marks.append((self.clock.mark(), owner))))
+        t_b0 = self.clock.mark()
+        loss.backward()
+        t_end = self.clock.mark()
+        for h in hooks:
+            h.remove()
+        self.clock.sync()
+        names = self._names()
+        fwd: dict[str, float] = {}
+        bwd: dict[str, float] = {}
+        own = 0.0  # time inside the layers' own brackets
+        # Forward: a layer is charged from the end of the previous layer (the
+        # iteration's start for the first) to its own end, so the framework work
+        # that prepares its input (Python dispatch, views, torch.cat, residual
+        # adds) is its; the loss goes to the last layer.
+        prev, last = t0, None
+        for c in self.calls:
+            if c in names:
+                own += self.clock.seconds(c.t_in, c.t_out)
+                fwd[names[c]] = self.clock.seconds(prev, c.t_out)
+                prev, last = c.t_out, names[c]
+        if last is not None:
+            fwd[last] += self.clock.seconds(prev, t_fwd)
+        # Backward: a node of no layer (the loss, a cat's split, a residual
+        # add's) is charged to the next layer node to run, trailing ones to the
+        # last layer that ran.
+        ends = [m for m, _ in marks[1:]] + [t_end]
+        pending, last = 0.0, None
+        for (m, owner), e in zip(marks, ends, strict=True):
+            sec = self.clock.seconds(m, e)
+            if owner is not None and owner in names:
+                own += sec
+                bwd[names[owner]] = bwd.get(names[owner], 0.0) + sec + pending
+                pending, last = 0.0, names[owner]
+            else:
+                pending += sec
+        if last is not None:
+            bwd[last] += pending
+        for n in names.values():
+            bwd.setdefault(n, 0.0)
+        total = self.clock.seconds(t0, t_fwd) + self.clock.seconds(t_b0, t_end)
+        del nodes, seen
+        return fwd, bwd, max(0.0, total - own), total
+
+    def _names(self) -> dict[_Call, str]:
+        leaves = [c for c in self.calls if c.leaf]
+        root = type(self.module).__name__.lower()
+        base = [c.fqn or root for c in leaves]
+        count: dict[str, int] = {}
+        for b in base:
+            count[b] = count.get(b, 0) + 1
+        k: dict[str, int] = {}
+        out: dict[_Call, str] = {}
+        for c, b in zip(leaves, base, strict=True):
+            if count[b] > 1:
+                k[b] = k.get(b, 0) + 1
+                b = f"{b}#{k[b]}"
+            out[c] = b
+        return out
+
+
+def _tensors(obj: Any) -> list[Any]:
+    import torch
+    from torch.utils._pytree import tree_flatten
+
+    leaves, _ = tree_flatten(obj)
+    return [t for t in leaves if isinstance(t, torch.Tensor)]
+
+
+def _split(example: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    if isinstance(example, dict):
+        return (), dict(example)
+    if isinstance(example, (tuple, list)):
+        return tuple(example), {}
+    return (example,), {}
+
+
+def _to(example: Any, dev: Any) -> Any:
+    if isinstance(example, (tuple, list)):
+        return tuple(t.to(dev) for t in example)
+    return example.to(dev)
+
+
+def time_model_layers(module: Any, example: Any, dev: Any, spec: ProfileSpec
+                      ) -> dict[str, Any]:
+    """Per-layer forward/backward medians and spreads of one model on one batch.
+
+    Also times the whole iteration (forward + loss + backward) without hooks,
+    which is the reference for whole-iteration predictions.
+
+    Returns:
+        ``{"layers": {name: [fwd_s, bwd_s, fwd_rel_iqr, bwd_rel_iqr]},
+        "iter_s", "iter_rel_iqr", "hooked_iter_s", "glue_s", "reps"}``.
+    """
+    import torch
+
+    args, kwargs = _split(example)
+    clock = _Clock(dev)
+
+    def plain() -> float:
+        module.zero_grad(set_to_none=True)
+        clock.sync()
+        a = clock.mark()
+        out = module(*args, **kwargs)
+        outs = [t for t in _tensors(out) if t.is_floating_point() and t.requires_grad]
+        torch.stack([t.float().sum() for t in outs]).sum().backward()
+        b = clock.mark()
+        return clock.seconds(a, b)
+
+    for _ in range(spec.warmup):
+        plain()
+    reps = _reps_for(plain(), spec)
+    fw: dict[str, list[float]] = {}
+    bw: dict[str, list[float]] = {}
+    unattr, hooked, whole = [], [], []
+    with LayerTimer(module, dev) as lt:
+        lt.iteration(args, kwargs)  # warm the hooks
+        for _ in range(reps):
+            f, b, u, tot = lt.iteration(args, kwargs)
+            for k, v in f.items():
+                fw.setdefault(k, []).append(v)
+            for k, v in b.items():
+                bw.setdefault(k, []).append(v)
+            unattr.append(u)
+            hooked.append(tot)
+            whole.append(plain())  # interleaved, so slow phases of a noisy host hit both
+    layers = {}
+    for k in fw:
+        fm, fi = _median_iqr(fw[k])
+        bm, bi = _median_iqr(bw.get(k, [0.0]))
+        layers[k] = [_r(fm), _r(bm), _r(fi), _r(bi)]
+    it, it_iqr = _median_iqr(whole)
+    return {"layers": layers, "iter_s": _r(it), "iter_rel_iqr": _r(it_iqr),
+            "hooked_iter_s": _r(float(np.median(hooked))),
+            "glue_s": _r(float(np.median(unattr))), "reps": reps}
+
+
+# -------------------------------------------------------- single-layer modules
+def _micro_layers(name: str, dev: Any) -> tuple[Any, Callable[[int], Any], tuple[int, ...]]:
+    """(module, batch -> example input, batch sizes) of one single-layer benchmark.
+
+    Inputs of dense layers require grad, as inside a network, so the backward
+    computes the input gradient too.
+    """
+    import torch
+    from torch import nn
+
+    def dense(*shape: int) -> Callable[[int], Any]:
+        return lambda b: torch.randn(b, *shape, device=dev, requires_grad=True)
+
+    def ids(rows: int, per: int) -> Callable[[int], Any]:
+        return lambda b: torch.randint(0, rows, (b, per), device=dev)
+
+    kind, _, rest = name.partition("_")
+    if kind == "linear":
+        i, o = (int(x) for x in rest.split("x"))
+        return nn.Linear(i, o), dense(i), (8, 64, 512)
+    if kind == "conv":
+        chans, ks, hw = rest.split("_")
+        ci, co = (int(x) for x in chans.split("x"))
+        k = int(ks[1]) if "s" not in ks else int(ks[1:ks.index("s")])
+        s = int(ks.split("s")[1]) if "s" in ks else 1
+        m = nn.Conv2d(ci, co, k, s, padding=k // 2, bias=False)
+        return m, dense(ci, int(hw), int(hw)), (1, 2)
+    if kind == "emb":
+        parts = rest.split("_")
+        rows, dim = (int(x) for x in parts[0].split("x"))
+        per = int(parts[1][3:]) if len(parts) > 1 else 1
+        return nn.Embedding(rows, dim), ids(rows, per), ((2, 8) if per > 1 else (64, 1024))
+    if kind == "embbag":
+        dims, per = rest.split("_")
+        rows, dim = (int(x) for x in dims.split("x"))
+        return nn.EmbeddingBag(rows, dim, mode="sum"), ids(rows, int(per)), (64, 1024)
+    if kind == "mha":
+        d, h_seq = rest.split("h")
+        heads, seq = h_seq.split("_seq")
+
+        class SelfAttn(nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.attn = nn.MultiheadAttention(int(d), int(heads), batch_first=True)
+
+            def forward(self, x: torch.Tensor) -> torch.Tensor:
+                return self.attn(x, x, x, need_weights=False)[0]
+
+        return SelfAttn(), dense(int(seq), int(d)), (1, 4)
+    if name == "relu_1m":
+        return nn.ReLU(), dense(1_000_000), (1, 4)
+    if name == "bn2d_64x56":
+        return nn.BatchNorm2d(64), dense(64, 56, 56), (1, 4)
+    if name == "ln_512_seq128":
+        return nn.LayerNorm(512), dense(128, 512), (1, 8)
+    if name == "dropout_512_seq128":
+        return nn.Dropout(0.1), dense(128, 512), (1, 4)
+    if name == "maxpool_64x112":
+        return nn.MaxPool2d(3, 2, padding=1), dense(64, 112, 112), (1, 4)
+    raise KeyError(name)
+
+
+def _single_layer(module: Any, example: Any) -> Any:
+    """The one work-carrying layer ``from_torch`` extracts from a benchmark module."""
+    from sim.torch_extract import from_torch
+
+    model = from_torch(module, example, name="micro")
+    work = [ly for ly in model.layers if ly.fwd_flops > 0 or ly.param_bytes > 0] or list(model.layers)
+    return model, work[0]
+
+
+# --------------------------------------------------------------- network
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _net_worker(rank: int, port: int, backend: str, device: str, sizes: Sequence[int],
+                reps: int, results: Any) -> None:
+    """One rank of the network benchmark (run in a spawned process)."""
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    # The TCP store of rank 0 listens on 127.0.0.1 only, on a port chosen at run time.
+    store = dist.TCPStore("127.0.0.1", port, 2, is_master=rank == 0,
+                          timeout=_dt.timedelta(seconds=60))
+    dev = torch.device(device if backend == "nccl" else "cpu")
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=2,
+                            timeout=_dt.timedelta(seconds=60))
+    try:
+        out: dict[str, list[list[float]]] = {"p2p_s": [], "allreduce_s": []}
+
+        def sync() -> None:
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+
+        for n in sizes:
+            buf = torch.zeros(max(1, n // 4), dtype=torch.float32, device=dev)
+            one_way = []
+            for i in range(reps + 3):
+                dist.barrier()
+                sync()
+                t0 = time.perf_counter()
+                if rank == 0:
+                    dist.send(buf, 1)
+                    dist.recv(buf, 1)
+                else:
+                    dist.recv(buf, 0)
+                    dist.send(buf, 0)
+                sync()
+                if i >= 3:  # the first round trips are warm-up
+                    one_way.append((time.perf_counter() - t0) / 2)
+            ar = []
+            for i in range(reps + 3):
+                dist.barrier()
+                sync()
+                t0 = time.perf_counter()
+                dist.all_reduce(buf)
+                sync()
+                if i >= 3:
+                    ar.append(time.perf_counter() - t0)
+            out["p2p_s"].append(one_way)
+            out["allreduce_s"].append(ar)
+        if rank == 0:
+            results.put(out)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def network_bench(device: str = "cpu", sizes: Sequence[int] = (8, 65_536), reps: int = 5,
+                  timeout_s: float = 120.0) -> dict[str, Any]:
+    """Point-to-point and all-reduce latency/bandwidth between two local processes.
+
+    Two spawned processes join a ``torch.distributed`` group (gloo; NCCL when
+    ``device`` is a GPU) through a TCP store on 127.0.0.1 at a free port chosen
+    at run time; gloo/NCCL sockets are bound to the loopback interface. Both
+    processes are always terminated and joined before this returns or raises,
+    including on KeyboardInterrupt.
+
+    Returns:
+        ``{"backend", "sizes_bytes", "p2p_s", "allreduce_s" (medians per size),
+        "p2p_rel_iqr", "allreduce_rel_iqr", "p2p_latency_s", "p2p_bw_Bps",
+        "allreduce_latency_s", "allreduce_bw_Bps"}``; latency is the time of the
+        smallest message, bandwidth the largest message over its time less that
+        latency.
+
+    Raises:
+        HetsimError: when a rank fails or the benchmark exceeds ``timeout_s``.
+    """
+    import multiprocessing as mp
+
+    backend = "nccl" if device.startswith("cuda") else "gloo"
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_net_worker, args=(r, port, backend, device, list(sizes), reps, results),
+                         daemon=True) for r in range(2)]
+    try:
+        for p in procs:
+            p.start()
+        deadline = time.monotonic() + timeout_s
+        got: dict[str, Any] | None = None
+        while got is None:
+            try:
+                got = results.get(timeout=0.2)
+            except _queue.Empty:
+                if any(p.exitcode not in (None, 0) for p in procs):
+                    codes = [p.exitcode for p in procs]
+                    raise HetsimError(f"network benchmark: a rank failed (exit codes {codes})") from None
+                if time.monotonic() > deadline:
+                    raise HetsimError(f"network benchmark: no result within {timeout_s:g} s") from None
+        for p in procs:
+            p.join(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+                p.join(5)
+            if p.is_alive():  # pragma: no cover (terminate is ignored only when wedged)
+                p.kill()
+                p.join(5)
+        results.close()
+        results.join_thread()
+    p2p = [_median_iqr(x) for x in got["p2p_s"]]
+    ar = [_median_iqr(x) for x in got["allreduce_s"]]
+    # latency: the smallest message; bandwidth: the slope from it to the largest
+    small, big = sizes[0], sizes[-1]
+    lat, t_big = p2p[0][0], p2p[-1][0]
+    ar_lat, ar_big = ar[0][0], ar[-1][0]
+    return {
+        "backend": backend,
+        "sizes_bytes": list(sizes),
+        "p2p_s": [_r(m) for m, _ in p2p],
+        "p2p_rel_iqr": [_r(i) for _, i in p2p],
+        "allreduce_s": [_r(m) for m, _ in ar],
+        "allreduce_rel_iqr": [_r(i) for _, i in ar],
+        "p2p_latency_s": _r(lat),
+        "p2p_bw_Bps": _r((big - small) / max(t_big - lat, 1e-9)),
+        "allreduce_latency_s": _r(ar_lat),
+        "allreduce_bw_Bps": _r((big - small) / max(ar_big - ar_lat, 1e-9)),
+    }
+
+
+# ----------------------------------------------------------------- the run
+def _device_name(dev: Any) -> str:
+    import torch
+
+    if dev.type == "cuda":
+        return str(torch.cuda.get_device_name(dev))
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"
+
+
+class _Progress:
+    """A tqdm bar over the run's steps (silent when disabled)."""
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.bar = None
+        if enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc="profile", unit="step", dynamic_ncols=True)
+
+    def step(self, what: str) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix_str(what, refresh=False)
+            self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _steady_allocator() -> str:
+    """Keep freed host memory in the process (glibc): no mmap, no trimming.
+
+    By default glibc serves large blocks with fresh mmaps and returns freed
+    memory to the OS, so whether a tensor of a few MB (an activation, an
+    embedding table's dense gradient) costs page faults on first touch depends
+    on the allocator's history: the same layer measured 0.2 ms or 2 ms from one
+    iteration to the next. With mmap off and trimming off, every iteration
+    after the warm-up reuses memory, as a caching allocator (jemalloc,
+    tcmalloc, PyTorch's CUDA allocator) does in a training job. Returns what
+    was done, for the profile's raw record.
+    """
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return "unchanged (no glibc mallopt)"
+    m_trim_threshold, m_mmap_max = -1, -4
+    ok = mallopt(m_mmap_max, 0) == 1 and mallopt(m_trim_threshold, 2**31 - 1) == 1
+    return "glibc mallopt: M_MMAP_MAX=0, M_TRIM_THRESHOLD=2^31-1" if ok else "unchanged (mallopt failed)"
+
+
+def measure(device: str = "cpu", quick: bool = False, threads: int | None = None,
+            models: Sequence[str] | None = None, network: bool = True,
+            spec: ProfileSpec | None = None, progress: bool = False) -> dict[str, Any]:
+    """Run every benchmark and return the raw measurements (JSON-ready).
+
+    Args:
+        device: 'cpu' or 'cuda:N'.
+        quick: the small spec (see :func:`spec_for`), unless ``spec`` is given.
+        threads: torch intra-op threads (default: the CPUs this process may use).
+        models: zoo models to time (default: the spec's).
+        network: run the two-process network benchmark.
+        spec: sizes to use instead of :func:`spec_for`.
+        progress: show a progress bar on stderr.
+    """
+    import torch
+
+    from sim import zoo
+
+    dev = check_device(device)
+    spec = spec or spec_for(quick)
+    n_threads = threads or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                            else os.cpu_count() or 1)
+    torch.set_num_threads(int(n_threads))
+    chosen = {m: spec.models[m] for m in (models if models is not None else spec.models)}
+    unknown = sorted(set(chosen) - set(zoo.names()))
+    if unknown:
+        raise ConfigError("<command line>", "--models", f"unknown zoo model {unknown[0]!r}")
+    allocator = _steady_allocator()
+    dtypes = ["fp32"] + (["bf16", "fp16"] if dev.type == "cuda" else [])
+    steps = (len(spec.gemm) * len(dtypes) + 2 + len(spec.micro)
+             + sum(len(b) for b in chosen.values()) + int(network) + int(dev.type == "cuda"))
+    bar = _Progress(steps, progress)
+    timer = _OpTimer(dev, spec)
+    raw: dict[str, Any] = {"device": str(dev), "threads": int(n_threads), "quick": quick,
+                           "clock": clock_kind(dev), "statistic": "median of repeats after warm-up",
+                           "host_allocator": allocator, "cpus": os.cpu_count() or 1}
+    started = time.perf_counter()
+    try:
+        # GEMM grid
+        tdt = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+        gemm = []
+        for dt in dtypes:
+            for m, n, k in spec.gemm:
+                a = torch.randn(m, k, device=dev, dtype=tdt[dt])
+                b = torch.randn(k, n, device=dev, dtype=tdt[dt])
+                med, iqr = _median_iqr(timer.time(lambda a=a, b=b: torch.mm(a, b), f"mm{m}x{n}x{k}"))
+                gemm.append({"dtype": dt, "m": m, "n": n, "k": k, "flops": 2.0 * m * n * k,
+                             "t_s": _r(med), "rel_iqr": _r(iqr)})
+                bar.step(f"gemm {dt} {m}x{n}x{k}")
+        raw["gemm"] = gemm
+        # bandwidth: copy (read + write), add (2 reads + write); dispatch: 1-element add
+        bw = []
+        for n in spec.copy_elems:
+            x = torch.randn(n, device=dev)
+            y = torch.empty_like(x)
+            med, iqr = _median_iqr(timer.time(lambda x=x, y=y: y.copy_(x), f"copy{n}"))
+            bw.append({"op": "copy", "elems": n, "bytes": 8.0 * n, "t_s": _r(med), "rel_iqr": _r(iqr)})
+            med, iqr = _median_iqr(timer.time(lambda x=x, y=y: torch.add(x, x, out=y), f"add{n}"))
+            bw.append({"op": "add", "elems": n, "bytes": 12.0 * n, "t_s": _r(med), "rel_iqr": _r(iqr)})
+        raw["bandwidth"] = bw
+        bar.step("bandwidth")
+        one = torch.ones(1, device=dev)
+        med, iqr = _median_iqr(timer.time(lambda: one.add(one), "dispatch"))
+        raw["dispatch_s"], raw["dispatch_rel_iqr"] = _r(med), _r(iqr)
+        bar.step("dispatch")
+        if dev.type == "cuda":
+            raw["host_device"] = _host_device(timer, dev)
+            bar.step("host-device copies")
+        # single-layer modules
+        micro = []
+        for name in spec.micro:
+            module, make, batches = _micro_layers(name, dev)
+            module = module.to(dev).train()
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(0)
+                cpu_mod, cpu_make, _ = _micro_layers(name, torch.device("cpu"))
+                model, layer = _single_layer(cpu_mod, cpu_make(batches[0]))
+            rows = []
+            for b in batches:
+                r = time_model_layers(module, make(b), dev, spec)
+                rows.append({"batch": b, "iter_s": r["iter_s"], "layers": r["layers"]})
+            micro.append({"name": name, "model": model.to_dict(), "runs": rows})
+            bar.step(f"layer {name}")
+        raw["micro"] = micro
+        # zoo models
+        zoo_raw = {}
+        for name, batches in chosen.items():
+            runs = []
+            for b in batches:
+                module, example = zoo.torch_module(name, batch_size=b)
+                module = module.to(dev).train()
+                r = time_model_layers(module, _to(example, dev), dev, spec)
+                runs.append({"batch": b, **r})
+                del module, example
+                bar.step(f"{name} b={b}")
+            zoo_raw[name] = runs
+        raw["models"] = zoo_raw
+        if network:
+            raw["network"] = network_bench(device, spec.net_bytes, spec.net_reps)
+            bar.step("network")
+    finally:
+        bar.close()
+    raw["wall_s"] = round(time.perf_counter() - started, 1)
+    return raw
+
+
+def _host_device(timer: _OpTimer, dev: Any) -> dict[str, Any]:
+    import torch
+
+    n = 16_000_000
+    host = torch.empty(n, pin_memory=True)
+    gpu = torch.empty(n, device=dev)
+    h2d = _median_iqr(timer.time(lambda: gpu.copy_(host, non_blocking=True), "h2d"))
+    d2h = _median_iqr(timer.time(lambda: host.copy_(gpu, non_blocking=True), "d2h"))
+    return {"bytes": 4 * n, "h2d_s": _r(h2d[0]), "h2d_rel_iqr": _r(h2d[1]),
+            "d2h_s": _r(d2h[0]), "d2h_rel_iqr": _r(d2h[1]),
+            "h2d_Bps": _r(4 * n / h2d[0]), "d2h_Bps": _r(4 * n / d2h[0])}
+
+
+def build_profile(raw: dict[str, Any], name: str, fit: bool = True) -> DeviceProfile:
+    """The measured :class:`DeviceProfile` of ``raw`` (from :func:`measure`).
+
+    Per-layer tables come from the zoo models' runs, keyed by
+    :attr:`sim.workload.Layer.signature` (layers of equal signature pooled by
+    median); the efficiency curves, memory bandwidth and dispatch overhead are
+    fitted by :func:`hardware_profiles.calibrate.fit` when ``fit`` is true.
+    """
+    import torch
+
+    from hardware_profiles import calibrate
+
+    dev_s = raw["device"]
+    cuda = dev_s.startswith("cuda")
+    peaks: dict[str, float] = {}
+    for row in raw["gemm"]:
+        rate = row["flops"] / row["t_s"]
+        peaks[row["dtype"]] = max(peaks.get(row["dtype"], 0.0), rate)
+    # Effective rates of the single-layer GEMMs and convolutions count too: a
+    # Winograd or FFT convolution beats any GEMM in FLOPs as the flop counter
+    # counts them (direct convolution), and efficiencies are capped at 1.5.
+    for entry in raw.get("micro", []):
+        for ly in entry["model"]["layers"]:
+            if ly["op"] not in ("gemm", "conv") or not ly["fwd_flops"]:
+                continue
+            for run in entry["runs"]:
+                t = run["layers"].get(ly["name"], [0.0])[0]
+                if t > 0:
+                    peaks["fp32"] = max(peaks["fp32"], ly["fwd_flops"] * run["batch"] / t)
+    # DRAM bandwidth: the largest copy (smaller ones run from cache; the
+    # bandwidth curves of the fit carry that, with efficiencies above 1)
+    big = max((r for r in raw["bandwidth"] if r["op"] == "copy"), key=lambda r: r["elems"])
+    mem_bw = big["bytes"] / big["t_s"]
+    if cuda:
+        props = torch.cuda.get_device_properties(torch.device(dev_s))
+        memory = float(props.total_memory)
+    else:
+        import psutil
+
+        memory = float(psutil.virtual_memory().total)
+    net = raw.get("network") or {}
+    cpus = int(raw.get("cpus") or raw["threads"])  # the device is the whole machine
+    source = {
+        "kind": "measured",
+        "date": _dt.date.today().isoformat(),
+        "device": raw.get("device_name", ""),
+        "torch": raw.get("torch", ""),
+        "threads": raw["threads"],
+        "cpus": cpus,
+        "cpu_capability": raw.get("cpu_capability", ""),
+        "host": raw.get("host", ""),
+        "quick": bool(raw.get("quick")),
+        "wall_s": raw.get("wall_s"),
+        "note": (
+            "Measured by `hetsim profile`. peak_flops: the best effective rate measured per dtype "
+            "(GEMM grid; for fp32 also single Linear/Conv2d layers, whose FLOPs are counted as "
+            "direct convolution): achieved, not nominal; mem_bw_Bps: the largest copy measured "
+            "(DRAM); launch_overhead_s, efficiency, efficiency_bwd, mem_efficiency(_bwd): fitted "
+            "by `hetsim calibrate` to the raw measurements (see hardware_profiles/README.md); "
+            "layers: median forward/backward seconds of the zoo models' layers; nic_bw_Bps: the "
+            "measured loopback point-to-point bandwidth when measured (a single-host figure, "
+            "not a NIC's). "
+            + ("price_per_hour and power_w: not measured (0)." if cuda else
+               "price_per_hour: 0.0425 USD per vCPU-hour x cpus; power_w: 4.6875 W per vCPU "
+               "active, 30% of that idle (the cpu-2c datasheet assumptions), not measured.")
+        ),
+    }
+    data: dict[str, Any] = {
+        "schema": 1,
+        "name": name,
+        "kind": "gpu" if cuda else "cpu",
+        "peak_flops": {k: _r(v) for k, v in peaks.items()},
+        "mem_bw_Bps": _r(mem_bw),
+        "memory_bytes": memory,
+        "launch_overhead_s": _r(raw["dispatch_s"]),
+        "nic_bw_Bps": _r(net.get("p2p_bw_Bps") or 1.25e9),
+        "price_per_hour": 0.0 if cuda else round(0.0425 * cpus, 4),
+        "power_w": ({"idle": 0.0, "active": 0.0} if cuda else
+                    {"idle": round(0.3 * 4.6875 * cpus, 4), "active": round(4.6875 * cpus, 4)}),
+        "source": source,
+        "dense_sparse_grad": True,  # nn.Embedding's default: a dense gradient of the table
+        "layers": calibrate.layer_tables(raw),
+        "spread": calibrate.spread_of(raw),
+        "raw": raw,
+    }
+    if net:
+        data["network"] = {k: v for k, v in net.items()}
+    profile = DeviceProfile.model_validate(data)
+    if fit:
+        profile = calibrate.calibrate(profile).profile
+    return profile
+
+
+def write_profile(profile: DeviceProfile, out: str | os.PathLike[str]) -> Path:
+    """Write ``profile`` as compact JSON (one key per line at the top level)."""
+    p = Path(out)
+    data = profile.model_dump(by_alias=True, exclude_none=True, mode="json")
+    lines = [f"  {json.dumps(k)}: {json.dumps(v, separators=(',', ':'))}" for k, v in data.items()]
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_text("{\n" + ",\n".join(lines) + "\n}\n", encoding="utf-8")
+    tmp.replace(p)
+    return p
+
+
+def run_profile(device: str, out: str | os.PathLike[str], quick: bool = False,
+                threads: int | None = None, models: Sequence[str] | None = None,
+                network: bool = True, progress: bool = True,
+                spec: ProfileSpec | None = None) -> tuple[DeviceProfile, Path]:
+    """``hetsim profile``: measure ``device``, fit, and write the profile to ``out``.
+
+    The profile's name is the stem of ``out``. The device and the output path
+    are checked before anything is measured.
+
+    Raises:
+        ConfigError: for an unavailable device or an unwritable ``out``.
+        HetsimError: when the network benchmark fails.
+    """
+    import torch
+
+    check_device(device)
+    path = check_writable(out)
+    raw = measure(device, quick=quick, threads=threads, models=models, network=network,
+                  spec=spec, progress=progress)
+    dev = check_device(device)
+    raw["device_name"] = _device_name(dev)
+    raw["torch"] = torch.__version__
+    raw["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+    raw["host"] = platform.node()
+    profile = build_profile(raw, path.stem)
+    write_profile(profile, path)
+    return profile, path
+
+
+def summary(profile: DeviceProfile) -> str:
+    """A few lines describing a measured profile."""
+    src = profile.source.model_dump()
+    net = profile.network.model_dump() if profile.network else {}
+    spread = profile.spread or {}
+    lines = [
+        f"{profile.name}: {src.get('device', '')} ({profile.kind}), torch {src.get('torch', '')}, "
+        f"{src.get('threads')} thread(s), {src.get('wall_s')} s",
+        "peak (best GEMM): " + ", ".join(f"{k} {v / 1e9:.1f} GFLOP/s" for k, v in profile.peak_flops.items())
+        + f"; copy bandwidth {profile.mem_bw_Bps / 1e9:.1f} GB/s; launch {profile.launch_overhead_s * 1e6:.2f} us",
+        f"per-layer tables: {len(profile.layers or {})} signatures",
+    ]
+    if net:
+        lines.append(f"network ({net.get('backend')}): p2p {net.get('p2p_latency_s', 0) * 1e6:.0f} us, "
+                     f"{(net.get('p2p_bw_Bps') or 0) / 1e9:.2f} GB/s; all-reduce "
+                     f"{net.get('allreduce_latency_s', 0) * 1e6:.0f} us, "
+                     f"{net.get('allreduce_bw_Bps', 0) / 1e9:.2f} GB/s")
+    if spread:
+        lines.append(f"spread (relative IQR of repeats): per layer median {spread.get('layer_median')}, "
+                     f"p90 {spread.get('layer_p90')}; whole iteration median {spread.get('iteration_median')}")
+    return "\n".join(lines)
