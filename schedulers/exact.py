@@ -46,6 +46,8 @@ from sim.problem import Problem
 
 #: Wall-clock cap of one MILP call (HiGHS returns its incumbent and dual bound past it).
 MILP_CALL_LIMIT_S = 5.0
+#: Largest inventory state (product of count + 1 over binding types) the resource DP takes on.
+RC_DP_MAX_STATES = 50_000
 
 
 @dataclass
@@ -57,6 +59,7 @@ class ExactResult:
     thresholds: int          # distinct stage throughputs
     solves: int              # thresholds solved
     milp_solves: int
+    rc_dp_solves: int        # DPs with inventory state
     seconds: float
 
     @property
@@ -105,6 +108,86 @@ def dp_min_rate(space: PlacementSpace, allowed: np.ndarray,
     return float(best[L].min()), a
 
 
+def rc_dp_min_rate(space: PlacementSpace, allowed: np.ndarray, binding: list[int]
+                   ) -> tuple[float, np.ndarray | None]:
+    """:func:`dp_min_rate` with the inventory of the ``binding`` types as DP state.
+
+    The state adds the devices used so far of each binding type (0..count), so
+    every placement it returns fits their inventory exactly: a
+    resource-constrained shortest path, O(L^2 K prod(count_b + 1)). For each
+    (boundary i, type k) the segments ending at i are grouped by their replica
+    count, so the usage shift is one array operation per group.
+    """
+    L, K = space.L, space.K
+    dims = [int(space.counts[k]) + 1 for k in binding]
+    U = int(np.prod(dims)) if dims else 1
+    axis = {k: a for a, k in enumerate(binding)}
+    rate = np.where(allowed, space.rate, np.inf)
+    best = np.full((L + 1, K, U), np.inf)
+    from_j = np.zeros((L + 1, K, U), dtype=np.int32)
+    excl = np.full((L + 1, K, U), np.inf)
+    excl_k = np.full((L + 1, K, U), -1, dtype=np.int32)
+    excl[0, :, 0] = 0.0
+
+    def shift(x: np.ndarray, k: int, n: int) -> np.ndarray:
+        if k not in axis:
+            return x
+        a = axis[k]
+        if n >= dims[a]:
+            return np.full(U, np.inf)
+        y = np.full(dims, np.inf)
+        src = x.reshape(dims)
+        sl_dst = [slice(None)] * len(dims)
+        sl_src = [slice(None)] * len(dims)
+        sl_dst[a], sl_src[a] = slice(n, None), slice(0, dims[a] - n)
+        y[tuple(sl_dst)] = src[tuple(sl_src)]
+        return y.reshape(U)
+
+    for i in range(1, L + 1):
+        js = np.arange(i)
+        segs = space.seg_index[js, i]
+        for k in range(K):
+            r = rate[segs, k]
+            ok = np.isfinite(r)
+            if not ok.any():
+                continue
+            ns = space.n[segs, k]
+            for n in np.unique(ns[ok]):
+                sel = js[ok & (ns == n)]
+                cand = excl[sel, k] + rate[segs[sel], k][:, None]       # (m, U)
+                arg = np.argmin(cand, axis=0)
+                m = shift(cand[arg, np.arange(U)], k, int(n))
+                src_j = shift(sel[arg].astype(float), k, int(n))
+                better = m < best[i, k]
+                best[i, k][better] = m[better]
+                from_j[i, k][better] = src_j[better].astype(np.int32)
+        if i < L:
+            order = np.argsort(best[i], axis=0, kind="stable")           # (K, U)
+            k1 = order[0]
+            k2 = order[1] if K > 1 else order[0]
+            us = np.arange(U)
+            for k in range(K):
+                use2 = k1 == k
+                excl[i, k] = np.where(use2, best[i, k2, us] if K > 1 else np.inf, best[i, k1, us])
+                excl_k[i, k] = np.where(use2, k2 if K > 1 else -1, k1)
+    flat = int(np.argmin(best[L].reshape(-1)))
+    k, u = divmod(flat, U)
+    if not np.isfinite(best[L, k, u]):
+        return np.inf, None
+    a_out = np.empty(L, dtype=int)
+    i = L
+    while i > 0:
+        j = int(from_j[i, k, u])
+        seg = space.seg_index[j, i]
+        a_out[j:i] = k
+        if k in axis:  # usage before this stage
+            idx = list(np.unravel_index(u, dims))
+            idx[axis[k]] -= int(space.n[seg, k])
+            u = int(np.ravel_multi_index(idx, dims))
+        i, k = j, int(excl_k[j, k, u]) if j > 0 else -1
+    return float(best[L].min()), a_out
+
+
 def resources(space: PlacementSpace, ps_threshold: float | None) -> tuple[np.ndarray, np.ndarray]:
     """Resource use of every stage option and the capacities: one row per device type
     (replicas vs the inventory) and, given ``ps_threshold``, one for the PS
@@ -121,7 +204,7 @@ def resources(space: PlacementSpace, ps_threshold: float | None) -> tuple[np.nda
 
 
 def lagrangian_min_rate(space: PlacementSpace, allowed: np.ndarray, ps_threshold: float | None,
-                        iterations: int = 40) -> tuple[float, float, np.ndarray | None]:
+                        iterations: int = 150) -> tuple[float, float, np.ndarray | None]:
     """Least rate under the inventory (and PS) rows, by Lagrangian relaxation of those rows.
 
     ``min sum rate + lam . (use - cap)`` over placements is a DP with
@@ -148,7 +231,7 @@ def lagrangian_min_rate(space: PlacementSpace, allowed: np.ndarray, ps_threshold
         g = (used - cap) / norm
         if (g <= 1e-12).all() and true_rate < ub:
             ub, best = true_rate, a
-        if ub - lb <= 1e-9 * max(abs(ub), 1e-12):
+        if closed(lb, ub):
             break
         target = ub if np.isfinite(ub) else lb + 0.1 * scale + 1e-9
         step = max(target - lb, 1e-9 * scale) / max(float(g @ g), 1e-12)
@@ -209,7 +292,7 @@ def solve(space: PlacementSpace, time_limit_s: float = 60.0) -> ExactResult:
     V = np.unique(space.tput[feas])
     hours = space.samples / 3600.0
     memo: dict[int, tuple[float, np.ndarray | None]] = {}
-    state: dict = {"best": np.inf, "a": None, "milp": 0}
+    state: dict = {"best": np.inf, "a": None, "milp": 0, "rc_dp": 0}
 
     def consider(a: np.ndarray | None) -> None:
         if a is None:
@@ -230,10 +313,12 @@ def solve(space: PlacementSpace, time_limit_s: float = 60.0) -> ExactResult:
             consider(a)
             inventory_ok = not ev.bottleneck[0].startswith("inventory")
             ps_ok = ev.throughput_sps[0] >= v * (1 - 1e-12)
-            if not inventory_ok:            # R(V) under the inventory rows
-                lb, ub, a1 = lagrangian_min_rate(space, allowed, None)
-                consider(a1)
-                r = polish(allowed, None, lb, ub)
+            if not inventory_ok:            # R(V) under the inventory: binding types into the state
+                r, a = inventory_min_rate(allowed, a)
+                consider(a)
+                if a is not None:
+                    ps_ok = space.evaluate(a[None, :]).throughput_sps[0] >= v * (1 - 1e-12)
+                    inventory_ok = True
             if not (inventory_ok and ps_ok) and (r + space.ps_rate) * hours / v < state["best"] * (1 - 1e-12):
                 lb2, ub2, a2 = lagrangian_min_rate(space, allowed, v)   # and T_ps >= v
                 consider(a2)
@@ -241,6 +326,26 @@ def solve(space: PlacementSpace, time_limit_s: float = 60.0) -> ExactResult:
                     polish(allowed, v, lb2, ub2)
         memo[idx] = (r, a)
         return r
+
+    def inventory_min_rate(allowed: np.ndarray, a: np.ndarray) -> tuple[float, np.ndarray | None]:
+        """Exact R(V) under the inventory: add violated types to the DP state until none is
+        violated; past RC_DP_MAX_STATES states, a Lagrangian bound and a time-capped MILP."""
+        binding: list[int] = []
+        while True:
+            more = [int(k) for k in np.flatnonzero(usage(space, a) > space.counts) if k not in binding]
+            if not more:
+                return float(sum(space.rate[space.seg_index[j, i], k] for j, i, k in space.stages_of(a))), a
+            binding += more
+            if np.prod([space.counts[k] + 1 for k in binding]) > RC_DP_MAX_STATES:
+                break
+            state["rc_dp"] += 1
+            r, a2 = rc_dp_min_rate(space, allowed, binding)
+            if a2 is None:
+                return np.inf, None
+            a = a2
+        lb, ub, a1 = lagrangian_min_rate(space, allowed, None)
+        consider(a1)
+        return polish(allowed, None, lb, ub), a1
 
     def polish(allowed: np.ndarray, ps_v: float | None, lb: float, ub: float) -> float:
         """Close a Lagrangian duality gap with a time-capped MILP; return the best bound."""
@@ -282,7 +387,7 @@ def solve(space: PlacementSpace, time_limit_s: float = 60.0) -> ExactResult:
     lb = min(lower, best)
     gap = 0.0 if not np.isfinite(best) or lb >= best else (best - lb) / best
     return ExactResult(state["a"], best, lb, gap, int(V.size), len(memo),
-                       state["milp"], time.perf_counter() - t0)
+                       state["milp"], state["rc_dp"], time.perf_counter() - t0)
 
 
 @register("exact")
@@ -294,7 +399,7 @@ class Exact(PlacementScheduler):
             returned with its lower bound and gap in ``plan.options["exact"]``.
     """
 
-    def __init__(self, time_limit_s: float = 60.0) -> None:
+    def __init__(self, time_limit_s: float = 10.0) -> None:
         if time_limit_s <= 0:
             raise ValueError("time_limit_s must be > 0")
         self.time_limit_s = time_limit_s
@@ -312,8 +417,17 @@ class Exact(PlacementScheduler):
         plan.options["exact"] = {"lower_bound_usd": res.lower_bound_usd, "gap": res.gap,
                                  "proven_optimal": res.proven,
                                  "thresholds": res.thresholds, "solves": res.solves,
-                                 "milp_solves": res.milp_solves, "seconds": res.seconds}
+                                 "milp_solves": res.milp_solves, "rc_dp_solves": res.rc_dp_solves,
+                                 "seconds": res.seconds}
         return plan
 
     def search(self, space: PlacementSpace, minimize: str) -> np.ndarray | None:
         return solve(space, self.time_limit_s).assignment
+
+
+def usage(space: PlacementSpace, a: np.ndarray) -> np.ndarray:
+    """Devices of each type a placement provisions."""
+    used = np.zeros(space.K, dtype=int)
+    for j, i, k in space.stages_of(a):
+        used[k] += int(space.n[space.seg_index[j, i], k])
+    return used
