@@ -8,24 +8,29 @@ throughput (:class:`sim.placement.PlacementSpace`). The ratio makes the cost
 non-separable; it is minimised by a search over the bottleneck throughput:
 
 * For a threshold V, ``R(V)`` = the least rate of a placement whose stages all
-  have ``T_s >= V``. Without inventory coupling this is a dynamic programme
-  over layer boundaries with the last stage's type as state (consecutive
-  stages differ in type: one type's consecutive layers form one stage),
-  O(L^2 K) per threshold. When the DP's placement uses more devices of a type
-  than the inventory holds, a MILP (scipy.optimize.milp, HiGHS) over stage
-  options x[segment, type] with flow, no-repeated-type, inventory (and, for a
-  candidate plan, PS bandwidth) constraints gives R(V) instead.
-* R is non-decreasing in V, and a placement whose minimum stage throughput is
-  in [V_a, V_b] costs at least ``(R(V_a) + R_ps) * samples / V_b / 3600``
-  (T never exceeds the minimum stage throughput). Branch and bound over the
-  sorted distinct stage throughputs prunes every interval whose bound is not
-  below the best placement found; a single-threshold leaf is closed when its
-  bound ``(R(V) + R_ps) * samples / V / 3600`` is not below the best.
+  have ``T_s >= V``: a dynamic programme over layer boundaries with the last
+  stage's type as state (consecutive stages differ in type: one type's
+  consecutive layers form one stage), O(L^2 K) per threshold. When its
+  placement uses more devices of a type than the inventory holds, the
+  violated types' usage joins the DP state (a resource-constrained shortest
+  path, exact; :func:`rc_dp_min_rate`) until no type is violated. Only past
+  ``RC_DP_MAX_STATES`` states does a Lagrangian bound plus a time-capped MILP
+  (scipy.optimize.milp, HiGHS) over stage options x[segment, type] with flow,
+  no-repeated-type and inventory rows take over.
+* Branch and bound over intervals [V_a, V_b] of the sorted distinct stage
+  throughputs. A placement whose smallest stage throughput m is in the
+  interval costs at least ``hours * max((R(V_a) + R_ps) / V_b,
+  S(V_a) + R_ps / V_b)``, where S(V) is the least sum of per-stage
+  ``rate_s / T_s`` (T never exceeds any T_s). The least-rate placement p at
+  V_a closes [V_a, T(p)] at once: any placement with m there has rate >=
+  R(V_a) and T <= m <= T(p).
 
-When no leaf stays open the result is optimal (gap 0). The PS bound can make
-a placement's T lower than its minimum stage throughput; such placements are
-still bounded correctly, and the reported gap covers the rest: ``gap =
-(best - lower_bound) / best``.
+The PS bound can hold a placement's T below its smallest stage throughput
+(T = T_ps, off the grid of stage throughputs). Placements whose T_ps is below
+the threshold are bounded by ``(R(V) + R_ps) * hours / V``; a PS-constrained
+MILP at the threshold supplies candidates. When the PS never binds the result
+is optimal (gap 0); otherwise the reported ``gap = (best - lower_bound) /
+best`` says how far from proven it is.
 """
 
 from __future__ import annotations
@@ -357,6 +362,23 @@ def solve(space: PlacementSpace, time_limit_s: float = 60.0) -> ExactResult:
         consider(a_m)
         return max(lb, r_m)
 
+    with np.errstate(divide="ignore", invalid="ignore"):
+        per_sample = np.where(feas, space.rate / space.tput, np.inf)   # $/h per (sample/s)
+    sep_memo: dict[int, float] = {}
+
+    def sep_at(idx: int) -> float:
+        """min over placements with every stage >= V[idx] of sum_s rate_s / T_s (inventory
+        relaxed): since T <= T_s, cost >= hours * (this + R_ps / T)."""
+        if idx not in sep_memo:
+            r, a = dp_min_rate(space, feas & (space.tput >= V[idx]), per_sample)
+            consider(a)
+            sep_memo[idx] = r
+        return sep_memo[idx]
+
+    # Branch and bound over intervals [V[a], V[b]] of the smallest stage throughput m.
+    # The least-rate placement p at V[a] closes [V[a], T(p)]: any placement with m in it
+    # has rate >= R(V[a]) and T <= m <= T(p). A placement held back by the PS
+    # (T(p) < V[a]) leaves those with T_ps < V[a] bounded by (R + R_ps) * hours / V[a].
     lower = np.inf
     stack = [(0, V.size - 1)] if V.size else []
     timed_out = False
@@ -365,16 +387,23 @@ def solve(space: PlacementSpace, time_limit_s: float = 60.0) -> ExactResult:
             timed_out = True
             break
         a_i, b_i = stack.pop()
-        ra = rate_at(a_i)
-        if not np.isfinite(ra):
-            continue                                   # no placement has every stage >= V[a_i]
-        if a_i == b_i:
-            leaf = (ra + space.ps_rate) * hours / V[a_i]
-            if leaf < state["best"] * (1 - 1e-12):
-                lower = min(lower, leaf)               # stays open: PS-bound placements
+        if a_i > b_i:
             continue
-        bound = (ra + space.ps_rate) * hours / V[b_i]
-        if bound >= state["best"] * (1 - 1e-12):
+        r = rate_at(a_i)
+        if not np.isfinite(r):
+            continue                                   # no placement has every stage >= V[a_i]
+        lb_ab = hours * max((r + space.ps_rate) / V[b_i], sep_at(a_i) + space.ps_rate / V[b_i])
+        if lb_ab >= state["best"] * (1 - 1e-12):
+            continue
+        p = memo[a_i][1]
+        t_p = float(space.evaluate(p[None, :]).throughput_sps[0]) if p is not None else 0.0
+        if t_p < V[a_i] * (1 - 1e-12):
+            open_lb = (r + space.ps_rate) * hours / V[a_i]
+            if open_lb < state["best"] * (1 - 1e-12):
+                lower = min(lower, open_lb)
+            t_p = float(V[a_i])
+        a_i = max(a_i + 1, int(np.searchsorted(V, t_p * (1 + 1e-12), side="right")))
+        if a_i > b_i:
             continue
         mid = (a_i + b_i) // 2
         stack.append((mid + 1, b_i))
@@ -382,7 +411,8 @@ def solve(space: PlacementSpace, time_limit_s: float = 60.0) -> ExactResult:
     if timed_out:  # open intervals: R is non-decreasing, so the nearest solved threshold below bounds it
         for a_i, b_i in stack:
             ra = max((memo[i][0] for i in memo if i <= a_i), default=0.0)
-            lower = min(lower, (ra + space.ps_rate) * hours / V[b_i])
+            sp = max((sep_memo[i] for i in sep_memo if i <= a_i), default=0.0)
+            lower = min(lower, hours * max((ra + space.ps_rate) / V[b_i], sp + space.ps_rate / V[b_i]))
     best = state["best"]
     lb = min(lower, best)
     gap = 0.0 if not np.isfinite(best) or lb >= best else (best - lb) / best
