@@ -51,6 +51,8 @@ from sim.problem import Problem
 
 #: Wall-clock cap of one MILP call (HiGHS returns its incumbent and dual bound past it).
 MILP_CALL_LIMIT_S = 5.0
+#: Generations of the genetic run that seeds the incumbent.
+INCUMBENT_GENERATIONS = 40
 #: Largest inventory state (product of count + 1 over binding types) the resource DP takes on.
 RC_DP_MAX_STATES = 50_000
 
@@ -66,6 +68,7 @@ class ExactResult:
     milp_solves: int
     rc_dp_solves: int        # DPs with inventory state
     seconds: float
+    timed_out: bool = False
 
     @property
     def proven(self) -> bool:
@@ -306,6 +309,12 @@ def solve(space: PlacementSpace, time_limit_s: float = 60.0) -> ExactResult:
         if ev.feasible[0] and ev.cost_usd[0] < state["best"]:
             state["best"], state["a"] = float(ev.cost_usd[0]), a
 
+    def consider_many(A: np.ndarray) -> None:
+        ev = space.evaluate(A)
+        i = int(np.argmin(ev.cost_usd))
+        if ev.feasible[i] and ev.cost_usd[i] < state["best"]:
+            state["best"], state["a"] = float(ev.cost_usd[i]), A[i]
+
     def rate_at(idx: int) -> float:
         """A lower bound on R(V[idx]) under the inventory; records candidate placements."""
         if idx in memo:
@@ -362,6 +371,12 @@ def solve(space: PlacementSpace, time_limit_s: float = 60.0) -> ExactResult:
         consider(a_m)
         return max(lb, r_m)
 
+    # incumbents from the heuristics: single-type plans, greedy and a short genetic run
+    from schedulers.placement import Genetic, Greedy
+
+    consider_many(np.repeat(np.arange(space.K)[:, None], space.L, axis=1))
+    consider(Greedy().search(space, "cost"))
+    consider(Genetic(generations=INCUMBENT_GENERATIONS, seed=0).search(space, "cost"))
     with np.errstate(divide="ignore", invalid="ignore"):
         per_sample = np.where(feas, space.rate / space.tput, np.inf)   # $/h per (sample/s)
     sep_memo: dict[int, float] = {}
@@ -417,7 +432,7 @@ def solve(space: PlacementSpace, time_limit_s: float = 60.0) -> ExactResult:
     lb = min(lower, best)
     gap = 0.0 if not np.isfinite(best) or lb >= best else (best - lb) / best
     return ExactResult(state["a"], best, lb, gap, int(V.size), len(memo),
-                       state["milp"], state["rc_dp"], time.perf_counter() - t0)
+                       state["milp"], state["rc_dp"], time.perf_counter() - t0, timed_out)
 
 
 @register("exact")
@@ -442,6 +457,10 @@ class Exact(PlacementScheduler):
         space = PlacementSpace(problem)
         res = self.last = solve(space, self.time_limit_s)
         if res.assignment is None:
+            if res.timed_out:
+                raise PlacementInfeasible(
+                    f"exact: no placement meeting throughput_min={space.target:.4g} samples/s found "
+                    f"within time_limit_s={self.time_limit_s:g}; raise the limit")
             raise PlacementInfeasible("exact: " + space.describe_infeasible())
         plan = space.to_plan(res.assignment, self.name)
         plan.options["exact"] = {"lower_bound_usd": res.lower_bound_usd, "gap": res.gap,

@@ -1,0 +1,391 @@
+"""Reproduce HeterPS (seed paper 000): cost-optimal layer placement under a throughput constraint.
+
+    python -m experiments.reproduce_heterps [--quick] [--out results/reproduce_heterps]
+
+The experiment, top to bottom:
+
+* **Inventory.** CPUs ``cpu-8c`` x32 and ``cpu-16c`` x32; GPUs ``t4`` x16,
+  ``a10g`` x8, ``v100`` x8 and ``a100`` x8 (datasheet profiles and on-demand
+  prices from hardware_profiles/); 8 PS shards on ``cpu-16c``; 25 Gbit/s
+  NICs, 50 us latency.
+* **Workloads.** ctr_dnn, wide_deep and a DLRM-like model
+  (experiments/heterps_models.py; 26 tables of 1M x 64, 4 ids a field) at a
+  global batch of 4096; resnet50 at 256; transformer at 64. 10M samples each.
+* **Targets.** ``throughput_min`` = a fraction (FRACTIONS) of an upper bound on
+  what any placement reaches (:meth:`sim.placement.PlacementSpace.best_reachable`).
+* **Methods.** cpu_only, gpu_only, greedy, genetic, exact, and rl (the
+  committed default policy) when schedulers.rl imports. Every plan is scored
+  by the placement model (sim/placement.py); gaps are to exact's cost where
+  exact proved optimality, otherwise to its lower bound (flagged).
+* **Throughput.** The highest target each family meets, by bisection on
+  ``throughput_min``: one device type (the best of cpu_only / gpu_only) against
+  the heterogeneous placement (exact's feasibility, inventory included).
+* **Cross-check.** When the multi-stage DES is available, exact's plan at one
+  target per workload is simulated and its throughput compared with the model.
+
+Outputs in ``--out``: ``results.csv`` (one row per workload x target x method),
+``throughput.csv``, ``report.md`` and the PNG figures it shows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from tqdm import tqdm
+
+import schedulers
+from experiments import runner
+from schedulers.exact import dp_min_rate, rc_dp_min_rate, usage
+from sim.errors import HetsimError
+from sim.placement import PlacementSpace
+from sim.plan import Plan
+from sim.problem import Objective, Problem
+
+CONFIG_DIR = Path(__file__).with_name("configs") / "heterps"
+INVENTORY = {"cpu-8c": 32, "cpu-16c": 32, "t4": 16, "a10g": 8, "v100": 8, "a100": 8}
+WORKLOADS: dict[str, tuple[Any, int]] = {
+    "ctr_dnn": ("ctr_dnn", 4096),
+    "wide_deep": ("wide_deep", 4096),
+    "dlrm": ({"file": "dlrm.yaml"}, 4096),
+    "resnet50": ("resnet50", 256),
+    "transformer": ("transformer", 64),
+}
+FRACTIONS = (0.05, 0.1, 0.2, 0.35, 0.5, 0.65, 0.8)
+QUICK_FRACTIONS = (0.1, 0.35)
+METHODS = ("cpu_only", "gpu_only", "greedy", "genetic", "exact", "rl")
+SAMPLES = 10_000_000
+DES_FRACTION = 0.2
+
+
+def config(workload: str, throughput_min: float | None) -> dict[str, Any]:
+    model, batch = WORKLOADS[workload]
+    objective: dict[str, Any] = {"minimize": "cost"}
+    if throughput_min:
+        objective["throughput_min"] = float(throughput_min)
+    return {
+        "name": f"heterps-{workload}",
+        "seed": 0,
+        "cluster": {
+            "devices": [{"type": t, "count": c} for t, c in INVENTORY.items()],
+            "ps": {"shards": 8, "type": "cpu-16c"},
+            "network": {"bandwidth_gbps": 25, "latency_us": 50},
+        },
+        "job": {"model": model, "global_batch": batch, "samples": SAMPLES, "pipeline": True},
+        "objective": objective,
+        "scheduler": {"name": "exact"},
+    }
+
+
+def loaded(workload: str, throughput_min: float | None) -> runner.Loaded:
+    return runner.from_dict(config(workload, throughput_min), CONFIG_DIR, f"<heterps {workload}>")
+
+
+def with_target(problem: Problem, target: float) -> Problem:
+    return dataclasses.replace(problem, objective=Objective("cost", throughput_min=target))
+
+
+def feasible_at(problem: Problem, target: float, kinds: set[str] | None) -> bool:
+    """Does a placement (on one type of ``kinds`` if given) meet ``target`` within the inventory?"""
+    space = PlacementSpace(with_target(problem, target))
+    if kinds is not None:
+        whole = space.seg_index[0, space.L]
+        for k in range(space.K):
+            if space.kinds[k] in kinds and space.n[whole, k] > 0:
+                if space.evaluate(np.full((1, space.L), k)).feasible[0]:
+                    return True
+        return False
+    allowed = space.n > 0
+    _, a = dp_min_rate(space, allowed)
+    if a is None:
+        return False
+    binding = [int(k) for k in np.flatnonzero(usage(space, a) > space.counts)]
+    while binding:
+        _, a = rc_dp_min_rate(space, allowed, binding)
+        if a is None:
+            return False
+        more = [int(k) for k in np.flatnonzero(usage(space, a) > space.counts) if k not in binding]
+        if not more:
+            break
+        binding += more
+    return bool(space.evaluate(a[None, :]).feasible[0])
+
+
+def max_throughput(problem: Problem, kinds: set[str] | None, hi: float, rel: float = 1e-3) -> float:
+    """The highest throughput_min met (bisection to ``rel``); 0 if not even hi * 1e-6."""
+    lo = hi * 1e-6
+    if not feasible_at(problem, lo, kinds):
+        return 0.0
+    while hi / lo > 1 + rel:
+        mid = (lo * hi) ** 0.5
+        lo, hi = (mid, hi) if feasible_at(problem, mid, kinds) else (lo, mid)
+    return lo
+
+
+def run_method(problem: Problem, method: str) -> tuple[dict[str, Any], Plan | None]:
+    """One method's plan scored by the placement model (and its scheduling time)."""
+    t0 = time.perf_counter()
+    try:
+        plan = schedulers.make(method).plan(problem)
+    except HetsimError as e:
+        return {"feasible": False, "error": str(e).splitlines()[0], "sched_s": time.perf_counter() - t0}, None
+    except Exception as e:  # a broken RL policy file is reported in the table, not fatal
+        if method != "rl":
+            raise
+        return {"feasible": False, "error": f"rl failed: {str(e).splitlines()[0][:160]}",
+                "sched_s": time.perf_counter() - t0}, None
+    dt = time.perf_counter() - t0
+    pred = plan.options["placement"]["predicted"]
+    row: dict[str, Any] = {
+        "feasible": bool(pred["feasible"]), "cost_usd": pred["cost_usd"], "throughput_sps": pred["throughput_sps"],
+        "rate_usd_h": pred["rate_usd_h"], "energy_j": pred["energy_j"], "sched_s": dt,
+        "stages": len(plan.stages), "devices": sum(len(s.replicas) for s in plan.stages),
+        "placement": " | ".join(f"{s.device_type}x{len(s.replicas)}[{s.first_layer}:{s.end_layer}]"
+                                for s in plan.stages),
+    }
+    ex = plan.options.get("exact")
+    if ex:
+        row.update(lower_bound_usd=ex["lower_bound_usd"], gap_bound=ex["gap"], proven=ex["proven_optimal"])
+    return row, plan
+
+
+def run(out: Path, quick: bool, workloads: Sequence[str] | None = None,
+        methods: Sequence[str] | None = None, fractions: Sequence[float] | None = None) -> pd.DataFrame:
+    """Every (workload, target, method); writes results.csv, throughput.csv, des_check.csv."""
+    methods = list(methods or METHODS)
+    if "rl" in methods:
+        try:
+            schedulers.make("rl")
+        except Exception as e:  # noqa: BLE001 - report, do not fail, when the RL policy is absent
+            print(f"rl left out: {e}")
+            methods.remove("rl")
+    fracs = fractions or (QUICK_FRACTIONS if quick else FRACTIONS)
+    workloads = list(workloads or WORKLOADS)
+    rows: list[dict[str, Any]] = []
+    tput_rows: list[dict[str, Any]] = []
+    des_rows: list[dict[str, Any]] = []
+    des_fraction = DES_FRACTION if DES_FRACTION in fracs else fracs[0]
+    bar = tqdm(total=len(workloads) * (len(fracs) * len(methods) + 1), desc="heterps", unit="run")
+    for w in workloads:
+        problem = runner.problem_of(loaded(w, None))
+        reach, layer = PlacementSpace(problem).best_reachable()
+        for f in fracs:
+            target = float(f) * reach
+            p = with_target(problem, target)
+            for m in methods:
+                row, plan = run_method(p, m)
+                rows.append({"workload": w, "fraction": f, "throughput_min": target, "method": m, **row})
+                if m == "exact" and abs(f - des_fraction) < 1e-9 and plan is not None:
+                    des_rows.append(des_check(p, plan, w))
+                bar.update()
+        hi = reach * 1.0001
+        single = max(max_throughput(problem, {"cpu"}, hi), max_throughput(problem, {"gpu"}, hi))
+        het = max_throughput(problem, None, hi)
+        tput_rows.append({"workload": w, "upper_bound_sps": reach, "bound_layer": layer,
+                          "single_type_max_sps": single, "placement_max_sps": het,
+                          "ratio": het / single if single > 0 else float("inf")})
+        bar.update()
+    bar.close()
+    df = pd.DataFrame(rows)
+    exact = df[df.method == "exact"].set_index(["workload", "fraction"])
+    ref = exact.cost_usd.where(exact.proven.fillna(False).astype(bool), exact.lower_bound_usd)
+    df["gap"] = [r.cost_usd / ref.get((r.workload, r.fraction), np.nan) - 1 if r.feasible else np.nan
+                 for r in df.itertuples()]
+    df["gap_vs_bound"] = [not bool(exact.proven.get((r.workload, r.fraction), True)) for r in df.itertuples()]
+    out.mkdir(parents=True, exist_ok=True)
+    df.to_csv(out / "results.csv", index=False)
+    pd.DataFrame(tput_rows).to_csv(out / "throughput.csv", index=False)
+    pd.DataFrame(des_rows).to_csv(out / "des_check.csv", index=False)
+    return df
+
+
+def des_check(problem: Problem, plan: Plan, workload: str) -> dict[str, Any]:
+    """Simulate ``plan`` with the DES (when multi-stage plans are supported) against the model."""
+    pred = plan.options["placement"]["predicted"]["throughput_sps"]
+    small = dataclasses.replace(problem, job=dataclasses.replace(problem.job, iterations=40))
+    try:
+        res = runner.evaluate(small, plan, "des", trace=False)
+    except Exception as e:  # noqa: BLE001 - the DES may not take multi-stage plans yet
+        return {"workload": workload, "model_sps": pred, "des_sps": None, "rel_error": None,
+                "note": f"DES unavailable: {str(e).splitlines()[0][:120]}"}
+    return {"workload": workload, "model_sps": pred, "des_sps": res.throughput_sps,
+            "rel_error": res.throughput_sps / pred - 1, "note": ""}
+
+
+# ---- report ---------------------------------------------------------------------------
+def figures(df: pd.DataFrame, out: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = []
+    ws = list(dict.fromkeys(df.workload))
+    methods = list(dict.fromkeys(df.method))
+    fig, axes = plt.subplots(1, len(ws), figsize=(3.2 * len(ws), 3.2), squeeze=False)
+    for ax, w in zip(axes[0], ws):
+        d = df[(df.workload == w) & df.feasible.astype(bool)]
+        for m in methods:
+            dm = d[d.method == m]
+            ax.plot(dm.throughput_min, dm.cost_usd, marker="o", ms=3, label=m)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_title(w, fontsize=9)
+        ax.set_xlabel("throughput_min (samples/s)", fontsize=8)
+        ax.tick_params(labelsize=7)
+    axes[0][0].set_ylabel("cost of 10M samples (USD)", fontsize=8)
+    axes[0][-1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "cost_vs_throughput.png", dpi=90)
+    plt.close(fig)
+    names.append("cost_vs_throughput.png")
+
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    ms = [m for m in methods if m != "exact"]
+    data = [100 * df[(df.method == m) & df.feasible.astype(bool)].gap.dropna().to_numpy() for m in ms]
+    ax.boxplot(data, showfliers=True)
+    ax.set_xticks(range(1, len(ms) + 1), ms)
+    ax.set_yscale("symlog", linthresh=1)
+    ax.set_ylabel("cost gap to exact (%)")
+    ax.set_title("gap to the exact optimum (feasible plans)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out / "gap_to_exact.png", dpi=90)
+    plt.close(fig)
+    names.append("gap_to_exact.png")
+
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    data = [df[df.method == m].sched_s.to_numpy() * 1e3 for m in methods]
+    ax.boxplot(data, showfliers=True)
+    ax.set_xticks(range(1, len(methods) + 1), methods)
+    ax.set_yscale("log")
+    ax.set_ylabel("scheduling time (ms)")
+    fig.tight_layout()
+    fig.savefig(out / "scheduling_time.png", dpi=90)
+    plt.close(fig)
+    names.append("scheduling_time.png")
+    return names
+
+
+def _md(df: pd.DataFrame) -> str:
+    """A GitHub markdown table (numbers to 4 significant digits)."""
+    def cell(v: Any) -> str:
+        if isinstance(v, float | np.floating):
+            return "-" if not np.isfinite(v) else f"{v:.4g}"
+        return "-" if v is None else str(v)
+
+    head = "| " + " | ".join(map(str, df.columns)) + " |"
+    rule = "|" + "|".join("---" for _ in df.columns) + "|"
+    body = ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    return "\n".join([head, rule, *body])
+
+
+def report(df: pd.DataFrame, out: Path, figs: Sequence[str], quick: bool, seconds: float) -> None:
+    tput = pd.read_csv(out / "throughput.csv")
+    des = pd.read_csv(out / "des_check.csv") if (out / "des_check.csv").stat().st_size > 1 else pd.DataFrame()
+    feas = df[df.feasible.astype(bool)]
+    summary = []
+    for m in dict.fromkeys(df.method):
+        d = df[df.method == m]
+        g = feas[feas.method == m].gap.dropna() * 100
+        summary.append({"method": m, "feasible": f"{int(d.feasible.astype(bool).sum())}/{len(d)}",
+                        "gap mean %": g.mean() if len(g) else np.nan,
+                        "gap median %": g.median() if len(g) else np.nan,
+                        "gap p90 %": g.quantile(0.9) if len(g) else np.nan,
+                        "gap max %": g.max() if len(g) else np.nan,
+                        "sched median ms": d.sched_s.median() * 1e3, "sched max ms": d.sched_s.max() * 1e3})
+    ratio_rows = []
+    for w in dict.fromkeys(df.workload):
+        d = feas[feas.workload == w]
+        for f in sorted(set(d.fraction)):
+            x = d[d.fraction == f].set_index("method").cost_usd
+            if "exact" not in x:
+                continue
+            single = min(x.get("cpu_only", np.inf), x.get("gpu_only", np.inf))
+            ratio_rows.append({"workload": w, "fraction": f, "exact USD": x["exact"],
+                               "best single-type USD": single if np.isfinite(single) else None,
+                               "single / exact": single / x["exact"] if np.isfinite(single) else None})
+    ratios = pd.DataFrame(ratio_rows)
+    finite = ratios["single / exact"].dropna() if len(ratios) else pd.Series(dtype=float)
+    exact = df[df.method == "exact"]
+    lines = [
+        "# HeterPS reproduction: layer placement and provisioning",
+        "",
+        f"Generated by `python -m experiments.reproduce_heterps{' --quick' if quick else ''}` "
+        f"in {seconds:.0f} s. Every figure below is produced by that command.",
+        "",
+        "## Setup",
+        "",
+        f"- Inventory: {', '.join(f'{t} x{c}' for t, c in INVENTORY.items())}; 8 PS shards on cpu-16c; "
+        "25 Gbit/s NICs, 50 us latency. Datasheet profiles and prices (hardware_profiles/).",
+        f"- Workloads (global batch): {', '.join(f'{w} ({b})' for w, (_, b) in WORKLOADS.items())}; "
+        f"{SAMPLES:.0e} samples each; pipelining on.",
+        f"- throughput_min = fraction x an upper bound on any placement's throughput; fractions "
+        f"{', '.join(str(f) for f in sorted(set(df.fraction)))}.",
+        "- Cost, throughput and energy come from the placement model (sim/placement.py): stages "
+        "provisioned with the fewest replicas meeting throughput_min; cost = price x time for the samples.",
+        f"- exact proved optimality in {int(exact.proven.fillna(False).astype(bool).sum())} of "
+        f"{int(exact.feasible.astype(bool).sum())} feasible cases; elsewhere gaps are to its lower bound.",
+        "",
+        "## Each method's gap to the exact optimum and its scheduling time",
+        "",
+        _md(pd.DataFrame(summary)),
+        "",
+        *[f"![{f}]({f})" for f in figs],
+        "",
+        "## Cost: the best single device type against the exact placement",
+        "",
+        _md(ratios) if len(ratios) else "(no case where both are feasible)",
+        "",
+        "## Throughput: the highest throughput_min each family meets",
+        "",
+        _md(tput),
+        "",
+    ]
+    if len(des):
+        lines += ["## DES cross-check of exact's plan", "", _md(des), ""]
+    lines += [
+        "## Where this lands relative to HeterPS's claims, and why",
+        "",
+        "HeterPS reports up to 14.5x higher throughput and 312.3% lower cost than prior "
+        "approaches (its abstract, ../shared/seeds/000_*).",
+        "",
+        f"- Cost. Where one device type can meet the target at all, the best single-type plan costs "
+        f"{finite.min():.2f}x to {finite.max():.2f}x (median {finite.median():.2f}x) the exact placement "
+        "here." if len(finite) else "- Cost: no case where a single type and exact were both feasible.",
+        f"- Throughput. The heterogeneous placement meets targets up to "
+        f"{tput.ratio.replace(np.inf, np.nan).min():.2f}x to {tput.ratio.replace(np.inf, np.nan).max():.2f}x "
+        "of what the best single type can meet within the same inventory.",
+        "- Why the figures differ from the paper's: HeterPS compares with other frameworks' schedules "
+        "on its own clusters and prices, and measures real runs; here every method shares one "
+        "steady-state model and one inventory, so the ratios isolate the placement decision. The "
+        "chain model also routes only the last layer's activations across a boundary, which "
+        "undercounts the traffic of parallel embedding branches (ARCHITECTURE.md: DAGs come with "
+        "the robotics work), and same-type neighbours merge into one stage, so the optimum sometimes "
+        "alternates types to give embedding shards their own NICs.",
+        "",
+    ]
+    (out / "report.md").write_text("\n".join(lines))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m experiments.reproduce_heterps", description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help=f"targets {QUICK_FRACTIONS} only")
+    ap.add_argument("--out", default="results/reproduce_heterps")
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    t0 = time.perf_counter()
+    df = run(out, args.quick)
+    figs = figures(df, out)
+    report(df, out, figs, args.quick, time.perf_counter() - t0)
+    print(f"wrote {out / 'report.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
