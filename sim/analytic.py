@@ -222,7 +222,13 @@ def evaluate(problem: Problem, plan: Plan, scheduler: Any = None) -> RunResult:
     calls in a row return it unchanged or None) or after ``MAX_REBALANCES``
     changes. ``extra["rebalances"]`` counts the changes and
     ``extra["final_shares"]`` gives the plan evaluated.
+
+    Plans of more than one stage go to :func:`sim.multistage.evaluate_analytic`.
     """
+    if len(plan.stages) > 1:  # layer placement: the pipeline's steady state
+        from sim.multistage import evaluate_analytic
+
+        return evaluate_analytic(problem, plan)
     fn = getattr(scheduler, "rebalance", None)
     if not callable(fn):
         return _evaluate(problem, plan)

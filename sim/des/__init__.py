@@ -27,7 +27,14 @@ def simulate(problem: Problem, plan: Plan, trace: bool = True,
             the end of every global iteration and the plan it returns is applied
             (see :mod:`sim.des.engine`); ``extra["rebalances"]`` counts the plans
             applied and ``extra["final_shares"]`` gives the last one.
+
+    Plans of more than one stage run in :mod:`sim.des.pipeline` (``scheduler``
+    is not called: placement plans are static).
     """
+    if len(plan.stages) > 1:  # layer placement: a pipeline of stages
+        from sim.des.pipeline import simulate_pipeline
+
+        return simulate_pipeline(problem, plan, trace=trace, on_iteration=on_iteration)
     sim = DataParallelSim(problem, plan, plan_costs(problem, plan), trace=trace,
                           on_iteration=on_iteration, scheduler=scheduler)
     return sim.run()

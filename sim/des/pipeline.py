@@ -1,0 +1,459 @@
+"""Multi-stage (layer-placement) plans as SimPy processes.
+
+The plan's steady-state model (:func:`sim.multistage.pipeline_model`) gives
+every replica's compute and message sizes; this DES executes them:
+
+* **Work.** Each iteration's global batch is split over a stage's replicas by
+  the plan's shares (replica r holds samples ``[first_r, first_r + b_r)``).
+  A replica runs one forward and one backward per iteration in the 1F1B
+  order: ``w_s`` forwards, then alternately the backward of the oldest
+  iteration and the next forward, so stage s holds at most ``w_s``
+  iterations (``in_flight``; :func:`default_in_flight`). A fixed order keeps
+  the traffic each stage generates smooth, which is what lets every
+  resource run at the rate the steady-state model assumes (a greedy
+  backward-first engine bunches forwards and backwards and idles the links
+  in between). The forward of iteration k needs the activations of its
+  samples from every upstream replica holding some of them (and, with
+  ``job.pipeline``, its parameters); its backward needs their gradients from
+  downstream (the last stage: its own forward).
+* **Network.** Every replica's NIC is two FIFO links (up, down) with its
+  bandwidth. The PS shards are pooled: a PS message is spread over the shards
+  in proportion to their NICs, so the shards act as one up and one down link
+  with the sum of their bandwidths, shared by every stage. The pool serves
+  the oldest iteration first (pre-emptive resume): a prefetch for a later
+  iteration never holds up the pull a forward is waiting for, and a small
+  pull is not queued behind another stage's large one. A message holds the
+  sender's up link and the receiver's down link, each for ``bytes / bw``
+  (queued independently: a fluid cut-through approximation, so an
+  uncontended message takes ``bytes / min(bw) + latency_s``, the costmodel's
+  message time), then arrives ``latency_s`` after its last byte. Boundary
+  messages carry ``overlap * act_out`` bytes forward from replica r of stage
+  s to replica q of stage s+1 (``overlap``: samples both hold) and as many
+  gradient bytes back.
+* **PS sync, per stage.** Each replica pulls its stage's parameters for every
+  iteration and pushes its gradients after the backward; stage s's update of
+  iteration k is applied when all its replicas' pushes have arrived. The pull
+  for iteration k waits for the update of iteration k - lag_s (bounded
+  staleness, as in any pipeline with iterations in flight;
+  :func:`staleness_bound` makes it long enough for the push, the update and
+  the pull to overlap the iterations in between, and issues the pull before
+  the activations of the next iteration queue on the link). With
+  ``job.pipeline`` pulls are prefetched and pushes sent in the background,
+  FIFO with the boundary traffic (priority would starve the boundary traffic
+  on a link the PS traffic nearly fills). Without, the replica waits for the
+  pull before the forward and for the push after the backward: the model's
+  ``(pull + push) / nic + 2 * latency`` added to the iteration; these
+  messages pre-empt boundary traffic on the replica's links (which resumes
+  where it stopped), as the model's sync time at the full NIC assumes.
+
+PS aggregation and update work is not modelled (the steady-state model
+charges none), so shards are never busy and their track in the trace shows
+their NIC time. An iteration ends when every stage has applied its update
+and every earlier iteration has ended.
+
+Deterministic: no randomness; SimPy's (time, priority, insertion) order
+fixes every tie, so the same problem and plan give the same bytes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Generator, Sequence
+from functools import partial
+from typing import Any
+
+import numpy as np
+import simpy
+
+from sim.multistage import PipelineModel, devices_of, pipeline_model, unsupported_note
+from sim.plan import Plan
+from sim.problem import Problem
+from sim.result import RunResult, Trace
+
+#: Priorities on a replica's links: a non-pipelined job's PS messages pre-empt boundary
+#: traffic. (On the PS pool the priority is the iteration: oldest first.)
+_SYNC, _BULK = 0, 1
+_EPS_BYTES = 1e-6
+
+
+def default_in_flight(m: PipelineModel) -> list[int]:
+    """Iterations each stage holds (``w_s``): enough that an iteration's round
+    trip below a stage never stalls it at the steady period ``d``.
+
+    The last stage needs one. Stage s needs ``w_{s+1}`` plus the periods
+    spanned by the boundary transfers both ways (uncontended, with latency) and
+    the next stage's compute and sync, plus two periods of slack for queueing
+    on the links.
+    """
+    S, d, lat = len(m.stages), m.period_s, m.latency_s
+    w = [1] * S
+    for s in range(S - 2, -1, -1):
+        a, b = m.stages[s], m.stages[s + 1]
+        x = max(max(r.batch * a.act_out / r.nic_Bps for r in a.replicas),
+                max(r.batch * b.act_in / r.nic_Bps for r in b.replicas))
+        work = max(r.compute_s + r.sync_s for r in b.replicas)
+        span = 2 * (x + lat) + work
+        w[s] = w[s + 1] + (math.ceil(span / d) if d > 0 else 1) + 2
+    return w
+
+
+def staleness_bound(m: PipelineModel, in_flight: Sequence[int]) -> list[int]:
+    """Per stage: the pull for iteration k waits for the update of k minus this.
+
+    Iteration k - w_s ends its backward on the stage just before forward k
+    starts; the push of an older iteration, its update and the pull must fit
+    in the periods in between: ``max(w_s, w_{s-1})`` plus the periods a push
+    and a pull take (uncontended, with latency), plus twice the periods the
+    PS pool needs for an iteration's traffic (both may queue there), plus one
+    of slack.
+    """
+    d, lat = m.period_s, m.latency_s
+    # periods the shared PS pool needs for one iteration's traffic (1 when it is the
+    # bottleneck): a push and a pull may each wait that long behind the others'
+    pool = math.ceil(m.ps_bytes / m.ps_capacity_Bps / d) if d > 0 and m.ps_capacity_Bps > 0 else 1
+    out = []
+    for s, st in enumerate(m.stages):
+        x = max((r.pull_bytes + r.push_bytes) / r.nic_Bps for r in st.replicas) + 2 * lat
+        # the upstream stage sends the activations of iteration k + 1 about w_{s-1}
+        # iterations after this stage's backward of k + 1 - w_{s-1}: a pull issued
+        # earlier than that is not queued behind them
+        w = max(in_flight[s], in_flight[s - 1] if s > 0 else 0)
+        out.append(w + (math.ceil(x / d) if d > 0 else 1) + 2 * pool + 1)
+    return out
+
+
+class Link:
+    """One direction of a NIC (or of the PS pool): messages served one at a time at
+    ``bw_Bps``, in (priority, arrival) order -- FIFO within a priority.
+
+    A request with ``preempt`` and a better (lower) priority interrupts the
+    message in service, which re-queues with the bytes it has left and keeps
+    its place (pre-emptive resume).
+    """
+
+    def __init__(self, env: simpy.Environment, bw_Bps: float,
+                 on_busy: Callable[[float, float], None] | None = None) -> None:
+        self.env = env
+        self.bw = float(bw_Bps)
+        self.res = simpy.PreemptiveResource(env, capacity=1)
+        self.on_busy = on_busy
+        self.busy_s = 0.0
+        self._seq = 0
+
+    def send(self, nbytes: float, priority: int, preempt: bool) -> Generator[Any, Any, None]:
+        env, left = self.env, float(nbytes)
+        # A pre-empted message keeps its place in the queue: its key stays (class, first
+        # request time, arrival number), ahead of everything of its class queued after it.
+        self._seq += 1
+        key = (priority, env.now, self._seq)
+        while left > _EPS_BYTES:
+            with self.res.request(priority=key, preempt=preempt) as req:  # type: ignore[arg-type]
+                t0 = -1.0
+                try:
+                    yield req  # pre-emption can strike here too: granted, not yet resumed
+                    t0 = env.now
+                    yield env.timeout(left / self.bw)
+                    left = 0.0
+                except simpy.Interrupt:
+                    if t0 >= 0:
+                        left -= (env.now - t0) * self.bw
+                if t0 >= 0:
+                    self.busy_s += env.now - t0
+                    if self.on_busy is not None and env.now > t0:
+                        self.on_busy(t0, env.now)
+
+
+class PipelineSim:
+    """One DES run of a multi-stage plan. Use :func:`simulate_pipeline`."""
+
+    def __init__(self, problem: Problem, plan: Plan, trace: bool = True,
+                 on_iteration: Callable[[int], None] | None = None,
+                 in_flight: Sequence[int] | None = None) -> None:
+        self.problem, self.plan = problem, plan
+        self.m = m = pipeline_model(problem, plan)
+        self.env = env = simpy.Environment()
+        self.S = S = len(m.stages)
+        self.w = list(in_flight) if in_flight is not None else default_in_flight(m)
+        if len(self.w) != S or min(self.w) < 1:
+            raise ValueError(f"in_flight needs one count >= 1 per stage, got {self.w}")
+        self.lag = staleness_bound(m, self.w)
+        self.n_iter = problem.job.iterations
+        self.pipelined = m.pipeline
+        self.lat = m.latency_s
+        self.trace = Trace() if trace else None
+        self.on_iteration = on_iteration
+        # replicas: (stage, index) -> global index g (trace thread, device order of the plan)
+        self.g: list[list[int]] = []
+        self.names: list[str] = []
+        for st in m.stages:
+            self.g.append(list(range(len(self.names), len(self.names) + len(st.replicas))))
+            self.names.extend(r.device for r in st.replicas)
+        self.up = [Link(env, r.nic_Bps) for st in m.stages for r in st.replicas]
+        self.down = [Link(env, r.nic_Bps) for st in m.stages for r in st.replicas]
+        cap = m.ps_capacity_Bps
+        self.ps_up = Link(env, cap if cap > 0 else 1.0, self._ps_span("pull"))
+        self.ps_down = Link(env, cap if cap > 0 else 1.0, self._ps_span("push"))
+        # boundary pieces: for stage s, (r, q, samples) with r in s and q in s + 1
+        self.pieces: list[list[tuple[int, int, int]]] = []
+        for s in range(S - 1):
+            a, b = m.stages[s].replicas, m.stages[s + 1].replicas
+            out = []
+            for r, ra in enumerate(a):
+                for q, qb in enumerate(b):
+                    lo = max(ra.first_sample, qb.first_sample)
+                    hi = min(ra.first_sample + ra.batch, qb.first_sample + qb.batch)
+                    if hi > lo:
+                        out.append((r, q, hi - lo))
+            self.pieces.append(out)
+        self.n_in = [[sum(1 for _, q2, _ in self.pieces[s - 1] if q2 == q) if s > 0 else 0
+                      for q in range(len(m.stages[s].replicas))] for s in range(S)]
+        self.n_out = [[sum(1 for r2, _, _ in self.pieces[s] if r2 == r) if s < S - 1 else 0
+                       for r in range(len(m.stages[s].replicas))] for s in range(S)]
+        self.events: dict[tuple[str, int, int, int], simpy.Event] = {}
+        self.counts: dict[tuple[str, int, int, int], int] = {}
+        self.pushed: dict[tuple[int, int], int] = {}
+        self.stage_done: dict[int, int] = {}
+        self.complete: set[int] = set()
+        self.iter_end: list[float] = []
+        self.finished = env.event()
+        self.compute_s = [0.0] * len(self.names)
+        self.comm_s = [0.0] * len(self.names)
+        self.shard_ids = list(plan.ps_shards)
+
+    # ------------------------------------------------------------------ helpers
+    def _ev(self, kind: str, s: int, r: int, k: int) -> simpy.Event:
+        key = (kind, s, r, k)
+        ev = self.events.get(key)
+        if ev is None:
+            ev = self.events[key] = self.env.event()
+        return ev
+
+    def _wait(self, kind: str, s: int, r: int, k: int) -> Generator[Any, Any, None]:
+        """Wait for an event that has one waiter, then forget it."""
+        yield self._ev(kind, s, r, k)
+        del self.events[(kind, s, r, k)]
+
+    def _arrive(self, kind: str, s: int, r: int, k: int, need: int) -> None:
+        key = (kind, s, r, k)
+        n = self.counts.get(key, 0) + 1
+        if n >= need:
+            self.counts.pop(key, None)
+            self._ev(kind, s, r, k).succeed()
+        else:
+            self.counts[key] = n
+
+    def _ps_span(self, what: str) -> Callable[[float, float], None] | None:
+        if self.trace is None:
+            return None
+
+        def cb(t0: float, t1: float) -> None:
+            assert self.trace is not None
+            for i, sid in enumerate(self.shard_ids):
+                self.trace.span("ps", i, sid, what, t0, t1)
+        return cb
+
+    def _message(self, links: tuple[Link, Link], nbytes: float, priority: int, preempt: bool,
+                 label: str, owner: int, k: int = 0) -> Generator[Any, Any, None]:
+        """Send ``nbytes`` over (sender up, receiver down); returns on arrival."""
+        if nbytes <= 0:
+            return
+        env = self.env
+        t0 = env.now
+        a, b = (env.process(ln.send(nbytes, k, True) if ln is self.ps_up or ln is self.ps_down
+                            else ln.send(nbytes, priority, preempt))
+                for ln in links)
+        yield a & b
+        if self.lat > 0:
+            yield env.timeout(self.lat)
+        if self.trace is not None:
+            self.trace.async_span("network", owner, self.names[owner], label, t0, env.now)
+
+    def _send(self, links: tuple[Link, Link], nbytes: float, label: str, owner: int,
+              done: Callable[[], None], k: int = 0) -> None:
+        """Send in the background, FIFO; ``done`` on arrival."""
+        def proc() -> Generator[Any, Any, None]:
+            yield from self._message(links, nbytes, _BULK, False, label, owner, k)
+            done()
+        self.env.process(proc())
+
+    # --------------------------------------------------------------- processes
+    def _puller(self, s: int, r: int) -> Generator[Any, Any, None]:
+        """With ``job.pipeline``: prefetch the parameters of every iteration, each as soon
+        as its update is applied (the first ``lag_s`` one after another). Pulls in flight
+        overlap: a chain of one pull at a time would trail the activations queued on a
+        busy link by a little more every iteration."""
+        lag = self.lag[s]
+        prev: simpy.Process | None = None
+        for k in range(self.n_iter):
+            if k >= lag:
+                yield self._ev("update", s, 0, k - lag)
+            elif prev is not None:
+                yield prev
+            prev = self.env.process(self._pull(s, r, k))
+
+    def _pull(self, s: int, r: int, k: int) -> Generator[Any, Any, None]:
+        g = self.g[s][r]
+        rc = self.m.stages[s].replicas[r]
+        yield from self._message((self.ps_up, self.down[g]), rc.pull_bytes, _BULK, False, f"pull {k}", g, k)
+        self._ev("params", s, r, k).succeed()
+
+    def _replica(self, s: int, r: int) -> Generator[Any, Any, None]:
+        """The replica's 1F1B sequence: w_s forwards, then backward k and forward k + w_s."""
+        n, w = self.n_iter, min(self.w[s], self.n_iter)
+        for k in range(w):
+            yield from self._forward(s, r, k)
+        for k in range(n):
+            yield from self._backward(s, r, k)
+            if k + w < n:
+                yield from self._forward(s, r, k + w)
+
+    def _forward(self, s: int, r: int, k: int) -> Generator[Any, Any, None]:
+        env = self.env
+        st = self.m.stages[s]
+        rc = st.replicas[r]
+        g = self.g[s][r]
+        tr = self.trace
+        if self.n_in[s][r]:
+            yield from self._wait("act", s, r, k)
+        if self.pipelined:
+            if rc.pull_bytes > 0:
+                yield from self._wait("params", s, r, k)
+        elif rc.pull_bytes > 0:
+            lag = self.lag[s]
+            if k >= lag:
+                yield self._ev("update", s, 0, k - lag)
+            t0 = env.now
+            yield from self._message((self.ps_up, self.down[g]), rc.pull_bytes, _SYNC, True, f"pull {k}", g, k)
+            self.comm_s[g] += env.now - t0
+            if tr is not None:
+                tr.span("workers", g, self.names[g], f"pull {k}", t0, env.now)
+        t0 = env.now
+        yield env.timeout(rc.fwd_s)
+        self.compute_s[g] += rc.fwd_s
+        if tr is not None:
+            tr.span("workers", g, self.names[g], f"fwd {k}", t0, env.now)
+        if s < self.S - 1:
+            for r2, q, n in self.pieces[s]:
+                if r2 == r:
+                    self._send((self.up[g], self.down[self.g[s + 1][q]]), n * st.act_out, f"act {k}", g,
+                               partial(self._arrive, "act", s + 1, q, k, self.n_in[s + 1][q]))
+
+    def _backward(self, s: int, r: int, k: int) -> Generator[Any, Any, None]:
+        env = self.env
+        st = self.m.stages[s]
+        rc = st.replicas[r]
+        g = self.g[s][r]
+        tr = self.trace
+        if self.n_out[s][r]:
+            yield from self._wait("grad", s, r, k)
+        t0 = env.now
+        yield env.timeout(rc.bwd_s)
+        self.compute_s[g] += rc.bwd_s
+        if tr is not None:
+            tr.span("workers", g, self.names[g], f"bwd {k}", t0, env.now)
+        if s > 0:
+            for p, q, n in self.pieces[s - 1]:
+                if q == r:
+                    self._send((self.up[g], self.down[self.g[s - 1][p]]), n * st.act_in, f"grad {k}", g,
+                               partial(self._arrive, "grad", s - 1, p, k, self.n_out[s - 1][p]))
+        if rc.push_bytes <= 0:
+            self._pushed(s, k)
+        elif self.pipelined:
+            self._send((self.up[g], self.ps_down), rc.push_bytes, f"push {k}", g, lambda: self._pushed(s, k), k)
+        else:
+            t0 = env.now
+            yield from self._message((self.up[g], self.ps_down), rc.push_bytes, _SYNC, True, f"push {k}", g, k)
+            self.comm_s[g] += env.now - t0
+            if tr is not None:
+                tr.span("workers", g, self.names[g], f"push {k}", t0, env.now)
+            self._pushed(s, k)
+
+    def _pushed(self, s: int, k: int) -> None:
+        key = (s, k)
+        n = self.pushed.get(key, 0) + 1
+        if n < len(self.m.stages[s].replicas):
+            self.pushed[key] = n
+            return
+        self.pushed.pop(key, None)
+        self._ev("update", s, 0, k).succeed()
+        done = self.stage_done.get(k, 0) + 1
+        self.stage_done[k] = done
+        if done == self.S:
+            del self.stage_done[k]
+            self.complete.add(k)
+            while len(self.iter_end) in self.complete:
+                self.complete.discard(len(self.iter_end))
+                self.iter_end.append(self.env.now)
+                if self.on_iteration is not None:
+                    self.on_iteration(len(self.iter_end))
+            if len(self.iter_end) >= self.n_iter and not self.finished.triggered:
+                self.finished.succeed()
+
+    # --------------------------------------------------------------------- run
+    def run(self) -> RunResult:
+        env, m = self.env, self.m
+        for s, st in enumerate(m.stages):
+            for r, rc in enumerate(st.replicas):
+                if self.pipelined and rc.pull_bytes > 0:
+                    env.process(self._puller(s, r))
+                env.process(self._replica(s, r))
+        env.run(until=self.finished)
+        return self._result(env.now)
+
+    def _result(self, end: float) -> RunResult:
+        job = self.problem.job
+        compute = dict(zip(self.names, self.compute_s))
+        comm = dict(zip(self.names, self.comm_s))
+        extra: dict[str, Any] = {
+            "in_flight": list(self.w),
+            "staleness_bound": list(self.lag),
+            "steady_throughput_sps": steady_throughput(self.iter_end, job.global_batch, self.w[0]),
+        }
+        note = unsupported_note(self.problem)
+        if note:
+            extra["note"] = note
+        if self.trace is not None and self.trace.dropped:
+            extra["trace_events_dropped"] = self.trace.dropped
+        n = len(self.iter_end)
+        return RunResult(
+            name=self.problem.name, evaluator="des", scheduler=self.plan.scheduler, seed=self.problem.seed,
+            iter_end_s=list(self.iter_end), iter_samples=[job.global_batch] * n,
+            devices=devices_of(self.problem, self.plan, compute, comm, end),
+            warmup=min(max(job.warmup_iterations, self.w[0]), max(n - 1, 0)), extra=extra,
+            trace=self.trace.events if self.trace is not None else [],
+        )
+
+
+def steady_throughput(iter_end_s: list[float], batch: int, skip: int) -> float:
+    """Samples/s in steady state: ``batch`` over the least-squares slope of the
+    end times of the second half of the iterations, less the last ``skip``
+    (the drain; fewer if the run is short). The first half covers the fill
+    and the transient while queues that the fill left on near-saturated links
+    drain (that can take many iterations when a link runs at 95 %); the slope
+    averages out the periodic pattern in which iterations complete."""
+    n = len(iter_end_s)
+    skip = min(skip, max((n - 4) // 2, 0))
+    ends = np.asarray(iter_end_s[max(skip, n // 2):n - skip], dtype=float)
+    if ends.size < 2:
+        return batch / iter_end_s[-1] if n and iter_end_s[-1] > 0 else 0.0
+    x = np.arange(ends.size, dtype=float)
+    slope = float(np.polyfit(x, ends, 1)[0])
+    return batch / slope if slope > 0 else 0.0
+
+
+def simulate_pipeline(problem: Problem, plan: Plan, trace: bool = True,
+                      on_iteration: Callable[[int], None] | None = None,
+                      in_flight: Sequence[int] | None = None) -> RunResult:
+    """Run a multi-stage ``plan`` for ``problem.job.iterations`` iterations.
+
+    Args:
+        trace: record a Chrome trace (one thread per replica and shard).
+        on_iteration: called with the number of iterations done after each one.
+        in_flight: iterations each stage holds at once (default
+            :func:`default_in_flight`); with one more, the PS staleness bound.
+
+    The result's warm-up covers the fill (the first stage's ``in_flight``);
+    ``extra["steady_throughput_sps"]`` leaves out the fill and the drain
+    (:func:`steady_throughput`).
+    """
+    return PipelineSim(problem, plan, trace=trace, on_iteration=on_iteration, in_flight=in_flight).run()
