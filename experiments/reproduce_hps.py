@@ -69,7 +69,7 @@ SSP_STALENESS = 3
 #: the target closes this fraction of the gap from the first measured loss to L_inf ...
 GAP_FRACTION = 0.5
 #: ... unless equal-split BSP would need more global iterations than this (full run / --quick)
-TARGET_ITERATIONS = 60
+TARGET_ITERATIONS = 150
 QUICK_TARGET_ITERATIONS = 20
 
 #: method -> (scheduler, scheduler params, sync, pipeline, quantization)
