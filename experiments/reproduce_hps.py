@@ -380,6 +380,8 @@ def fig_loss(table: pd.DataFrame, details: dict[Case, dict[str, Any]], group: tu
         plt.close(fig)
         return None
     ax.axhline(target, color="black", ls=":", lw=0.8, label="target")
+    top = initial_loss(group[0])  # the power law runs off to infinity in the first updates
+    ax.set_ylim(target - 0.1 * (top - target), top + 0.1 * (top - target))
     ax.set_xlabel("simulated time (s)")
     ax.set_ylabel("modelled training loss")
     ax.set_title(_title(group, seed), fontsize=9)
