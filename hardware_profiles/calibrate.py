@@ -146,6 +146,13 @@ def points_from_raw(raw: dict[str, Any], exclude: Sequence[str] = (), dtype: str
             model = model_from_dict(entry["model"], source=f"micro:{entry['name']}")
             pts += _model_points(model, f"micro:{entry['name']}", entry["runs"], dtype,
                                  dense_sparse_grad)
+        # the GEMM grid: forward passes of one kernel, bytes = both operands and the result
+        for row in raw.get("gemm", []):
+            if row["dtype"] != dtype:
+                continue
+            m, n, k = row["m"], row["n"], row["k"]
+            pts.append(Point("gemm", "fwd", float(row["flops"]), 4.0 * (m * k + k * n + m * n), 1,
+                             float(row["t_s"]), "micro:gemm", f"mm{m}x{n}x{k}", m))
     for name, runs in raw.get("models", {}).items():
         if name in exclude:
             continue

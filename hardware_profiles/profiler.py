@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import functools
 import json
 import math
 import os
@@ -464,8 +465,8 @@ class LayerTimer:
                 pending += sec
         if last is not None:
             bwd[last] += pending
-        for n in names.values():
-            bwd.setdefault(n, 0.0)
+        for layer_name in names.values():
+            bwd.setdefault(layer_name, 0.0)
         total = self.clock.seconds(t0, t_fwd) + self.clock.seconds(t_b0, t_end)
         del nodes, seen
         return fwd, bwd, max(0.0, total - own), total
@@ -596,9 +597,9 @@ def _micro_layers(name: str, dev: Any) -> tuple[Any, Callable[[int], Any], tuple
         per = int(parts[1][3:]) if len(parts) > 1 else 1
         return nn.Embedding(rows, dim), ids(rows, per), ((2, 8) if per > 1 else (64, 1024))
     if kind == "embbag":
-        dims, per = rest.split("_")
+        dims, per_s = rest.split("_")
         rows, dim = (int(x) for x in dims.split("x"))
-        return nn.EmbeddingBag(rows, dim, mode="sum"), ids(rows, int(per)), (64, 1024)
+        return nn.EmbeddingBag(rows, dim, mode="sum"), ids(rows, int(per_s)), (64, 1024)
     if kind == "mha":
         d, h_seq = rest.split("h")
         heads, seq = h_seq.split("_seq")
@@ -650,10 +651,18 @@ def _net_worker(rank: int, port: int, backend: str, device: str, sizes: Sequence
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    # The TCP store of rank 0 listens on 127.0.0.1 only, on a port chosen at run time.
+    # The TCP store of rank 0 listens on 127.0.0.1 only (a socket bound here and
+    # handed over: TCPStore itself would listen on every interface), on the port
+    # the parent chose at run time.
+    listener = None
+    if rank == 0:
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.bind(("127.0.0.1", port))
+        listener.listen()
     store = dist.TCPStore("127.0.0.1", port, 2, is_master=rank == 0,
-                          timeout=_dt.timedelta(seconds=60))
-    dev = torch.device(device if backend == "nccl" else "cpu")
+                          timeout=_dt.timedelta(seconds=60),
+                          master_listen_fd=listener.fileno() if listener else None)
+    dev = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     dist.init_process_group(backend, store=store, rank=rank, world_size=2,
@@ -699,12 +708,21 @@ def _net_worker(rank: int, port: int, backend: str, device: str, sizes: Sequence
         dist.destroy_process_group()
 
 
+def _slope_bw(small: int, t_small: float, big: int, t_big: float) -> float:
+    """Bytes/s from the smallest to the largest message; when noise makes the large
+    message no slower than the small one, the largest message over its own time."""
+    if t_big > 1.05 * t_small:
+        return (big - small) / (t_big - t_small)
+    return big / t_big
+
+
 def network_bench(device: str = "cpu", sizes: Sequence[int] = (8, 65_536), reps: int = 5,
                   timeout_s: float = 120.0) -> dict[str, Any]:
     """Point-to-point and all-reduce latency/bandwidth between two local processes.
 
-    Two spawned processes join a ``torch.distributed`` group (gloo; NCCL when
-    ``device`` is a GPU) through a TCP store on 127.0.0.1 at a free port chosen
+    Two spawned processes join a ``torch.distributed`` group (gloo; NCCL on
+    cuda:0 and cuda:1 when ``device`` is a GPU and two are visible, else gloo
+    between host buffers) through a TCP store on 127.0.0.1 at a free port chosen
     at run time; gloo/NCCL sockets are bound to the loopback interface. Both
     processes are always terminated and joined before this returns or raises,
     including on KeyboardInterrupt.
@@ -713,15 +731,23 @@ def network_bench(device: str = "cpu", sizes: Sequence[int] = (8, 65_536), reps:
         ``{"backend", "sizes_bytes", "p2p_s", "allreduce_s" (medians per size),
         "p2p_rel_iqr", "allreduce_rel_iqr", "p2p_latency_s", "p2p_bw_Bps",
         "allreduce_latency_s", "allreduce_bw_Bps"}``; latency is the time of the
-        smallest message, bandwidth the largest message over its time less that
-        latency.
+        smallest message, bandwidth the bytes between the smallest and the
+        largest message over their time difference (or, when noise makes the
+        largest no slower than the smallest, the largest over its own time).
 
     Raises:
         HetsimError: when a rank fails or the benchmark exceeds ``timeout_s``.
     """
     import multiprocessing as mp
 
-    backend = "nccl" if device.startswith("cuda") else "gloo"
+    backend = "gloo"
+    if device.startswith("cuda"):
+        import torch
+
+        # NCCL needs one GPU per rank: ranks 0 and 1 on cuda:0 and cuda:1.
+        # With one GPU the two processes measure the host path with gloo.
+        if torch.cuda.device_count() >= 2:
+            backend = "nccl"
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = _free_port()
@@ -767,9 +793,9 @@ def network_bench(device: str = "cpu", sizes: Sequence[int] = (8, 65_536), reps:
         "allreduce_s": [_r(m) for m, _ in ar],
         "allreduce_rel_iqr": [_r(i) for _, i in ar],
         "p2p_latency_s": _r(lat),
-        "p2p_bw_Bps": _r((big - small) / max(t_big - lat, 1e-9)),
+        "p2p_bw_Bps": _r(_slope_bw(small, lat, big, t_big)),
         "allreduce_latency_s": _r(ar_lat),
-        "allreduce_bw_Bps": _r((big - small) / max(ar_big - ar_lat, 1e-9)),
+        "allreduce_bw_Bps": _r(_slope_bw(small, ar_lat, big, ar_big)),
     }
 
 
@@ -877,9 +903,10 @@ def measure(device: str = "cpu", quick: bool = False, threads: int | None = None
         gemm = []
         for dt in dtypes:
             for m, n, k in spec.gemm:
-                a = torch.randn(m, k, device=dev, dtype=tdt[dt])
-                b = torch.randn(k, n, device=dev, dtype=tdt[dt])
-                med, iqr = _median_iqr(timer.time(lambda a=a, b=b: torch.mm(a, b), f"mm{m}x{n}x{k}"))
+                lhs = torch.randn(m, k, device=dev, dtype=tdt[dt])
+                rhs = torch.randn(k, n, device=dev, dtype=tdt[dt])
+                med, iqr = _median_iqr(timer.time(functools.partial(torch.mm, lhs, rhs),
+                                                  f"mm{m}x{n}x{k}"))
                 gemm.append({"dtype": dt, "m": m, "n": n, "k": k, "flops": 2.0 * m * n * k,
                              "t_s": _r(med), "rel_iqr": _r(iqr)})
                 bar.step(f"gemm {dt} {m}x{n}x{k}")
@@ -889,14 +916,14 @@ def measure(device: str = "cpu", quick: bool = False, threads: int | None = None
         for n in spec.copy_elems:
             x = torch.randn(n, device=dev)
             y = torch.empty_like(x)
-            med, iqr = _median_iqr(timer.time(lambda x=x, y=y: y.copy_(x), f"copy{n}"))
+            med, iqr = _median_iqr(timer.time(functools.partial(y.copy_, x), f"copy{n}"))
             bw.append({"op": "copy", "elems": n, "bytes": 8.0 * n, "t_s": _r(med), "rel_iqr": _r(iqr)})
-            med, iqr = _median_iqr(timer.time(lambda x=x, y=y: torch.add(x, x, out=y), f"add{n}"))
+            med, iqr = _median_iqr(timer.time(functools.partial(torch.add, x, x, out=y), f"add{n}"))
             bw.append({"op": "add", "elems": n, "bytes": 12.0 * n, "t_s": _r(med), "rel_iqr": _r(iqr)})
         raw["bandwidth"] = bw
         bar.step("bandwidth")
         one = torch.ones(1, device=dev)
-        med, iqr = _median_iqr(timer.time(lambda: one.add(one), "dispatch"))
+        med, iqr = _median_iqr(timer.time(functools.partial(one.add, one), "dispatch"))
         raw["dispatch_s"], raw["dispatch_rel_iqr"] = _r(med), _r(iqr)
         bar.step("dispatch")
         if dev.type == "cuda":
@@ -912,9 +939,9 @@ def measure(device: str = "cpu", quick: bool = False, threads: int | None = None
                 cpu_mod, cpu_make, _ = _micro_layers(name, torch.device("cpu"))
                 model, layer = _single_layer(cpu_mod, cpu_make(batches[0]))
             rows = []
-            for b in batches:
-                r = time_model_layers(module, make(b), dev, spec)
-                rows.append({"batch": b, "iter_s": r["iter_s"], "layers": r["layers"]})
+            for bs in batches:
+                r = time_model_layers(module, make(bs), dev, spec)
+                rows.append({"batch": bs, "iter_s": r["iter_s"], "layers": r["layers"]})
             micro.append({"name": name, "model": model.to_dict(), "runs": rows})
             bar.step(f"layer {name}")
         raw["micro"] = micro
