@@ -3,30 +3,35 @@
 The cost model (``sim/costmodel.py``) prices one pass of a layer as
 
     t = launch_overhead_s * kernels
-      + max(flops / (peak * eff[phase](op, flops)), bytes / (mem_bw * mem_eff[phase](op, bytes)))
+      + max(flops / (peak * eff[phase](key, size)), bytes / (mem_bw * mem_eff[phase](key, bytes)))
 
 Calibration takes every measured layer pass of a profile's ``raw`` data (the
-single-layer benchmarks and the zoo models' per-layer times, see
-:mod:`hardware_profiles.profiler`) as a point ``(op, phase, flops, bytes,
+GEMM grid, the single-layer benchmarks and the zoo models' per-layer times,
+see :mod:`hardware_profiles.profiler`) as a point ``(op, phase, flops, bytes,
 kernels, t)`` with the work computed by :func:`sim.costmodel.layer_work`, and
-fits, per op class and phase:
+fits, per phase:
 
-* a compute efficiency curve over FLOPs per call, from the points with FLOPs:
-  each gives ``eff = flops / (peak * (t - launch * kernels))`` (points the
-  memory term already over-predicts carry no information about ``eff`` and
-  are left out);
-* a bandwidth efficiency curve over bytes per call, from the points without
-  FLOPs (activations, norms, pooling, embedding lookups and their sparse
-  gradients): ``mem_eff = bytes / (mem_bw * (t - launch * kernels))``.
+* compute efficiency curves, per op class and per compute kind
+  (``conv/spatial``, ``conv/pointwise``: :func:`sim.costmodel.compute_kind`),
+  from the passes with FLOPs: each gives ``eff = flops / (peak * (t - launch
+  * kernels))``. The curve is over FLOPs per call, or for convolutions over
+  FLOPs per call or intensity (FLOPs per byte), whichever predicts a model left
+  out of the curve's fit better. Passes whose bytes at ``mem_bw_Bps`` take at
+  least half their time are memory-bound: they say little about the compute
+  efficiency and fit the op class's bandwidth curve instead;
+* bandwidth efficiency curves over bytes per call, per op class and per layer
+  kind (:func:`hardware_profiles.schema.mem_key`, 4 points or more), from the
+  passes without FLOPs (activations, norms, pooling, embedding lookups and
+  their gradients): ``mem_eff = bytes / (mem_bw * (t - launch * kernels))``.
 
 A curve is piecewise linear in log10(size) (the schema's form) with knots
-spread over the data; its values solve a weighted least-squares problem in
-which each point's weight is ``1 / eff`` (so the residual is the relative
-time error), with a small penalty on second differences that keeps knots
-without data in line, and two reweighting rounds that discount outliers.
-The launch overhead is chosen from multiples of the measured dispatch time by
-the smallest median relative error. ``peak_flops`` and ``mem_bw_Bps`` stay as
-measured (best GEMM rate, best copy bandwidth): the curves are relative to them.
+every half decade over the data; its knot values minimise the squared error
+of log(eff) (so over- and under-prediction by one factor cost the same), with
+a small penalty on second differences that keeps knots without data in line,
+and two reweighting rounds that discount outliers. The launch overhead is
+chosen from multiples of the measured dispatch time by the smallest median
+relative error. ``peak_flops`` and ``mem_bw_Bps`` stay as measured (best
+effective rate, largest copy): the curves are relative to them.
 
 A model left out of the fit (``exclude``) contributes no point: that is how
 ``bench/calibration_accuracy.py`` predicts a model it never saw.

@@ -242,6 +242,19 @@ def test_network_bench_tears_down_on_error() -> None:
     assert _spawned_children() == []
 
 
+def test_network_bench_tears_down_on_ctrl_c(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Ctrl-C arrives as KeyboardInterrupt in the parent while the ranks run.
+    import types
+
+    def interrupted() -> float:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(P, "time", types.SimpleNamespace(monotonic=interrupted))
+    with pytest.raises(KeyboardInterrupt):
+        P.network_bench("cpu", sizes=(8,), reps=1, timeout_s=60)
+    assert _spawned_children() == []
+
+
 # ------------------------------------------------------------- end to end
 def test_tiny_profile_end_to_end(tmp_path: Path) -> None:
     spec = replace(P.spec_for(True), gemm=((32, 32, 32),), copy_elems=(1000,),
