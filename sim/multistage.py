@@ -125,11 +125,6 @@ class PipelineModel:
     fill_s: float
 
 
-def is_multistage(plan: Plan) -> bool:
-    """Plans this module evaluates: more than one stage, or made by a placement scheduler."""
-    return len(plan.stages) > 1 or "placement" in plan.options
-
-
 def pipeline_model(problem: Problem, plan: Plan, largest_share: bool = False) -> PipelineModel:
     """The steady-state model of ``plan`` (see the module docstring).
 
