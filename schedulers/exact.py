@@ -53,6 +53,10 @@ from sim.problem import Problem
 MILP_CALL_LIMIT_S = 5.0
 #: Generations of the genetic run that seeds the incumbent.
 INCUMBENT_GENERATIONS = 40
+#: Units the PS bound is discretised into (per threshold) in the DP.
+PS_UNITS = 256
+#: Relative width below which a PS-bound interval of T is left open (its bound counts in the gap).
+PS_REL_TOL = 1e-6
 #: Largest inventory state (product of count + 1 over binding types) the resource DP takes on.
 RC_DP_MAX_STATES = 50_000
 
@@ -116,20 +120,24 @@ def dp_min_rate(space: PlacementSpace, allowed: np.ndarray,
     return float(best[L].min()), a
 
 
-def rc_dp_min_rate(space: PlacementSpace, allowed: np.ndarray, binding: list[int]
-                   ) -> tuple[float, np.ndarray | None]:
+def rc_dp_min_rate(space: PlacementSpace, allowed: np.ndarray, binding: list[int],
+                   extra: tuple[np.ndarray, int] | None = None) -> tuple[float, np.ndarray | None]:
     """:func:`dp_min_rate` with the inventory of the ``binding`` types as DP state.
 
     The state adds the devices used so far of each binding type (0..count), so
     every placement it returns fits their inventory exactly: a
-    resource-constrained shortest path, O(L^2 K prod(count_b + 1)). For each
-    (boundary i, type k) the segments ending at i are grouped by their replica
-    count, so the usage shift is one array operation per group.
+    resource-constrained shortest path, O(L^2 K prod(count_b + 1)). ``extra =
+    (units, budget)`` adds one more resource: ``units[s, k]`` (non-negative
+    integers) of option (s, k), at most ``budget`` in all (the PS bound,
+    discretised by the caller). For each (boundary i, type k) the segments
+    ending at i are grouped by their usage, so the shift is one array
+    operation per group.
     """
     L, K = space.L, space.K
-    dims = [int(space.counts[k]) + 1 for k in binding]
+    dims = [int(space.counts[k]) + 1 for k in binding] + ([int(extra[1]) + 1] if extra else [])
     U = int(np.prod(dims)) if dims else 1
     axis = {k: a for a, k in enumerate(binding)}
+    units = extra[0] if extra else None
     rate = np.where(allowed, space.rate, np.inf)
     best = np.full((L + 1, K, U), np.inf)
     from_j = np.zeros((L + 1, K, U), dtype=np.int32)
@@ -137,18 +145,23 @@ def rc_dp_min_rate(space: PlacementSpace, allowed: np.ndarray, binding: list[int
     excl_k = np.full((L + 1, K, U), -1, dtype=np.int32)
     excl[0, :, 0] = 0.0
 
-    def shift(x: np.ndarray, k: int, n: int) -> np.ndarray:
-        if k not in axis:
+    def shifts(k: int, n: int, unit: int) -> list[int]:
+        out = [0] * len(dims)
+        if k in axis:
+            out[axis[k]] = n
+        if extra:
+            out[-1] = unit
+        return out
+
+
+    def shift(x: np.ndarray, by: list[int]) -> np.ndarray:
+        if not any(by):
             return x
-        a = axis[k]
-        if n >= dims[a]:
+        if any(d >= n for d, n in zip(by, dims)):
             return np.full(U, np.inf)
         y = np.full(dims, np.inf)
         src = x.reshape(dims)
-        sl_dst = [slice(None)] * len(dims)
-        sl_src = [slice(None)] * len(dims)
-        sl_dst[a], sl_src[a] = slice(n, None), slice(0, dims[a] - n)
-        y[tuple(sl_dst)] = src[tuple(sl_src)]
+        y[tuple(slice(d, None) for d in by)] = src[tuple(slice(0, n - d) for d, n in zip(by, dims))]
         return y.reshape(U)
 
     for i in range(1, L + 1):
@@ -163,9 +176,16 @@ def rc_dp_min_rate(space: PlacementSpace, allowed: np.ndarray, binding: list[int
             for n in np.unique(ns[ok]):
                 sel = js[ok & (ns == n)]
                 cand = excl[sel, k] + rate[segs[sel], k][:, None]       # (m, U)
+                if units is not None:                                   # per-row shift on the last axis
+                    g = dims[-1]
+                    c3 = cand.reshape(len(sel), -1, g)
+                    idx = np.arange(g)[None, :] - units[segs[sel], k][:, None]   # (m, g)
+                    take = np.take_along_axis(c3, np.broadcast_to(np.maximum(idx, 0)[:, None, :], c3.shape), axis=2)
+                    cand = np.where((idx >= 0)[:, None, :], take, np.inf).reshape(len(sel), U)
                 arg = np.argmin(cand, axis=0)
-                m = shift(cand[arg, np.arange(U)], k, int(n))
-                src_j = shift(sel[arg].astype(float), k, int(n))
+                by = shifts(k, int(n), 0)
+                m = shift(cand[arg, np.arange(U)], by)
+                src_j = shift(sel[arg].astype(float), by)
                 better = m < best[i, k]
                 best[i, k][better] = m[better]
                 from_j[i, k][better] = src_j[better].astype(np.int32)
@@ -173,10 +193,10 @@ def rc_dp_min_rate(space: PlacementSpace, allowed: np.ndarray, binding: list[int
             order = np.argsort(best[i], axis=0, kind="stable")           # (K, U)
             k1 = order[0]
             k2 = order[1] if K > 1 else order[0]
-            us = np.arange(U)
+            us_ = np.arange(U)
             for k in range(K):
                 use2 = k1 == k
-                excl[i, k] = np.where(use2, best[i, k2, us] if K > 1 else np.inf, best[i, k1, us])
+                excl[i, k] = np.where(use2, best[i, k2, us_] if K > 1 else np.inf, best[i, k1, us_])
                 excl_k[i, k] = np.where(use2, k2 if K > 1 else -1, k1)
     flat = int(np.argmin(best[L].reshape(-1)))
     k, u = divmod(flat, U)
@@ -188,10 +208,10 @@ def rc_dp_min_rate(space: PlacementSpace, allowed: np.ndarray, binding: list[int
         j = int(from_j[i, k, u])
         seg = space.seg_index[j, i]
         a_out[j:i] = k
-        if k in axis:  # usage before this stage
-            idx = list(np.unravel_index(u, dims))
-            idx[axis[k]] -= int(space.n[seg, k])
-            u = int(np.ravel_multi_index(idx, dims))
+        by = shifts(k, int(space.n[seg, k]), int(units[seg, k]) if units is not None else 0)
+        if any(by):  # usage before this stage
+            idx = np.array(np.unravel_index(u, dims)) - np.array(by)
+            u = int(np.ravel_multi_index(tuple(idx), dims))
         i, k = j, int(excl_k[j, k, u]) if j > 0 else -1
     return float(best[L].min()), a_out
 
@@ -325,19 +345,9 @@ def solve(space: PlacementSpace, time_limit_s: float = 60.0) -> ExactResult:
         if a is not None:
             ev = space.evaluate(a[None, :])
             consider(a)
-            inventory_ok = not ev.bottleneck[0].startswith("inventory")
-            ps_ok = ev.throughput_sps[0] >= v * (1 - 1e-12)
-            if not inventory_ok:            # R(V) under the inventory: binding types into the state
+            if ev.bottleneck[0].startswith("inventory"):   # binding types into the DP state
                 r, a = inventory_min_rate(allowed, a)
                 consider(a)
-                if a is not None:
-                    ps_ok = space.evaluate(a[None, :]).throughput_sps[0] >= v * (1 - 1e-12)
-                    inventory_ok = True
-            if not (inventory_ok and ps_ok) and (r + space.ps_rate) * hours / v < state["best"] * (1 - 1e-12):
-                lb2, ub2, a2 = lagrangian_min_rate(space, allowed, v)   # and T_ps >= v
-                consider(a2)
-                if (lb2 + space.ps_rate) * hours / v < state["best"] * (1 - 1e-12):
-                    polish(allowed, v, lb2, ub2)
         memo[idx] = (r, a)
         return r
 
@@ -360,6 +370,83 @@ def solve(space: PlacementSpace, time_limit_s: float = 60.0) -> ExactResult:
         lb, ub, a1 = lagrangian_min_rate(space, allowed, None)
         consider(a1)
         return polish(allowed, None, lb, ub), a1
+
+    def violated(a: np.ndarray) -> list[int]:
+        return [int(k) for k in np.flatnonzero(usage(space, a) > space.counts)]
+
+    def ps_q(t: float) -> tuple[float, np.ndarray | None, bool]:
+        """A lower bound on Q(t), the least rate with every T_s >= t, T_ps >= t and the
+        inventory; a placement found for it; whether the bound is Q(t) itself.
+
+        The PS row is discretised into PS_UNITS units of ps_capacity / t: rounding
+        each option's load down relaxes it (a lower bound), rounding up tightens it
+        (a feasible placement)."""
+        allowed = feas & (space.tput >= t)
+        _, a = dp_min_rate(space, allowed)
+        if a is None:
+            return np.inf, None, True
+        scale = PS_UNITS * t / space.ps_capacity
+        down = np.floor(space.ps * scale + 1e-9).astype(int)
+        up = np.ceil(space.ps * scale - 1e-9).astype(int)
+        binding = violated(a)
+        while True:
+            if np.prod([space.counts[k] + 1 for k in binding]) * (PS_UNITS + 1) > RC_DP_MAX_STATES:
+                left = time_limit_s - (time.perf_counter() - t0)   # too many states: a MILP
+                if left <= 0:                                      # with the PS row, capped
+                    return memo_floor(t), None, False
+                state["milp"] += 1
+                r_m, a_m = milp_min_rate(space, allowed, t, min(left, MILP_CALL_LIMIT_S))
+                consider(a_m)
+                return max(memo_floor(t), r_m), a_m, False
+            state["rc_dp"] += 1
+            r, a = rc_dp_min_rate(space, allowed, binding, (down, PS_UNITS))
+            if a is None:
+                return np.inf, None, True
+            more = [k for k in violated(a) if k not in binding]
+            if not more:
+                break
+            binding += more
+        consider(a)
+        if space.evaluate(a[None, :]).throughput_sps[0] >= t * (1 - 1e-12):
+            return r, a, True
+        state["rc_dp"] += 1
+        _, a_up = rc_dp_min_rate(space, allowed, binding, (up, PS_UNITS))
+        consider(a_up)
+        return r, a_up, False
+
+    def memo_floor(t: float) -> float:
+        """R at the largest solved threshold <= t (R without the PS row is a lower bound)."""
+        i = int(np.searchsorted(V, t, side="right")) - 1
+        return max((memo[j][0] for j in memo if j <= i), default=0.0)
+
+    def ps_pass(t_lo: float, t_hi: float) -> tuple[float, bool]:
+        """Branch and bound on T itself over [t_lo, t_hi] for placements the PS holds back."""
+        low = np.inf
+        todo = [(t_lo, t_hi)]
+        while todo:
+            if time.perf_counter() - t0 > time_limit_s:
+                for ta, tb in todo:
+                    low = min(low, (memo_floor(ta) + space.ps_rate) * hours / tb)
+                return low, True
+            ta, tb = todo.pop()
+            q, p, exact_q = ps_q(ta)
+            if not np.isfinite(q):
+                continue
+            bnd = (q + space.ps_rate) * hours / tb
+            if bnd >= state["best"] * (1 - 1e-12):
+                continue
+            if exact_q and p is not None:   # p is the least-rate placement with T >= ta
+                tp = float(space.evaluate(p[None, :]).throughput_sps[0])
+                if tp >= tb:
+                    continue
+                ta = max(ta, tp * (1 + 1e-12))
+            if tb / ta <= 1 + PS_REL_TOL:
+                low = min(low, bnd)
+                continue
+            mid = (ta * tb) ** 0.5
+            todo.append((mid, tb))
+            todo.append((ta, mid))
+        return low, False
 
     def polish(allowed: np.ndarray, ps_v: float | None, lb: float, ub: float) -> float:
         """Close a Lagrangian duality gap with a time-capped MILP; return the best bound."""
@@ -395,6 +482,7 @@ def solve(space: PlacementSpace, time_limit_s: float = 60.0) -> ExactResult:
     # has rate >= R(V[a]) and T <= m <= T(p). A placement held back by the PS
     # (T(p) < V[a]) leaves those with T_ps < V[a] bounded by (R + R_ps) * hours / V[a].
     lower = np.inf
+    ps_hi = 0.0
     stack = [(0, V.size - 1)] if V.size else []
     timed_out = False
     while stack:
@@ -412,10 +500,10 @@ def solve(space: PlacementSpace, time_limit_s: float = 60.0) -> ExactResult:
             continue
         p = memo[a_i][1]
         t_p = float(space.evaluate(p[None, :]).throughput_sps[0]) if p is not None else 0.0
-        if t_p < V[a_i] * (1 - 1e-12):
-            open_lb = (r + space.ps_rate) * hours / V[a_i]
-            if open_lb < state["best"] * (1 - 1e-12):
-                lower = min(lower, open_lb)
+        if t_p < V[a_i] * (1 - 1e-12):   # PS-bound: settled by the PS pass below
+            if ps_hi == 0.0:               # an incumbent that respects the PS, to prune with
+                ps_q(max(space.target, float(V[0]) * 1e-6))
+            ps_hi = max(ps_hi, float(V[a_i]))
             t_p = float(V[a_i])
         a_i = max(a_i + 1, int(np.searchsorted(V, t_p * (1 + 1e-12), side="right")))
         if a_i > b_i:
@@ -428,9 +516,16 @@ def solve(space: PlacementSpace, time_limit_s: float = 60.0) -> ExactResult:
             ra = max((memo[i][0] for i in memo if i <= a_i), default=0.0)
             sp = max((sep_memo[i] for i in sep_memo if i <= a_i), default=0.0)
             lower = min(lower, hours * max((ra + space.ps_rate) / V[b_i], sp + space.ps_rate / V[b_i]))
+    if ps_hi > 0:
+        lo_ps, timed = ps_pass(max(space.target, float(V[0]) * 1e-6), ps_hi)
+        lower = min(lower, lo_ps)
+        timed_out = timed_out or timed
     best = state["best"]
     lb = min(lower, best)
-    gap = 0.0 if not np.isfinite(best) or lb >= best else (best - lb) / best
+    if not np.isfinite(best):
+        gap = np.inf if timed_out else 0.0     # nothing found in time / proven infeasible
+    else:
+        gap = 0.0 if lb >= best else (best - lb) / best
     return ExactResult(state["a"], best, lb, gap, int(V.size), len(memo),
                        state["milp"], state["rc_dp"], time.perf_counter() - t0, timed_out)
 

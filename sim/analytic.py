@@ -223,9 +223,10 @@ def evaluate(problem: Problem, plan: Plan, scheduler: Any = None) -> RunResult:
     changes. ``extra["rebalances"]`` counts the changes and
     ``extra["final_shares"]`` gives the plan evaluated.
 
-    Plans of more than one stage go to :func:`sim.multistage.evaluate_analytic`.
+    Layer-placement plans (:attr:`Plan.is_placement`) go to
+    :func:`sim.multistage.evaluate_analytic`.
     """
-    if len(plan.stages) > 1:  # layer placement: the pipeline's steady state
+    if plan.is_placement:  # layer placement: the pipeline's steady state
         from sim.multistage import evaluate_analytic
 
         return evaluate_analytic(problem, plan)

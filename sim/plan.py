@@ -49,6 +49,14 @@ class Plan:
     options: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
+    def is_placement(self) -> bool:
+        """A layer-placement (Problem B) plan: several stages, or made by a placement
+        scheduler (``options["placement"]``). Evaluators run these as a pipeline of
+        stages (sim/multistage.py, sim/des/pipeline.py), the model the placement
+        schedulers optimise; other plans are data-parallel PS training (Problem A)."""
+        return len(self.stages) > 1 or "placement" in self.options
+
+    @property
     def replicas(self) -> tuple[Replica, ...]:
         return tuple(r for s in self.stages for r in s.replicas)
 

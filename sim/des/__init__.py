@@ -28,10 +28,10 @@ def simulate(problem: Problem, plan: Plan, trace: bool = True,
             (see :mod:`sim.des.engine`); ``extra["rebalances"]`` counts the plans
             applied and ``extra["final_shares"]`` gives the last one.
 
-    Plans of more than one stage run in :mod:`sim.des.pipeline` (``scheduler``
-    is not called: placement plans are static).
+    Layer-placement plans (:attr:`Plan.is_placement`) run in
+    :mod:`sim.des.pipeline` (``scheduler`` is not called: placement plans are static).
     """
-    if len(plan.stages) > 1:  # layer placement: a pipeline of stages
+    if plan.is_placement:  # layer placement: a pipeline of stages
         from sim.des.pipeline import simulate_pipeline
 
         return simulate_pipeline(problem, plan, trace=trace, on_iteration=on_iteration)
