@@ -26,11 +26,18 @@ non-separable; it is minimised by a search over the bottleneck throughput:
   R(V_a) and T <= m <= T(p).
 
 The PS bound can hold a placement's T below its smallest stage throughput
-(T = T_ps, off the grid of stage throughputs). Placements whose T_ps is below
-the threshold are bounded by ``(R(V) + R_ps) * hours / V``; a PS-constrained
-MILP at the threshold supplies candidates. When the PS never binds the result
-is optimal (gap 0); otherwise the reported ``gap = (best - lower_bound) /
-best`` says how far from proven it is.
+(T = T_ps, off the grid of stage throughputs). When the least-rate placement
+at some threshold is PS-bound, a second branch and bound runs on T itself
+over [throughput_min, highest such threshold]: Q(t), the least rate with
+every T_s >= t, T_ps >= t and the inventory, comes from the same DP with the
+PS load as one more resource, discretised into ``PS_UNITS`` units of
+``ps_capacity / t`` (loads rounded down: a lower bound; rounded up: a
+feasible placement). Intervals of T narrower than ``PS_REL_TOL`` stay open
+and their bound counts in the gap. The result is proven optimal when no
+interval stays open (gap 0); otherwise ``gap = (best - lower_bound) / best``
+says how far from proven it is. The incumbent starts from the heuristics
+(single-type plans, greedy, a short genetic run), so exact is never worse
+than they are.
 """
 
 from __future__ import annotations
