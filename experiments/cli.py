@@ -220,6 +220,31 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train_rl(a: argparse.Namespace) -> int:
+    from schedulers.rl import train as rl_train
+
+    if (a.config is None) == (not a.random):
+        raise ConfigError("<command line>", "CONFIG", "give either a CONFIG (train on its problem) or "
+                          "--random (train on random instances)")
+    if a.fine_tune and a.random:
+        raise ConfigError("<command line>", "--fine-tune", "fine-tuning needs a CONFIG, not --random")
+    cfg = rl_train.TrainConfig(timesteps=a.timesteps, seed=a.seed, n_envs=a.n_envs, pool_size=a.pool_size,
+                               bc_instances=a.bc_instances, max_wall_s=a.max_wall_s)
+    problem = None
+    if a.config is not None:
+        from experiments import runner
+
+        problem = runner.problem_of(runner.load(a.config))
+    init = a.init if a.init else (str(rl_train.default_policy()) if a.fine_tune else None)
+    meta = rl_train.train(a.out, cfg, problem=problem, init=init, log_dir=a.log_dir, progress=not a.quiet)
+    print(f"trained {meta['timesteps']} timesteps in {meta['wall_s']:.0f} s ({meta['mode']})")
+    if problem is not None:
+        print(rl_train.compare_on(problem, a.out))
+    print(f"wrote {a.out}, {Path(a.out).with_suffix('.json')} and {meta['log_dir']}/ (progress.csv, "
+          "TensorBoard events)")
+    return 0
+
+
 # ------------------------------------------------------------------ parser
 class _Parser(argparse.ArgumentParser):
     """argparse with the house error convention: one line on stderr, exit 2."""
@@ -292,6 +317,27 @@ def build_parser() -> argparse.ArgumentParser:
     ca.add_argument("profile", help="a profile written by hetsim profile")
     ca.add_argument("--out", help="write the calibrated profile here (default: in place)")
     ca.set_defaults(fn=cmd_calibrate)
+
+    tr = sub.add_parser("train-rl", help="train the rl placement policy (MaskablePPO)")
+    tr.add_argument("config", nargs="?", help="train on this config's problem (per-instance, as HeterPS)")
+    tr.add_argument("--random", action="store_true",
+                    help="train on random instances instead (one policy for unseen models and clusters)")
+    tr.add_argument("--fine-tune", action="store_true",
+                    help="start from --init (default: the shipped policy) instead of from scratch")
+    tr.add_argument("--init", help="policy file to start from")
+    tr.add_argument("--timesteps", type=int, default=600_000, help="PPO environment steps (default 600000)")
+    tr.add_argument("--out", default="results/rl/policy.zip", help="policy file (default results/rl/policy.zip)")
+    tr.add_argument("--log-dir", help="progress.csv and TensorBoard events (default: OUT_STEM_logs/)")
+    tr.add_argument("--seed", type=int, default=0)
+    tr.add_argument("--n-envs", type=int, default=8, help="environments per rollout (default 8)")
+    tr.add_argument("--pool-size", type=int, default=6000,
+                    help="random instances drawn for --random training (default 6000)")
+    tr.add_argument("--bc-instances", type=int, default=6000,
+                    help="warm start: imitate the exact optimum on this many instances before PPO "
+                    "(0: pure PPO; default 6000; not with --fine-tune)")
+    tr.add_argument("--max-wall-s", type=float, help="stop PPO once the run has taken this many seconds")
+    tr.add_argument("--quiet", action="store_true", help="no progress bar")
+    tr.set_defaults(fn=cmd_train_rl)
 
     b = sub.add_parser("bench", help="DES speed and scale benchmark")
     b.add_argument("--json", action="store_true", help="print the figures as JSON")

@@ -12,5 +12,8 @@ from schedulers.base import (
     register_lazy,
 )
 
+# torch and stable-baselines3 load only when `rl` is chosen
+register_lazy("rl", "schedulers.rl.scheduler:RL")
+
 __all__ = ["OnlineScheduler", "Scheduler", "capped_largest_remainder", "largest_remainder", "make", "names",
            "register", "register_lazy"]
