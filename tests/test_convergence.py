@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from sim.convergence import (
+    FITS_DIR,
     ConvergenceModel,
     Curve,
     Fit,
@@ -112,7 +113,7 @@ def test_json_round_trip(tmp_path: Path) -> None:
 
 from dataclasses import replace  # noqa: E402
 
-from sim import analytic, des  # noqa: E402
+from sim import analytic, des, zoo  # noqa: E402
 from sim.config import config_from_dict  # noqa: E402
 from sim.convergence import effective_to_target_iterations  # noqa: E402
 from sim.errors import ConfigError  # noqa: E402
@@ -160,20 +161,87 @@ def _cfg(model_name: str, target: float) -> dict:
             "job": {"model": model_name, "global_batch": 64, "target_loss": target}}
 
 
-def test_build_problem_accepts_target_loss_of_a_fitted_model() -> None:
-    fit_ = load(Path(__file__).parents[1] / "sim" / "convergence_fits" / "mlp.json")
+@pytest.mark.parametrize("name", ["mlp", "ctr_dnn", "resnet18"])
+def test_build_problem_accepts_target_loss_of_a_fitted_model(name: str) -> None:
+    fit_ = load(FITS_DIR / f"{name}.json")
     target = fit_.model.L_inf + 0.5 * (fit_.curves[0].loss[-1] - fit_.model.L_inf)
-    p = build_problem(config_from_dict(_cfg("mlp", target), "c.yaml"), Path("."), "c.yaml")
+    p = build_problem(config_from_dict(_cfg(name, target), "c.yaml"), Path("."), "c.yaml")
     assert p.job.convergence == fit_.model and p.job.target_loss == target
     assert p.job.iterations >= 1
 
 
 def test_target_loss_without_a_fit_is_a_one_line_config_error() -> None:
+    assert not (FITS_DIR / "resnet50.json").exists()
     with pytest.raises(ConfigError, match="job.target_loss") as e:
-        build_problem(config_from_dict(_cfg("vgg16", 0.5), "c.yaml"), Path("."), "c.yaml")
+        build_problem(config_from_dict(_cfg("resnet50", 0.5), "c.yaml"), Path("."), "c.yaml")
     assert "\n" not in str(e.value) and "no convergence fit" in str(e.value)
 
 
 def test_target_below_the_fitted_asymptote_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="job.target_loss"):
         build_problem(config_from_dict(_cfg("mlp", 1e-9), "c.yaml"), Path("."), "c.yaml")
+
+
+# -- the shipped fits ----------------------------------------------------------------------
+
+SHIPPED = sorted(FITS_DIR.glob("*.json"))
+RECORDED = sorted(FITS_DIR.rglob("*.json"))  # with unusable/: degenerate fits kept for their curves
+
+
+def _rmse_log(m: ConvergenceModel, curves: list[Curve], min_samples: float) -> float:
+    err = []
+    for cv in curves:
+        n = np.asarray(cv.samples)
+        keep = n >= min_samples
+        pred = m.loss(m.effective_samples(n[keep], cv.batch, cv.staleness, cv.bits, cv.tensor_elems))
+        err.append(np.log(pred) - np.log(np.asarray(cv.loss)[keep]))
+    return float(np.sqrt(np.mean(np.concatenate(err) ** 2)))
+
+
+def test_fits_ship_for_the_fitted_zoo_models() -> None:
+    assert [p.stem for p in SHIPPED] == ["ctr_dnn", "mlp", "resnet18"]
+    assert [p.relative_to(FITS_DIR).as_posix() for p in RECORDED if p not in SHIPPED] == ["unusable/vgg16.json"]
+    assert load(FITS_DIR / "unusable" / "vgg16.json").meta["usable"] is False
+
+
+@pytest.mark.parametrize("path", RECORDED, ids=lambda p: p.relative_to(FITS_DIR).as_posix())
+def test_shipped_fit_is_consistent_with_its_curves(path: Path) -> None:
+    f = load(path)
+    m = f.model
+    assert m.alpha > 0 and m.a > 0 and m.L_inf >= 0
+    assert path.stat().st_size < 300_000
+    # the stored errors are those of the stored model on the stored curves
+    ms = float(f.meta["min_samples"])
+    assert f.rmse_log == pytest.approx(_rmse_log(m, list(f.curves), ms), abs=1e-9)
+    per_curve = f.meta["rmse_log_loss_per_curve"]
+    assert len(per_curve) == len(f.curves)
+    for cv, e in zip(f.curves, per_curve):
+        assert e == pytest.approx(_rmse_log(m, [cv], ms), abs=1e-9)
+    # every curve is a real run: samples increase, losses positive and finite
+    for cv in f.curves:
+        assert list(cv.samples) == sorted(set(cv.samples)) and all(0 < y < math.inf for y in cv.loss)
+
+
+@pytest.mark.parametrize("name", ["ctr_dnn", "resnet18"])
+def test_refitted_models_are_not_degenerate(name: str) -> None:
+    """The fits made with label noise: a real exponent, an asymptote above 0, 2-bit runs."""
+    f = load(FITS_DIR / f"{name}.json")
+    assert f.model.alpha > 0.1 and f.model.L_inf > 0
+    assert {cv.bits for cv in f.curves} >= {32, 4, 2}
+    assert f.meta["sizes"] and f.meta["teacher_loss"] > 0 and f.meta["usable"] is True
+
+
+@pytest.mark.parametrize(("name", "shrink"), [("resnet18", 8), ("vgg16", 8)])
+def test_small_instances_keep_the_zoo_structure(name: str, shrink: int) -> None:
+    torch = pytest.importorskip("torch")
+    from experiments.fit_convergence import SIZES, build
+
+    assert SIZES[name]["width"] == 1 / shrink
+    with torch.device("meta"):
+        full = zoo.torch_module(name, classes=10, size=32)[0]
+    small = build(name, seed=0)
+    assert [type(x).__name__ for x in small.modules()] == [type(x).__name__ for x in full.modules()]
+    convs = [(x, y) for x, y in zip(full.modules(), small.modules()) if isinstance(x, torch.nn.Conv2d)]
+    assert convs[0][1].in_channels == 3
+    assert all(y.out_channels * shrink == x.out_channels for x, y in convs)
+    assert small(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
