@@ -178,6 +178,29 @@ def _default_jobs() -> int:
         return os.cpu_count() or 1
 
 
+def cmd_run(a: argparse.Namespace) -> int:
+    from experiments import runner
+    from runtime import entry
+    from runtime.launch import RuntimeFailure
+
+    prep = entry.prepare(a.input, config=a.config, iterations=a.iterations, timeout_s=a.timeout,
+                         scheduler=a.scheduler)
+    under = entry.under_torchrun()
+    out = None if under and os.environ.get("RANK") != "0" else runner.prepare_out(
+        a.out or Path("results") / prep.spec.name / "runtime")
+    try:
+        result = entry.execute(prep, out)
+    except RuntimeFailure as e:
+        print(f"hetsim: run failed: {e}", file=sys.stderr)
+        return 1
+    if result is not None:
+        print_table([_row(result)], (*SUMMARY_COLS[:5], "energy_j"))
+        for f in result.failures:
+            print(f"failure: {f['worker']} detected at {f['detected_at_s']:.2f} s ({f['detected_by']})")
+        print(f"wrote {out}/ (summary.json, iterations.csv, trace.json, plan.json, config.json)")
+    return 0
+
+
 def cmd_bench(a: argparse.Namespace) -> int:
     from bench import des_bench
 
@@ -338,6 +361,16 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--max-wall-s", type=float, help="stop PPO once the run has taken this many seconds")
     tr.add_argument("--quiet", action="store_true", help="no progress bar")
     tr.set_defaults(fn=cmd_train_rl)
+
+    ru = sub.add_parser("run", help="execute a plan for real (torch.distributed PS shards and workers)")
+    ru.add_argument("input", metavar="PLAN_OR_CONFIG", help="a config (YAML) or a plan.json (with --config)")
+    ru.add_argument("--config", help="with a plan.json: the config of its cluster and job")
+    ru.add_argument("--scheduler", help="override the config's scheduler")
+    ru.add_argument("--out", help="output folder (default results/NAME/runtime)")
+    ru.add_argument("--iterations", type=int, help="override job.iterations")
+    ru.add_argument("--timeout", type=float, default=600.0,
+                    help="wall-clock limit of the whole run in seconds (default 600)")
+    ru.set_defaults(fn=cmd_run)
 
     b = sub.add_parser("bench", help="DES speed and scale benchmark")
     b.add_argument("--json", action="store_true", help="print the figures as JSON")

@@ -1,0 +1,106 @@
+"""`hetsim run PLAN_OR_CONFIG`: load, build the RunSpec, run, write the files.
+
+A config (YAML) is planned by its scheduler, whose object keeps driving the
+shares online; a plan (JSON) needs ``--config`` for the cluster and job and
+runs as given (its options may carry a ``runtime`` section), with the
+config's scheduler rebalancing it when that scheduler is online.
+
+Under torchrun (RANK and WORLD_SIZE set) every process runs its own rank and
+rank 0 writes the files; otherwise all ranks are spawned here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import schedulers
+from runtime.launch import run_local, run_rank
+from runtime.spec import RunSpec, build_spec, parse_options
+from sim.config import config_from_dict, read_yaml
+from sim.errors import ConfigError
+from sim.plan import Plan, check_plan, load_plan
+from sim.problem import build_problem
+from sim.result import RunResult
+
+
+@dataclass
+class Prepared:
+    spec: RunSpec
+    plan: Plan
+    config: dict[str, Any]  # the resolved config plus its runtime section
+
+
+def prepare(path: str | Path, config: str | Path | None = None, iterations: int | None = None,
+            timeout_s: float = 600.0, scheduler: str | None = None) -> Prepared:
+    """Read PLAN_OR_CONFIG (and ``config`` for a plan) into a RunSpec.
+
+    Raises:
+        ConfigError: unreadable or invalid input (one line).
+    """
+    p = Path(path)
+    plan_file: Path | None = None
+    if p.suffix == ".json":
+        if config is None:
+            raise ConfigError(str(p), "", "a plan needs --config CONFIG (the cluster and job it runs)")
+        plan_file, cfg_path = p, Path(config)
+    else:
+        cfg_path = p
+    raw = read_yaml(cfg_path)
+    if not isinstance(raw, dict):
+        raise ConfigError(str(cfg_path), "", "a config must be a YAML mapping")
+    raw = dict(raw)
+    runtime_raw = raw.pop("runtime", None)
+    cfg = config_from_dict(raw, str(cfg_path))
+    problem = build_problem(cfg, cfg_path.resolve().parent, str(cfg_path))
+    name = scheduler or cfg.scheduler.name
+    params = cfg.scheduler.params if name == cfg.scheduler.name else {}
+    sched = schedulers.make(name, params, str(cfg_path))
+    planned = sched.plan(problem)
+    if plan_file is not None:
+        plan = load_plan(plan_file)
+        check_plan(plan, problem, source=str(plan_file))
+    else:
+        plan = planned
+        check_plan(plan, problem, source=f"plan from scheduler {name!r}")
+    opts_raw = dict(plan.options.get("runtime") or {})
+    opts_raw.update(runtime_raw or {})
+    opts = parse_options(opts_raw, str(cfg_path))
+    if iterations is not None and iterations <= 0:
+        raise ConfigError("<command line>", "--iterations", f"must be > 0, got {iterations}")
+    spec = build_spec(problem, plan, opts, sched, iterations, timeout_s, str(cfg_path))
+    resolved = cfg.model_dump(mode="json")
+    resolved["runtime"] = opts.model_dump(mode="json")
+    return Prepared(spec, plan, resolved)
+
+
+def files(result: RunResult, plan: Plan, config: dict[str, Any]) -> dict[str, str]:
+    """summary.json, iterations.csv (with the measured loss), trace.json, plan.json, config.json."""
+    return {"summary.json": result.summary_json(), "iterations.csv": result.iterations_csv(),
+            "trace.json": result.trace_json(), "plan.json": plan.dumps(),
+            "config.json": json.dumps(config, indent=2) + "\n"}
+
+
+def write(out: Path, result: RunResult, plan: Plan, config: dict[str, Any]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    for name, text in files(result, plan, config).items():
+        (out / name).write_text(text)
+
+
+def under_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
+
+
+def execute(prep: Prepared, out: Path | None) -> RunResult | None:
+    """Run locally (or as this torchrun rank); write the files (rank 0) when ``out`` is given."""
+    if under_torchrun():
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        result = run_rank(prep.spec, rank, world, int(os.environ.get("LOCAL_RANK", "0")))
+    else:
+        result = run_local(prep.spec)
+    if result is not None and out is not None:
+        write(out, result, prep.plan, prep.config)
+    return result

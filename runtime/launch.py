@@ -1,0 +1,181 @@
+"""Starting the ranks of a run, and making sure none is left behind.
+
+Ranks: ``0 .. S-1`` are the PS shards (rank 0 also coordinates), ``S .. S+W-1``
+the workers, in plan order. All join one gloo process group through env://
+rendezvous (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE).
+
+* :func:`run_local` spawns every rank as a child process on this machine
+  (127.0.0.1, a free port chosen now), waits for rank 0, and in a ``finally``
+  terminates, then kills, whatever is still running; SIGINT and SIGTERM
+  reach that ``finally`` (SIGTERM is turned into SystemExit). Children ignore
+  SIGINT (the parent owns Ctrl-C) and ask the kernel to SIGKILL them if the
+  parent dies (PR_SET_PDEATHSIG), so even a killed launcher leaves nothing.
+* :func:`run_rank` is what one rank runs; under torchrun every process calls
+  it with the rank from its environment (see README, "Runtime").
+"""
+
+from __future__ import annotations
+
+import ctypes
+import datetime
+import os
+import pickle
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from runtime.spec import RunSpec
+from sim.result import RunResult
+
+LOOPBACK = "127.0.0.1"
+GRACE_S = 3.0
+
+
+class RuntimeFailure(RuntimeError):
+    """A rank failed in a way the run cannot survive (a PS shard, or rank 0)."""
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def run_rank(spec: RunSpec, rank: int, world: int, local_rank: int = 0) -> RunResult | None:
+    """Join the process group as ``rank`` and play that role; rank 0 returns the RunResult."""
+    import torch
+    import torch.distributed as dist
+
+    if world != spec.n_shards + spec.n_workers:
+        raise RuntimeFailure(f"world size {world} != {spec.n_shards} PS shards + {spec.n_workers} workers")
+    torch.set_num_threads(spec.threads)
+    dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=spec.timeout_s))
+    try:
+        if rank < spec.n_shards:
+            from runtime.ps import Coordinator, Shard
+
+            if rank == 0:
+                return Coordinator(spec).run()
+            Shard(spec, rank).serve()
+            return None
+        from runtime.worker import run_worker
+
+        run_worker(spec, rank - spec.n_shards, local_rank)
+        return None
+    finally:
+        dist.destroy_process_group()
+
+
+def _die_with_parent() -> None:
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def _child(spec: RunSpec, rank: int, world: int, port: int, result_path: str) -> None:
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    os.environ.update({"MASTER_ADDR": LOOPBACK, "MASTER_PORT": str(port), "RANK": str(rank),
+                       "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank)})
+    code = 0
+    try:
+        res = run_rank(spec, rank, world, local_rank=0)
+        if rank == 0:
+            tmp = result_path + ".tmp"
+            with open(tmp, "wb") as f:
+                pickle.dump(res, f)
+            os.replace(tmp, result_path)
+    except BaseException:  # noqa: BLE001 - reported, then the exit code says it
+        traceback.print_exc()
+        code = 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # os._exit: the receiver thread of a shard is blocked inside gloo; a normal
+        # interpreter exit could wait on it or crash tearing it down.
+        os._exit(code)
+
+
+@contextmanager
+def _sigterm_as_exit() -> Iterator[None]:
+    def handler(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    try:
+        old = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def reap(procs: list[Any], grace_s: float = GRACE_S) -> None:
+    """Terminate, then kill, every process still alive; join them all."""
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.monotonic() + grace_s
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
+def run_local(spec: RunSpec, wall_timeout_s: float | None = None) -> RunResult:
+    """Run every rank on this machine and return rank 0's RunResult.
+
+    Raises:
+        RuntimeFailure: rank 0 or a PS shard died, or the run took longer than
+            ``wall_timeout_s`` (default ``spec.timeout_s``).
+    """
+    import multiprocessing as mp
+
+    world = spec.n_shards + spec.n_workers
+    ctx = mp.get_context("spawn")
+    tmp = tempfile.mkdtemp(prefix="hetsim-run-")
+    result_path = str(Path(tmp) / "result.pkl")
+    procs: list[Any] = []
+    limit = wall_timeout_s if wall_timeout_s is not None else spec.timeout_s
+    try:
+        with _sigterm_as_exit():
+            port = free_port()
+            for rank in range(world):
+                p = ctx.Process(target=_child, args=(spec, rank, world, port, result_path),
+                                name=f"hetsim-rank{rank}", daemon=False)
+                p.start()
+                procs.append(p)
+            deadline = time.monotonic() + limit
+            while procs[0].is_alive():
+                for k in range(1, spec.n_shards):
+                    if procs[k].exitcode is not None and procs[k].exitcode != 0:
+                        raise RuntimeFailure(f"PS shard {k} exited with status {procs[k].exitcode}")
+                if time.monotonic() > deadline:
+                    raise RuntimeFailure(f"the run took longer than {limit:g} s; stopped")
+                procs[0].join(0.1)
+            if procs[0].exitcode != 0 or not Path(result_path).is_file():
+                raise RuntimeFailure(f"rank 0 (PS shard 0, coordinator) exited with status "
+                                     f"{procs[0].exitcode}; see its traceback above")
+            with open(result_path, "rb") as f:
+                result: RunResult = pickle.load(f)
+            for p in procs:  # the others finish on their own after rank 0
+                p.join(GRACE_S)
+            return result
+    finally:
+        reap(procs)
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,447 @@
+"""A PS shard process; shard 0 is also the coordinator of the run.
+
+Each shard holds its partition of the parameters (whole tensors, see
+:func:`runtime.task.partition`) as one flat fp32 vector, unpacks pushed
+gradients, applies plain SGD and answers pulls.
+
+BSP. Shard 0 collects iteration ``t``'s pushes from every live worker with a
+share; then it *commits* ``t``: averages the gradients weighted by samples,
+applies them, tells the other shards which workers were members
+(``COMMIT``; they apply the same members' pushes), records the iteration,
+calls the online scheduler's ``rebalance`` with an Observation of measured
+compute times, samples and free memory, and answers the pulls of version
+``t + 1`` with each worker's (new) share. A worker whose push is missing
+``failure_timeout_s`` after the first push of the iteration arrived is
+declared failed: the iteration commits without it and its share is
+redistributed (by the scheduler, or in proportion to the live shares when the
+scheduler keeps the plan or there is none).
+
+ASP / SSP. Every shard applies a push on arrival, scaled by ``samples /
+global_batch``. A global iteration ends each time another ``global_batch``
+samples have been applied (rebalance points, rows of iterations.csv). SSP:
+shard 0 holds back the pull of iteration ``t`` of a worker until every live
+worker with a share has pushed ``t - staleness`` iterations; a worker silent
+for ``failure_timeout_s`` is declared failed.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import defaultdict
+from typing import Any
+
+import torch
+
+from runtime import quant, task, wire
+from runtime.spec import RunSpec
+from sim.observation import Observation, WorkerStatus, accepted_shares, full_membership, rate_sps
+from sim.result import DeviceUsage, RunResult, Trace
+
+POLL_S = 0.05
+MAX_PUSH_LOG = 10_000
+
+
+def proportional_fill(shares: list[int], alive: list[bool], total: int) -> list[int]:
+    """Shares of the live workers scaled to sum to ``total`` (largest remainder,
+    ties to the lower index); failed workers get 0. Equal split when no live
+    worker had a share."""
+    w = [float(s) if a else 0.0 for s, a in zip(shares, alive)]
+    if sum(w) <= 0:
+        w = [1.0 if a else 0.0 for a in alive]
+    if sum(w) <= 0:
+        return [0] * len(shares)
+    quota = [x / sum(w) * total for x in w]
+    base = [int(q) for q in quota]
+    order = sorted(range(len(w)), key=lambda i: (-(quota[i] - base[i]), i))
+    for i in order[: total - sum(base)]:
+        base[i] += 1
+    return base
+
+
+def weighted_mean(entries: dict[int, tuple[torch.Tensor, int]], members: list[int]) -> torch.Tensor:
+    """Gradient of the members' whole batch: their mean gradients weighted by samples."""
+    total = sum(entries[r][1] for r in members)
+    out = torch.zeros_like(entries[members[0]][0])
+    for r in members:  # in rank order, so every run sums alike
+        out.add_(entries[r][0], alpha=entries[r][1] / total)
+    return out
+
+
+class Shard:
+    """One PS shard (rank ``rank`` < number of shards)."""
+
+    def __init__(self, spec: RunSpec, rank: int) -> None:
+        self.spec = spec
+        self.rank = rank
+        self.S, self.W = spec.n_shards, spec.n_workers
+        module, _ = task.build(spec.model, spec.seed, spec.model_kwargs)
+        params = [p.detach().float().reshape(-1) for p in module.parameters()]
+        self.owned = task.partition([p.numel() for p in params], self.S)[rank]
+        self.numels = [params[i].numel() for i in self.owned]
+        self.flat = torch.cat([params[i] for i in self.owned]).clone()
+        self.version = 0
+        self.busy_s = 0.0
+        self.rx = wire.Receiver()
+        self.pending: dict[int, int] = {}  # worker rank -> iteration its pull asked for
+        self.grads: dict[int, dict[int, tuple[torch.Tensor, int]]] = defaultdict(dict)
+
+    # ------------------------------------------------------------ common
+    def unpack(self, m: wire.Message, bits: int) -> torch.Tensor:
+        assert m.payload is not None
+        out, off = [], 0
+        for n in self.numels:
+            nb = quant.wire_bytes(n, bits)
+            out.append(quant.unpack(m.payload[off:off + nb], n, bits))
+            off += nb
+        if off != m.payload.numel():
+            raise ValueError(f"push of {m.payload.numel()} bytes, {off} expected")
+        return torch.cat(out)
+
+    def params_payload(self) -> torch.Tensor:
+        return self.flat.view(torch.uint8)
+
+    def apply(self, g: torch.Tensor, scale: float) -> None:
+        self.flat.add_(g, alpha=-self.spec.lr * scale)
+
+    # ------------------------------------------------------ shards 1..S-1
+    def serve(self) -> None:
+        """Main loop of shard k > 0: until shard 0 says STOP."""
+        bsp = self.spec.sync == "bsp"
+        commits: dict[int, list[int]] = {}
+        while True:
+            m = self.rx.get(timeout_s=self.spec.timeout_s)
+            if m is None:
+                raise TimeoutError(f"shard {self.rank}: no message for {self.spec.timeout_s} s")
+            if m.kind == wire.STOP:
+                return
+            if m.kind == wire.PULL:
+                self.pending[m.src] = m.iteration
+            elif m.kind == wire.PUSH:
+                bits, samples = int(m.header[wire.F_E]), int(m.header[wire.F_A])
+                t0 = time.perf_counter()
+                g = self.unpack(m, bits)
+                if bsp:
+                    self.grads[m.iteration][m.src] = (g, samples)
+                else:
+                    self.apply(g, samples / self.spec.global_batch)
+                    self.version += 1
+                self.busy_s += time.perf_counter() - t0
+            elif m.kind == wire.COMMIT:
+                assert m.payload is not None
+                commits[m.iteration] = m.payload.view(torch.int64).tolist()
+            # apply committed iterations whose members' pushes are all here, in order
+            while bsp and self.version in commits and all(
+                    r in self.grads[self.version] for r in commits[self.version]):
+                members = commits.pop(self.version)
+                t0 = time.perf_counter()
+                got = self.grads.pop(self.version)
+                if sum(got[r][1] for r in members):
+                    self.apply(weighted_mean(got, members), 1.0)
+                self.version += 1
+                self.busy_s += time.perf_counter() - t0
+            for src, it in list(self.pending.items()):
+                if not bsp or it <= self.version:
+                    del self.pending[src]
+                    wire.send(src, wire.PARAMS, self.version, payload=self.params_payload())
+
+
+class Coordinator(Shard):
+    """Shard 0: a shard plus the run's bookkeeping, online scheduling and result."""
+
+    def __init__(self, spec: RunSpec) -> None:
+        super().__init__(spec, 0)
+        W = self.W
+        self.ranks = [self.S + w for w in range(W)]
+        self.shares = spec.shares()
+        self.alive = [True] * W
+        self.plan_now = full_membership(spec.plan, tuple(w.device for w in spec.workers), self.shares)
+        self.clock = [0] * W          # iterations pushed (ASP/SSP)
+        self.last_seen = [0.0] * W
+        self.free_mem = [0.0] * W
+        self.win_compute = [0.0] * W
+        self.win_samples = [0] * W
+        self.iter_end: list[float] = []
+        self.iter_samples: list[int] = []
+        self.iter_loss: list[float] = []
+        self.iter_worker_samples: list[list[int]] = []
+        self.share_history: list[list[int]] = [list(self.shares)]
+        self.failures: list[dict[str, Any]] = []
+        self.reports: dict[int, dict[str, Any]] = {}
+        self.push_log: list[list[int]] = []
+        self.staleness: list[int] = []
+        self.bits = spec.bits if spec.adaptive is None else spec.adaptive.start_bits
+        self.bits_changes: list[list[int]] = [[0, self.bits]]
+        self.loss_hist: list[float] = []
+        self.rebalances = 0
+        self.apply_spans: list[tuple[float, float]] = []
+        self.done = False
+        self.t0 = time.time()
+        # ASP/SSP window of the current global iteration
+        self.win_applied = 0
+        self.win_loss: list[tuple[float, int]] = []
+        self.win_worker = [0] * W
+        self.losses: dict[int, dict[int, float]] = defaultdict(dict)
+
+    def now(self) -> float:
+        return time.time() - self.t0
+
+    # --------------------------------------------------------------- replies
+    def reply(self, w: int) -> None:
+        """Answer worker w's pending pull with the current parameters and its share."""
+        self.pending.pop(self.ranks[w])
+        stop = self.done or not self.alive[w]
+        try:
+            wire.send(self.ranks[w], wire.PARAMS, self.version, self.shares[w], int(stop), self.bits,
+                      payload=None if stop else self.params_payload())
+        except RuntimeError as e:  # the connection is gone: the worker died
+            self.fail(w, f"send failed: {str(e).splitlines()[0][:120]}")
+
+    def can_reply(self, w: int, it: int) -> bool:
+        if self.done or not self.alive[w]:
+            return True
+        if self.spec.sync == "bsp":
+            return it <= self.version
+        if self.spec.sync == "ssp":
+            live = [self.clock[v] for v in range(self.W) if self.alive[v] and self.shares[v] > 0]
+            return not live or it - min(live) <= self.spec.staleness
+        return True
+
+    def serve_pending(self) -> None:
+        for r, it in list(self.pending.items()):
+            w = r - self.S
+            if self.can_reply(w, it):
+                self.reply(w)
+
+    # -------------------------------------------------------------- failures
+    def fail(self, w: int, why: str) -> None:
+        if not self.alive[w]:
+            return
+        self.alive[w] = False
+        now = self.now()
+        self.failures.append({"worker": self.spec.workers[w].device, "failed_at_s": None,
+                              "detected_at_s": now, "lost_s": now - self.last_seen[w], "detected_by": why,
+                              "last_seen_s": self.last_seen[w],
+                              "share": self.shares[w]})
+        self.pending.pop(self.ranks[w], None)
+
+    def check_timeouts(self) -> None:
+        now = self.now()
+        tmo = self.spec.failure_timeout_s
+        if self.spec.sync == "bsp":
+            got = self.grads.get(self.version, {})
+            if not got:
+                return
+            first = min(self.last_seen[r - self.S] for r in got)
+            if now - first <= tmo:
+                return
+            for w in range(self.W):
+                if self.alive[w] and self.shares[w] > 0 and self.ranks[w] not in got:
+                    self.fail(w, f"no push of iteration {self.version} within {tmo} s of the first")
+            self.maybe_commit()
+        else:
+            for w in range(self.W):
+                if self.alive[w] and self.shares[w] > 0 and now - self.last_seen[w] > tmo:
+                    self.fail(w, f"silent for {tmo} s")
+                    self.redistribute_dead()
+
+    def redistribute_dead(self) -> None:
+        """Fallback when no scheduler moved a failed worker's share: live shares scaled up."""
+        if any(not a and s > 0 for a, s in zip(self.alive, self.shares)):
+            self.shares = proportional_fill(self.shares, self.alive, self.spec.global_batch)
+            self.plan_now = full_membership(self.plan_now, tuple(w.device for w in self.spec.workers),
+                                            self.shares)
+            for f in self.failures:
+                f.setdefault("redistributed_to", {
+                    self.spec.workers[w].device: self.shares[w] for w in range(self.W) if self.alive[w]})
+
+    # ----------------------------------------------------------------- BSP
+    def maybe_commit(self) -> None:
+        got = self.grads.get(self.version, {})
+        expected = [self.ranks[w] for w in range(self.W) if self.alive[w] and self.shares[w] > 0]
+        if self.done or not got or any(r not in got for r in expected):
+            return
+        t0, a = time.perf_counter(), self.now()
+        members = sorted(r for r in got if self.alive[r - self.S])
+        entries = self.grads.pop(self.version)
+        total = sum(entries[r][1] for r in members)
+        if total:
+            self.apply(weighted_mean(entries, members), 1.0)
+        self.busy_s += time.perf_counter() - t0
+        self.apply_spans.append((a, self.now()))
+        payload = torch.tensor(members, dtype=torch.int64).view(torch.uint8)
+        for k in range(1, self.S):
+            wire.send(k, wire.COMMIT, self.version, payload=payload)
+        losses = self.losses.pop(self.version, {})
+        loss = sum(losses[r] * entries[r][1] for r in members) / total if total else float("nan")
+        per = [entries[self.ranks[w]][1] if self.ranks[w] in members else 0 for w in range(self.W)]
+        self.version += 1
+        self.end_iteration(total, loss, per)
+
+    # ------------------------------------------------------------- ASP/SSP
+    def apply_async(self, w: int, g: torch.Tensor, samples: int, loss: float, pulled: int) -> None:
+        t0 = time.perf_counter()
+        self.apply(g, samples / self.spec.global_batch)
+        self.busy_s += time.perf_counter() - t0
+        self.staleness.append(self.version - pulled)
+        self.version += 1
+        self.win_applied += samples
+        self.win_loss.append((loss, samples))
+        self.win_worker[w] += samples
+        if self.win_applied >= self.spec.global_batch:
+            n = sum(s for _, s in self.win_loss)
+            mean = sum(v * s for v, s in self.win_loss) / n
+            per, self.win_worker = self.win_worker, [0] * self.W
+            done, self.win_applied, self.win_loss = self.win_applied, 0, []
+            self.end_iteration(done, mean, per)
+
+    # ---------------------------------------------------------- iterations
+    def end_iteration(self, samples: int, loss: float, per_worker: list[int]) -> None:
+        self.iter_end.append(self.now())
+        self.iter_samples.append(int(samples))
+        self.iter_loss.append(float(loss))
+        self.iter_worker_samples.append(per_worker)
+        if len(self.iter_end) >= self.spec.iterations:
+            self.done = True
+            return
+        pol = self.spec.adaptive
+        if pol is not None:
+            self.loss_hist.append(float(loss))
+            if len(self.iter_end) % self.spec.quant_every == 0:
+                bits = pol.bits(len(self.iter_end), self.loss_hist)
+                if bits != self.bits:
+                    self.bits = bits
+                    self.bits_changes.append([len(self.iter_end), bits])
+        self.rebalance()
+        self.share_history.append(list(self.shares))
+
+    def observation(self) -> Observation:
+        ws = tuple(
+            WorkerStatus(device=self.spec.workers[w].device, batch=self.shares[w],
+                         compute_s=self.win_compute[w], samples=self.win_samples[w],
+                         rate_sps=rate_sps(self.win_samples[w], self.win_compute[w]),
+                         free_memory_bytes=self.free_mem[w], alive=self.alive[w])
+            for w in range(self.W))
+        return Observation(self.now(), len(self.iter_end), ws, self.spec.global_batch)
+
+    def rebalance(self) -> None:
+        sched = self.spec.scheduler
+        if sched is not None:
+            obs = self.observation()
+            self.win_compute = [0.0] * self.W
+            self.win_samples = [0] * self.W
+            new = sched.rebalance(self.plan_now, obs)
+            if new is not None:
+                self.shares = accepted_shares(new, obs, self.spec.global_batch)
+                self.plan_now = full_membership(new, tuple(w.device for w in self.spec.workers),
+                                                self.shares)
+                self.rebalances += 1
+        self.redistribute_dead()
+
+    # ---------------------------------------------------------------- loop
+    def run(self) -> RunResult:
+        self.last_seen = [self.now()] * self.W
+        bsp = self.spec.sync == "bsp"
+        while True:
+            m = self.rx.get(timeout_s=POLL_S)
+            if m is not None and m.src >= self.S:
+                w = m.src - self.S
+                self.last_seen[w] = self.now()
+                if m.kind == wire.PULL:
+                    self.pending[m.src] = m.iteration
+                elif m.kind == wire.PUSH:
+                    self.on_push(w, m, bsp)
+                elif m.kind == wire.REPORT:
+                    assert m.payload is not None
+                    self.reports[w] = json.loads(bytes(m.payload.tolist()).decode())
+            if not self.done:
+                self.check_timeouts()
+            if bsp:
+                self.maybe_commit()
+            self.serve_pending()
+            if self.done and all(w in self.reports or not self.alive[w] for w in range(self.W)):
+                break
+            if self.done and m is None and self.now() - self.iter_end[-1] > self.spec.failure_timeout_s + 5:
+                for w in range(self.W):  # a worker that never reported after the end: gone
+                    if w not in self.reports:
+                        self.fail(w, "no final report")
+                break
+            if all(not a for a in self.alive):
+                break
+        for k in range(1, self.S):
+            wire.send(k, wire.STOP)
+        return self.result()
+
+    def on_push(self, w: int, m: wire.Message, bsp: bool) -> None:
+        h = m.header
+        samples, loss, comp = int(h[wire.F_A]), float(h[wire.F_B]), float(h[wire.F_C])
+        free, bits, pulled = float(h[wire.F_D]), int(h[wire.F_E]), int(h[wire.F_E + 1])
+        if len(self.push_log) < MAX_PUSH_LOG:
+            self.push_log.append([m.iteration, w, bits, int(m.header[wire.F_NBYTES])])
+        if not self.alive[w] or self.done:
+            return
+        self.free_mem[w] = free
+        self.win_compute[w] += comp
+        self.win_samples[w] += samples
+        t0 = time.perf_counter()
+        g = self.unpack(m, bits)
+        self.busy_s += time.perf_counter() - t0
+        if bsp:
+            if m.iteration != self.version:
+                return  # a late push of an iteration committed without it
+            self.grads[m.iteration][m.src] = (g, samples)
+            self.losses[m.iteration][m.src] = loss
+        else:
+            self.clock[w] = m.iteration + 1
+            self.apply_async(w, g, samples, loss, pulled)
+
+    # -------------------------------------------------------------- result
+    def result(self) -> RunResult:
+        spec = self.spec
+        trace = Trace()
+        devices = []
+        for w, ws in enumerate(spec.workers):
+            rep = self.reports.get(w, {})
+            dev = spec.devices[w]
+            devices.append(DeviceUsage(dev[0], "worker", dev[2], dev[3], dev[4],
+                                       busy_s=rep.get("compute_s", 0.0), compute_s=rep.get("compute_s", 0.0),
+                                       comm_s=rep.get("comm_s", 0.0), wait_s=rep.get("wait_s", 0.0)))
+            for name, a, b in rep.get("spans", []):
+                # a worker's first wait can start before rank 0's clock does
+                trace.span("workers", w, ws.device, name, max(0.0, a - self.t0), max(0.0, b - self.t0))
+        for k, sid in enumerate(spec.shards):
+            dev = spec.devices[self.W + k]
+            busy = self.busy_s if k == 0 else 0.0
+            devices.append(DeviceUsage(sid, "ps", dev[2], dev[3], dev[4], busy_s=busy))
+        for a, b in self.apply_spans[: spec.max_trace_spans]:
+            trace.span("ps", 0, spec.shards[0], "apply", a, b)
+        extra: dict[str, Any] = {
+            "runtime": {
+                "sync": spec.sync, "workers": [w.device for w in spec.workers], "shards": spec.shards,
+                "lr": spec.lr, "model": spec.model, "model_kwargs": spec.model_kwargs,
+                "worker_samples": self.iter_worker_samples, "shares": self.share_history,
+                "pushes": self.push_log, "final_loss": self.iter_loss[-1] if self.iter_loss else None,
+                "pushed_bytes": {spec.workers[w].device: self.reports.get(w, {}).get("pushed_bytes")
+                                 for w in range(self.W)},
+                "pulled_bytes": {spec.workers[w].device: self.reports.get(w, {}).get("pulled_bytes")
+                                 for w in range(self.W)},
+            },
+        }
+        if spec.scheduler is not None:
+            extra["rebalances"] = self.rebalances
+            extra["final_shares"] = {spec.workers[w].device: self.shares[w] for w in range(self.W)}
+        if spec.sync != "bsp" and self.staleness:
+            extra["staleness"] = {"mean": sum(self.staleness) / len(self.staleness),
+                                  "max": max(self.staleness)}
+        if spec.adaptive is not None:
+            extra["quant_bits"] = self.bits_changes
+        if spec.ignored:
+            extra["runtime_ignored"] = spec.ignored
+        if len(self.iter_end) < spec.iterations:
+            extra["incomplete"] = f"{len(self.iter_end)} of {spec.iterations} iterations completed"
+        return RunResult(
+            name=spec.name, evaluator="runtime", scheduler=spec.plan.scheduler, seed=spec.seed,
+            iter_end_s=list(self.iter_end), iter_samples=list(self.iter_samples), devices=devices,
+            warmup=spec.warmup, failures=self.failures, extra=extra, trace=trace.events,
+            iter_loss=list(self.iter_loss),
+        )

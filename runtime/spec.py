@@ -1,0 +1,180 @@
+"""What every rank of a real run needs to know: :class:`RunSpec`, built from a
+Problem, its Plan and the runtime options.
+
+Runtime options come from a ``runtime:`` section of the config YAML (taken out
+before the config is validated, so the rest stays the simulator's config) or
+from ``plan.options["runtime"]``; the config's section wins field by field.
+Emulated heterogeneity on one machine is per worker (plan order): torch
+threads, CPU affinity and a slowdown factor (after a forward/backward pass of
+``t`` seconds the worker sleeps ``(factor - 1) * t``). The config's explicit
+``dynamics`` (events, and patterns as expanded into events) map onto the same
+knobs: ``slowdown`` from ``at_s`` (wall seconds since the worker started) and
+``fail`` (the worker process kills itself with SIGKILL at ``at_s``).
+``free_memory`` changes are not emulated (they are listed in ``summary.json``
+under ``runtime_ignored``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from sim.config import validation_error
+from sim.errors import ConfigError
+from sim.plan import Plan
+from sim.problem import Problem
+from sim.quantization import Adaptive
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
+class WorkerOptions(_Strict):
+    """Emulation of one worker (plan order)."""
+
+    threads: int | None = Field(None, ge=1, description="torch intra-op threads (default: runtime.threads)")
+    affinity: list[int] | None = Field(None, description="CPU ids the process is pinned to (Linux)")
+    slowdown: float = Field(1.0, ge=1.0, description="compute-time multiplier from the start")
+    fail_at_iteration: int | None = Field(
+        None, ge=0, description="the process kills itself (SIGKILL) before starting this iteration")
+    free_memory_bytes: float | None = Field(
+        None, gt=0, description="report this free memory instead of the measured one")
+
+
+class RuntimeOptions(_Strict):
+    """The ``runtime:`` section of a config (or ``plan.options["runtime"]``)."""
+
+    model_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="sizes passed to sim.zoo.torch_module (e.g. hidden: [32])")
+    lr: float = Field(0.1, gt=0, description="SGD learning rate applied at the PS")
+    threads: int = Field(1, ge=1, description="torch threads of every rank unless a worker says otherwise")
+    device: Literal["cpu", "cuda"] = Field("cpu", description="where workers compute (cuda: GPU local_rank)")
+    workers: list[WorkerOptions] = Field(default_factory=list, description="per worker, plan order")
+    max_trace_spans: int = Field(20_000, ge=0, description="spans kept per worker for trace.json")
+
+
+@dataclass
+class WorkerSpec:
+    device: str
+    threads: int
+    affinity: list[int] | None
+    slowdown_events: list[tuple[float, float]]  # (at_s, factor), sorted; factor 1.0 before the first
+    fail_at_iteration: int | None
+    fail_at_s: float | None
+    free_memory_bytes: float | None
+
+
+@dataclass
+class RunSpec:
+    """Everything the ranks of one run share (pickled to spawned processes)."""
+
+    name: str
+    seed: int
+    model: str
+    model_kwargs: dict[str, Any]
+    global_batch: int
+    iterations: int
+    sync: str
+    staleness: int
+    bits: int
+    adaptive: Adaptive | None
+    quant_every: int
+    lr: float
+    failure_timeout_s: float
+    warmup: int
+    workers: list[WorkerSpec]
+    shards: list[str]
+    plan: Plan
+    device: str = "cpu"
+    threads: int = 1
+    timeout_s: float = 600.0
+    max_trace_spans: int = 20_000
+    scheduler: Any = None  # an OnlineScheduler (rank 0 calls rebalance) or None
+    # (id, role, price_per_hour, idle_w, active_w) of each worker then each shard
+    devices: list[tuple[str, str, float, float, float]] = field(default_factory=list)
+    ignored: list[str] = field(default_factory=list)
+
+    @property
+    def n_workers(self) -> int:
+        return len(self.workers)
+
+    @property
+    def n_shards(self) -> int:
+        return len(self.shards)
+
+    def shares(self) -> list[int]:
+        have = {r.device: r.batch for r in self.plan.replicas}
+        return [have.get(w.device, 0) for w in self.workers]
+
+
+def parse_options(data: Any, source: str) -> RuntimeOptions:
+    if data is None:
+        return RuntimeOptions()
+    if not isinstance(data, dict):
+        raise ConfigError(source, "runtime", "must be a mapping")
+    try:
+        return RuntimeOptions.model_validate(data)
+    except ValidationError as e:
+        err = validation_error(source, e)
+        raise ConfigError(source, f"runtime.{err.field}" if err.field else "runtime", err.message) from None
+
+
+def build_spec(problem: Problem, plan: Plan, opts: RuntimeOptions, scheduler: Any = None,
+               iterations: int | None = None, timeout_s: float = 600.0, source: str = "<config>") -> RunSpec:
+    """The RunSpec of ``plan`` on ``problem``.
+
+    Raises:
+        ConfigError: a multi-stage (placement) plan, a model outside the zoo, or
+            worker options for more workers than the plan has.
+    """
+    from sim import zoo
+
+    job = problem.job
+    if plan.is_placement:
+        raise ConfigError(source, "plan", "the runtime runs data-parallel (one-stage) plans only; "
+                          "layer-placement pipelines are not built yet")
+    name = job.model.name
+    if name not in zoo.names():
+        raise ConfigError(source, "job.model", f"the runtime trains zoo models only "
+                          f"({', '.join(zoo.names())}), not {name!r}")
+    devices = [r.device for r in plan.replicas]
+    if len(opts.workers) > len(devices):
+        raise ConfigError(source, "runtime.workers",
+                          f"{len(opts.workers)} entries for {len(devices)} workers of the plan")
+    inventory = [d.id for d in problem.cluster.devices]
+    workers, ignored = [], []
+    for w, dev in enumerate(devices):
+        o = opts.workers[w] if w < len(opts.workers) else WorkerOptions()
+        slow: list[tuple[float, float]] = [(0.0, o.slowdown)] if o.slowdown != 1.0 else []
+        fail_s = None
+        for d in problem.dynamics:
+            if inventory[d.worker] != dev:
+                continue
+            if d.slowdown is not None:
+                slow.append((d.at_s, d.slowdown * o.slowdown))
+            if d.fail:
+                fail_s = d.at_s if fail_s is None else min(fail_s, d.at_s)
+            if d.free_memory_frac is not None:
+                ignored.append(f"free_memory event of {dev} at {d.at_s} s")
+        workers.append(WorkerSpec(dev, o.threads or opts.threads, o.affinity, sorted(slow),
+                                  o.fail_at_iteration, fail_s, o.free_memory_bytes))
+    devs = []
+    for dev in devices:
+        t = problem.cluster.device(dev).type
+        devs.append((dev, "worker", t.price_per_hour, t.power_w.idle, t.power_w.active))
+    for sid in plan.ps_shards:
+        t = problem.cluster.device(sid).type
+        devs.append((sid, "ps", t.price_per_hour, t.power_w.idle, t.power_w.active))
+    online = scheduler if callable(getattr(scheduler, "rebalance", None)) else None
+    return RunSpec(
+        name=problem.name, seed=problem.seed, model=name, model_kwargs=dict(opts.model_kwargs),
+        global_batch=job.global_batch, iterations=iterations or job.iterations, sync=job.sync,
+        staleness=job.staleness, bits=job.quant_bits, adaptive=job.quant_adaptive,
+        quant_every=job.quant_every, lr=opts.lr, failure_timeout_s=job.failure_timeout_s,
+        warmup=job.warmup_iterations, workers=workers, shards=list(plan.ps_shards), plan=plan,
+        device=opts.device, threads=opts.threads, timeout_s=timeout_s,
+        max_trace_spans=opts.max_trace_spans, scheduler=online, devices=devs, ignored=ignored,
+    )

@@ -1,0 +1,128 @@
+"""Messages between runtime ranks over torch.distributed point-to-point (gloo).
+
+Every message is a fixed header (``HEADER_LEN`` float64: kind, then fields)
+sent with tag ``TAG_HEADER``, followed, when its ``nbytes`` field is non-zero,
+by one uint8 payload of that many bytes with tag ``TAG_PAYLOAD`` to the same
+peer. float64 holds every integer field exactly (< 2**53).
+
+A PS shard receives with a :class:`Receiver`: a thread that keeps one
+any-source header receive posted, then reads the payload from that header's
+sender, and queues ``(src, header, payload)``. The shard's main loop waits on
+that queue with a timeout, which is how it notices silence (a dead worker):
+gloo neither reports a dead peer to an any-source receive nor survives a
+receive that times out (its timeout closes the connections), so no gloo
+operation here is ever given a timeout shorter than the run's.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+HEADER_LEN = 10
+TAG_HEADER = 11
+TAG_PAYLOAD = 12
+
+# kinds (header[0])
+PULL = 1      # worker -> shard: [kind, iteration]
+PARAMS = 2    # shard -> worker: [kind, version, share, stop, bits, nbytes]
+PUSH = 3      # worker -> shard: [kind, iteration, samples, loss, compute_s, free_mem, bits, nbytes, pulled_version]
+REPORT = 4    # worker -> shard 0: [kind, 0, ..., nbytes] + JSON payload (spans, totals)
+COMMIT = 5    # shard 0 -> shard k: [kind, iteration, ..., nbytes] + int64 member ranks
+STOP = 6      # shard 0 -> shard k: [kind]
+
+# field positions
+F_KIND, F_ITER, F_A, F_B, F_C, F_D, F_E, F_NBYTES = 0, 1, 2, 3, 4, 5, 6, 9
+
+
+@dataclass
+class Message:
+    src: int
+    header: list[float]
+    payload: torch.Tensor | None
+
+    @property
+    def kind(self) -> int:
+        return int(self.header[F_KIND])
+
+    @property
+    def iteration(self) -> int:
+        return int(self.header[F_ITER])
+
+
+def header(kind: int, iteration: int = 0, *fields: float, nbytes: int = 0) -> torch.Tensor:
+    h = torch.zeros(HEADER_LEN, dtype=torch.float64)
+    h[F_KIND] = kind
+    h[F_ITER] = iteration
+    for i, v in enumerate(fields):
+        h[F_A + i] = float(v)
+    h[F_NBYTES] = nbytes
+    return h
+
+
+def send(dst: int, kind: int, iteration: int = 0, *fields: float,
+         payload: torch.Tensor | None = None) -> int:
+    """Send a header (and payload) to ``dst``; returns the payload bytes sent."""
+    n = 0 if payload is None else int(payload.numel())
+    dist.send(header(kind, iteration, *fields, nbytes=n), dst=dst, tag=TAG_HEADER)
+    if n:
+        assert payload is not None and payload.dtype == torch.uint8
+        dist.send(payload.contiguous(), dst=dst, tag=TAG_PAYLOAD)
+    return n
+
+
+def recv_from(src: int) -> Message:
+    """Blocking receive of one message from ``src`` (worker side)."""
+    h = torch.zeros(HEADER_LEN, dtype=torch.float64)
+    dist.recv(h, src=src, tag=TAG_HEADER)
+    hd = h.tolist()
+    n = int(hd[F_NBYTES])
+    payload = None
+    if n:
+        payload = torch.empty(n, dtype=torch.uint8)
+        dist.recv(payload, src=src, tag=TAG_PAYLOAD)
+    return Message(src, hd, payload)
+
+
+class Receiver:
+    """Background any-source receiver feeding a queue (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.q: queue.Queue[Message | BaseException] = queue.Queue()
+        self.thread = threading.Thread(target=self._loop, name="hetsim-rx", daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            h = torch.zeros(HEADER_LEN, dtype=torch.float64)
+            try:
+                work = dist.irecv(h, src=None, tag=TAG_HEADER)
+                assert work is not None
+                work.wait()
+                src = int(work._source_rank())
+                hd = h.tolist()
+                n = int(hd[F_NBYTES])
+                payload = None
+                if n:
+                    payload = torch.empty(n, dtype=torch.uint8)
+                    dist.recv(payload, src=src, tag=TAG_PAYLOAD)
+            except BaseException as e:  # noqa: BLE001 - handed to the main loop
+                if "closed by peer" in str(e).lower() or "connection reset" in str(e).lower():
+                    continue  # a peer died mid-message: its silence is detected by timeout
+                self.q.put(e)
+                return
+            self.q.put(Message(src, hd, payload))
+
+    def get(self, timeout_s: float) -> Message | None:
+        """The next message, or None after ``timeout_s`` of silence."""
+        try:
+            item = self.q.get(timeout=timeout_s)
+        except queue.Empty:
+            return None
+        if isinstance(item, BaseException):
+            raise item
+        return item

@@ -1,0 +1,148 @@
+"""A worker process: pull, forward/backward on its share, push; until shard 0 says stop.
+
+Iteration ``t``: send ``PULL(t)`` to shard 0 and wait for its ``PARAMS``
+(version, this worker's share, stop flag, bit width), then pull the other
+shards; load the parameters; draw ``share`` fresh samples of the teacher task
+(the worker's own seeded generator); forward and backward (timed: that is the
+compute time the scheduler sees, including the emulated slowdown); pack each
+gradient tensor at the bit width and push every shard its tensors (shards
+1..S-1 first, shard 0 last: shard 0's push carries the measured figures).
+At the end it sends shard 0 a ``REPORT``: time split and trace spans.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import torch
+
+from runtime import quant, task, wire
+from runtime.spec import RunSpec, WorkerSpec
+
+ASP_IDLE_S = 0.01
+
+
+def free_memory_bytes(ws: WorkerSpec, device: str) -> float:
+    if ws.free_memory_bytes is not None:
+        return ws.free_memory_bytes
+    if device.startswith("cuda"):
+        return float(torch.cuda.mem_get_info()[0])
+    try:
+        import psutil
+
+        return float(psutil.virtual_memory().available)
+    except ImportError:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024
+    return 0.0
+
+
+def slowdown_at(ws: WorkerSpec, t_s: float) -> float:
+    f = 1.0
+    for at, factor in ws.slowdown_events:
+        if at <= t_s:
+            f = factor
+    return f
+
+
+def emulate(ws: WorkerSpec) -> None:
+    torch.set_num_threads(ws.threads)
+    if ws.affinity is not None and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, set(ws.affinity))
+
+
+def run_worker(spec: RunSpec, w: int, local_rank: int = 0) -> None:
+    ws = spec.workers[w]
+    emulate(ws)
+    S = spec.n_shards
+    device = f"cuda:{local_rank}" if spec.device == "cuda" else "cpu"
+    module, _ = task.build(spec.model, spec.seed, spec.model_kwargs)
+    module = module.to(device).train()
+    teacher = task.Teacher(spec.model, spec.seed, spec.model_kwargs, device)
+    params = list(module.parameters())
+    owned = task.partition([p.numel() for p in params], S)
+    seeds = torch.randint(0, 2**62, (1,), generator=torch.Generator().manual_seed(
+        spec.seed * 1_000_003 + 17 * w + 1)).item()
+    gen = torch.Generator().manual_seed(int(seeds))
+    qgen = torch.Generator().manual_seed(int(seeds) + 1)
+    totals = {"compute_s": 0.0, "comm_s": 0.0, "wait_s": 0.0, "pushed_bytes": 0, "pulled_bytes": 0}
+    spans: list[list[object]] = []
+
+    def span(name: str, a: float, b: float) -> None:
+        if len(spans) < spec.max_trace_spans:
+            spans.append([name, a, b])
+
+    start = time.time()
+    t = 0
+    while True:
+        if ws.fail_at_iteration == t or (ws.fail_at_s is not None and time.time() - start >= ws.fail_at_s):
+            os.kill(os.getpid(), signal.SIGKILL)  # emulated crash: no goodbye, no flush
+        share, stop, bits, version = 0, False, 32, 0
+        for s in range(S):
+            a = time.time()
+            wire.send(s, wire.PULL, t)
+            h = torch.zeros(wire.HEADER_LEN, dtype=torch.float64)
+            torch.distributed.recv(h, src=s, tag=wire.TAG_HEADER)
+            b = time.time()
+            hd = h.tolist()
+            n = int(hd[wire.F_NBYTES])
+            if s == 0:
+                version, share, stop, bits = (int(hd[wire.F_ITER]), int(hd[wire.F_A]), bool(hd[wire.F_B]),
+                                              int(hd[wire.F_C]))
+            if n:
+                buf = torch.empty(n, dtype=torch.uint8)
+                torch.distributed.recv(buf, src=s, tag=wire.TAG_PAYLOAD)
+                flat = buf.view(torch.float32)
+                off = 0
+                with torch.no_grad():
+                    for i in owned[s]:
+                        k = params[i].numel()
+                        params[i].copy_(flat[off:off + k].view_as(params[i]))
+                        off += k
+                totals["pulled_bytes"] += n
+            c = time.time()
+            totals["wait_s"] += b - a
+            totals["comm_s"] += c - b
+            span("wait", a, b)
+            span("pull", b, c)
+            if stop:
+                break
+        if stop:
+            break
+        if share > 0:
+            x, y = teacher.batch(share, gen)
+            module.zero_grad(set_to_none=False)
+            a, p0 = time.time(), time.perf_counter()
+            loss = task.loss_fn(task.call(module, x), y)
+            loss.backward()
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+            factor = slowdown_at(ws, time.time() - start)
+            if factor > 1.0:
+                time.sleep((factor - 1.0) * (time.perf_counter() - p0))
+            comp = time.perf_counter() - p0
+            b = time.time()
+            totals["compute_s"] += comp
+            span("compute", a, b)
+            free = free_memory_bytes(ws, device)
+            for s in [*range(1, S), 0]:
+                pieces = []
+                for i in owned[s]:
+                    g = params[i].grad
+                    pieces.append(quant.pack(g if g is not None else torch.zeros_like(params[i]), bits, qgen))
+                payload = torch.cat(pieces)
+                totals["pushed_bytes"] += wire.send(s, wire.PUSH, t, share, loss.item(), comp, free, bits,
+                                                    version, payload=payload)
+            c = time.time()
+            totals["comm_s"] += c - b
+            span("push", b, c)
+        elif spec.sync != "bsp":
+            time.sleep(ASP_IDLE_S)  # no share: do not spin on pulls
+        t += 1
+    report = json.dumps({**totals, "iterations": t, "spans": spans}).encode()
+    wire.send(0, wire.REPORT, t, payload=torch.frombuffer(bytearray(report), dtype=torch.uint8))

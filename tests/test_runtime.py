@@ -1,0 +1,239 @@
+"""The real runtime (runtime/): PS shard and worker processes over gloo on 127.0.0.1.
+
+Every run here is 1 PS shard and 2 workers training a tiny mlp with one torch
+thread per rank; each run costs a few seconds, mostly process start-up.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+
+from runtime import entry, quant, task
+from runtime.launch import RuntimeFailure, run_local
+from sim.quantization import packed_bytes
+
+ROOT = Path(__file__).resolve().parents[1]
+HETSIM = [sys.executable, "-m", "experiments.cli"]
+
+try:
+    import psutil
+except ImportError:  # pragma: no cover - the dev environment has psutil
+    psutil = None
+
+
+def config(tmp: Path, name: str = "rt", **over: Any) -> Path:
+    """A 2-worker, 1-shard config of a tiny mlp; ``over`` replaces top-level sections
+    (job and runtime are merged key by key)."""
+    cfg: dict[str, Any] = {
+        "name": name, "seed": 0,
+        "cluster": {"devices": [{"type": "this_machine", "count": 2}],
+                    "ps": {"shards": 1, "type": "this_machine"},
+                    "network": {"bandwidth_gbps": 13, "latency_us": 65}},
+        "job": {"model": "mlp", "global_batch": 32, "iterations": 20, "sync": "bsp",
+                "failure_timeout_s": 1.0},
+        "scheduler": {"name": "equal"},
+        "runtime": {"model_kwargs": {"in_features": 16, "hidden": [32], "classes": 4}, "lr": 0.2},
+    }
+    for k, v in over.items():
+        if k in ("job", "runtime"):
+            cfg[k].update(v)
+        else:
+            cfg[k] = v
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def descendants() -> list[Any]:
+    """Live descendants of this process, less multiprocessing's resource tracker
+    (one per interpreter, started by the first spawn, gone when pytest exits)."""
+    if psutil is None:
+        me = str(os.getpid())
+        out = []
+        for d in Path("/proc").iterdir():
+            if d.name.isdigit():
+                try:
+                    stat = (d / "stat").read_text()
+                except OSError:
+                    continue
+                if stat.rsplit(")", 1)[1].split()[1] == me and "resource_tracker" not in \
+                        (d / "cmdline").read_text(errors="replace"):
+                    out.append(d.name)
+        return out
+    kids = []
+    for k in psutil.Process().children(recursive=True):
+        try:
+            if k.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(k.cmdline()):
+                kids.append(k)
+        except psutil.NoSuchProcess:
+            continue
+    return kids
+
+
+def run(path: Path, **kw: Any) -> Any:
+    prep = entry.prepare(path, **kw)
+    result = run_local(prep.spec, wall_timeout_s=60)
+    assert descendants() == []
+    return result
+
+
+# ------------------------------------------------------------------ no processes
+@pytest.mark.parametrize("bits", [2, 4, 8, 16, 32])
+@pytest.mark.parametrize("n", [1, 7, 1000])
+def test_pack_is_packed_bytes_and_round_trips(bits: int, n: int) -> None:
+    x = torch.randn(n, generator=torch.Generator().manual_seed(n))
+    buf = quant.pack(x, bits, torch.Generator().manual_seed(0))
+    assert buf.dtype == torch.uint8 and buf.numel() == packed_bytes(n, bits)
+    y = quant.unpack(buf, n, bits)
+    step = (float(x.max() - x.min()) / ((1 << bits) - 1)) if bits < 32 else 0.0
+    assert float((y - x).abs().max()) <= step * (1 + 1e-5) + 1e-6
+
+
+def test_stochastic_rounding_is_unbiased() -> None:
+    x = torch.tensor([0.0, 0.3, 1.0])  # 0.3 sits between the two 2-bit levels 0 and 1/3
+    gen = torch.Generator().manual_seed(1)
+    mean = torch.stack([quant.unpack(quant.pack(x, 2, gen), 3, 2) for _ in range(4000)]).mean(0)
+    assert torch.allclose(mean, x, atol=0.01)
+
+
+def test_partition_balances_whole_tensors() -> None:
+    # largest first to the lighter shard: 100 -> 0, 60 -> 1, 50 -> 1, 10 -> 0 (110 each)
+    assert task.partition([100, 10, 60, 50], 2) == [[0, 1], [2, 3]]
+    with pytest.raises(ValueError, match="only 1 parameter tensors"):
+        task.partition([5], 2)
+
+
+# ---------------------------------------------------------------------- runs
+def test_bsp_loss_decreases_and_the_run_repeats_exactly(tmp_path: Path) -> None:
+    path = config(tmp_path)
+    a = run(path)
+    assert a.evaluator == "runtime" and len(a.iter_end_s) == 20 and a.failures == []
+    loss = a.iter_loss
+    assert all(math.isfinite(v) for v in loss)
+    assert sum(loss[-5:]) / 5 < 0.75 * sum(loss[:5]) / 5
+    # equal shares: every iteration took 16 + 16 samples
+    assert a.extra["runtime"]["worker_samples"] == [[16, 16]] * 20
+    assert a.iter_samples == [32] * 20
+    # BSP with fixed shares and seeded data is deterministic: the same losses again
+    b = run(path)
+    assert b.iter_loss == loss
+
+
+def test_quantized_pushes_carry_packed_bytes(tmp_path: Path) -> None:
+    res = run(config(tmp_path, job={"quantization": 4, "iterations": 8}))
+    module, _ = task.build("mlp", 0, {"in_features": 16, "hidden": [32], "classes": 4})
+    want = sum(packed_bytes(p.numel(), 4) for p in module.parameters())
+    pushes = res.extra["runtime"]["pushes"]
+    assert len(pushes) == 16
+    assert {(bits, nbytes) for _, _, bits, nbytes in pushes} == {(4, want)}
+    assert want < sum(4 * p.numel() for p in module.parameters()) / 7
+    assert all(math.isfinite(v) for v in res.iter_loss)
+
+
+def test_uneven_plan_through_the_cli(tmp_path: Path) -> None:
+    cfg = config(tmp_path, job={"iterations": 6})
+    plan = {"schema": 1, "scheduler": "by-hand", "ps_shards": ["ps:0"],
+            "stages": [{"layers": [0, 5], "device_type": "this_machine",
+                        "replicas": [{"device": "this_machine:0", "batch": 24},
+                                     {"device": "this_machine:1", "batch": 8}]}]}
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    out = tmp_path / "out"
+    proc = subprocess.run([*HETSIM, "run", str(tmp_path / "plan.json"), "--config", str(cfg),
+                           "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=90)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["evaluator"] == "runtime" and summary["iterations"] == 6
+    assert summary["runtime"]["worker_samples"] == [[24, 8]] * 6
+    rows = (out / "iterations.csv").read_text().splitlines()
+    assert rows[0] == "iteration,start_s,end_s,time_s,samples,loss" and len(rows) == 7
+    assert all(r.split(",")[4] == "32" for r in rows[1:])
+    names = {e["name"] for e in json.loads((out / "trace.json").read_text())["traceEvents"]}
+    assert {"compute", "push", "pull", "wait", "apply"} <= names
+    assert json.loads((out / "plan.json").read_text())["scheduler"] == "by-hand"
+    assert json.loads((out / "config.json").read_text())["runtime"]["lr"] == 0.2
+
+
+def test_hps_moves_work_off_a_slowed_worker(tmp_path: Path) -> None:
+    res = run(config(tmp_path, job={"iterations": 10, "global_batch": 64},
+                     scheduler={"name": "hps", "params": {"rebalance_every": 2}},
+                     runtime={"model_kwargs": {"in_features": 64, "hidden": [256, 256], "classes": 8},
+                              "workers": [{}, {"slowdown": 4.0}]}))
+    shares = res.extra["runtime"]["shares"]
+    assert shares[0] == [32, 32]
+    assert res.extra["rebalances"] >= 1
+    fast, slow = res.extra["final_shares"].values()
+    assert fast + slow == 64 and fast >= 2 * slow
+    assert all(sum(s) == 64 for s in res.extra["runtime"]["worker_samples"])
+
+
+@pytest.mark.parametrize("scheduler", ["equal", "hps"])
+def test_a_killed_worker_is_detected_and_its_share_redistributed(tmp_path: Path, scheduler: str) -> None:
+    res = run(config(tmp_path, job={"iterations": 10}, scheduler={"name": scheduler},
+                     runtime={"workers": [{}, {"fail_at_iteration": 4}]}))
+    assert len(res.iter_end_s) == 10 and "incomplete" not in res.extra
+    [f] = res.failures
+    assert f["worker"] == "this_machine:1" and f["share"] == 16
+    assert f["detected_by"].startswith("no push of iteration 4 within 1.0 s")
+    per = res.extra["runtime"]["worker_samples"]
+    assert per[:4] == [[16, 16]] * 4
+    assert per[4] == [16, 0]  # committed without the dead worker once the timeout passed
+    assert per[5:] == [[32, 0]] * 5  # then the survivor takes the whole global batch
+    gap = res.iter_end_s[4] - res.iter_end_s[3]
+    assert gap >= 1.0  # the barrier waited the failure timeout
+
+
+def test_no_process_left_after_a_failed_run(tmp_path: Path) -> None:
+    prep = entry.prepare(config(tmp_path, runtime={"model_kwargs": {"no_such_size": 3}}))
+    with pytest.raises(RuntimeFailure, match="rank 0"):
+        run_local(prep.spec, wall_timeout_s=60)
+    assert descendants() == []
+
+
+@pytest.mark.skipif(psutil is None, reason="needs psutil to list the run's processes")
+def test_no_process_left_after_sigint(tmp_path: Path) -> None:
+    proc = subprocess.Popen([*HETSIM, "run", str(config(tmp_path)), "--iterations", "1000000",
+                             "--out", str(tmp_path / "out")], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    parent = psutil.Process(proc.pid)
+    deadline = time.monotonic() + 60
+    kids: list[Any] = []
+    while time.monotonic() < deadline and len(kids) < 3:
+        kids = parent.children(recursive=True)
+        time.sleep(0.2)
+    time.sleep(2.0)  # the ranks are up and training
+    kids = parent.children(recursive=True)
+    assert len(kids) >= 3
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    _, alive = psutil.wait_procs(kids, timeout=5)
+    assert alive == []
+
+
+def test_bad_input_exits_2_with_one_line(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.json"
+    plan.write_text("{}")
+    proc = subprocess.run([*HETSIM, "run", str(plan)], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "--config" in proc.stderr
+    bad = config(tmp_path, runtime={"lr": -1})
+    proc = subprocess.run([*HETSIM, "run", str(bad)], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "runtime.lr" in proc.stderr
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_workers_compute_on_cuda(tmp_path: Path) -> None:
+    res = run(config(tmp_path, job={"iterations": 10}, runtime={"device": "cuda"}))
+    assert len(res.iter_end_s) == 10 and sum(res.iter_loss[-3:]) < sum(res.iter_loss[:3])
