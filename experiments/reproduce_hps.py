@@ -52,7 +52,7 @@ import pandas as pd
 
 from experiments import runner
 from sim import analytic, zoo
-from sim.convergence import load_for
+from sim.convergence import FITS_DIR, load_for
 from sim.costmodel import max_batch_in_memory
 from sim.problem import initial_free_memory_bytes
 
@@ -485,9 +485,15 @@ def write_report(table: pd.DataFrame, details: dict[Case, dict[str, Any]], out: 
           "Every number below is a simulated time from datasheet (and scaled) profiles and a "
           "convergence model fitted to small torch runs; nothing here was measured on real hardware.", ""]
     if meta["missing"]:
-        L += [f"**Missing:** no convergence fit in `sim/convergence_fits/` for "
+        L += [f"**Missing:** no usable convergence fit in `sim/convergence_fits/` for "
               f"{', '.join(meta['missing'])}, so {'it is' if len(meta['missing']) == 1 else 'they are'} "
-              "not in this report (time to target needs a fit).", ""]
+              "not in this report (time to target needs a fit)."]
+        unusable = [m for m in meta["missing"] if (FITS_DIR / "unusable" / f"{m}.json").is_file()]
+        if unusable:
+            L[-1] += (f" A fit of {', '.join(unusable)} exists only in `sim/convergence_fits/unusable/`: "
+                      "experiments/fit_convergence.py puts a fit there when the small torch runs stayed on a "
+                      "plateau (exponent alpha below its MIN_ALPHA), so no time to target uses it.")
+        L += [""]
 
     L += ["## Setup", ""]
     L += ["| | |", "|---|---|"]
