@@ -114,6 +114,8 @@ class Shard:
             if m is None:
                 raise TimeoutError(f"shard {self.rank}: no message for {self.spec.timeout_s} s")
             if m.kind == wire.STOP:
+                rep = json.dumps({"busy_s": self.busy_s}).encode()
+                wire.send(0, wire.REPORT, payload=torch.frombuffer(bytearray(rep), dtype=torch.uint8))
                 return
             if m.kind == wire.PULL:
                 self.pending[m.src] = m.iteration
@@ -182,6 +184,7 @@ class Coordinator(Shard):
         self.win_loss: list[tuple[float, int]] = []
         self.win_worker = [0] * W
         self.losses: dict[int, dict[int, float]] = defaultdict(dict)
+        self.shard_busy: dict[int, float] = {}
 
     def now(self) -> float:
         return time.time() - self.t0
@@ -370,6 +373,12 @@ class Coordinator(Shard):
                 break
         for k in range(1, self.S):
             wire.send(k, wire.STOP)
+        deadline = time.monotonic() + self.spec.failure_timeout_s + 5
+        while len(self.shard_busy) < self.S - 1 and time.monotonic() < deadline:
+            m = self.rx.get(timeout_s=POLL_S)
+            if m is not None and m.kind == wire.REPORT and m.src < self.S:
+                assert m.payload is not None
+                self.shard_busy[m.src] = json.loads(bytes(m.payload.tolist()).decode())["busy_s"]
         return self.result()
 
     def on_push(self, w: int, m: wire.Message, bsp: bool) -> None:
@@ -411,7 +420,7 @@ class Coordinator(Shard):
                 trace.span("workers", w, ws.device, name, max(0.0, a - self.t0), max(0.0, b - self.t0))
         for k, sid in enumerate(spec.shards):
             dev = spec.devices[self.W + k]
-            busy = self.busy_s if k == 0 else 0.0
+            busy = self.busy_s if k == 0 else self.shard_busy.get(k, 0.0)
             devices.append(DeviceUsage(sid, "ps", dev[2], dev[3], dev[4], busy_s=busy))
         for a, b in self.apply_spans[: spec.max_trace_spans]:
             trace.span("ps", 0, spec.shards[0], "apply", a, b)

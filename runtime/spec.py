@@ -161,6 +161,9 @@ def build_spec(problem: Problem, plan: Plan, opts: RuntimeOptions, scheduler: An
                 ignored.append(f"free_memory event of {dev} at {d.at_s} s")
         workers.append(WorkerSpec(dev, o.threads or opts.threads, o.affinity, sorted(slow),
                                   o.fail_at_iteration, fail_s, o.free_memory_bytes))
+    if job.pipeline:
+        ignored.append("job.pipeline: the layer-wise push/pull overlap is not built in the runtime; "
+                       "gradients are pushed after the whole backward pass")
     devs = []
     for dev in devices:
         t = problem.cluster.device(dev).type

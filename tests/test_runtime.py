@@ -126,9 +126,15 @@ def test_bsp_loss_decreases_and_the_run_repeats_exactly(tmp_path: Path) -> None:
     # equal shares: every iteration took 16 + 16 samples
     assert a.extra["runtime"]["worker_samples"] == [[16, 16]] * 20
     assert a.iter_samples == [32] * 20
-    # BSP with fixed shares and seeded data is deterministic: the same losses again
-    b = run(path)
+    # BSP with fixed shares and seeded data is deterministic, and splitting the
+    # parameters over two shards changes nothing but where they live
+    b = run(config(tmp_path, name="two-shards",
+                   cluster={**yaml.safe_load(path.read_text())["cluster"],
+                            "ps": {"shards": 2, "type": "this_machine"}}))
     assert b.iter_loss == loss
+    assert {p[0] for p in b.extra["runtime"]["pushes"]} == set(range(20))
+    assert [d.id for d in b.devices if d.role == "ps"] == ["ps:0", "ps:1"]
+    assert all(d.busy_s > 0 for d in b.devices)
 
 
 def test_quantized_pushes_carry_packed_bytes(tmp_path: Path) -> None:
