@@ -185,6 +185,7 @@ class Coordinator(Shard):
         self.win_worker = [0] * W
         self.losses: dict[int, dict[int, float]] = defaultdict(dict)
         self.shard_busy: dict[int, float] = {}
+        self.max_ahead = 0  # ASP/SSP: most iterations a served pull was ahead of the slowest
 
     def now(self) -> float:
         return time.time() - self.t0
@@ -192,8 +193,11 @@ class Coordinator(Shard):
     # --------------------------------------------------------------- replies
     def reply(self, w: int) -> None:
         """Answer worker w's pending pull with the current parameters and its share."""
-        self.pending.pop(self.ranks[w])
+        it = self.pending.pop(self.ranks[w])
         stop = self.done or not self.alive[w]
+        live = [self.clock[v] for v in range(self.W) if self.alive[v] and self.shares[v] > 0]
+        if not stop and live and self.spec.sync != "bsp":
+            self.max_ahead = max(self.max_ahead, it - min(live))
         try:
             wire.send(self.ranks[w], wire.PARAMS, self.version, self.shares[w], int(stop), self.bits,
                       payload=None if stop else self.params_payload())
@@ -362,13 +366,13 @@ class Coordinator(Shard):
             if bsp:
                 self.maybe_commit()
             self.serve_pending()
-            if self.done and all(w in self.reports or not self.alive[w] for w in range(self.W)):
-                break
-            if self.done and m is None and self.now() - self.iter_end[-1] > self.spec.failure_timeout_s + 5:
-                for w in range(self.W):  # a worker that never reported after the end: gone
-                    if w not in self.reports:
-                        self.fail(w, "no final report")
-                break
+            if self.done:
+                for w in range(self.W):  # after the end, the rule of ASP for everyone: silence
+                    if (self.alive[w] and w not in self.reports
+                            and self.now() - self.last_seen[w] > self.spec.failure_timeout_s):
+                        self.fail(w, f"no final report, silent for {self.spec.failure_timeout_s} s")
+                if all(w in self.reports or not self.alive[w] for w in range(self.W)):
+                    break
             if all(not a for a in self.alive):
                 break
         for k in range(1, self.S):
@@ -441,7 +445,7 @@ class Coordinator(Shard):
             extra["final_shares"] = {spec.workers[w].device: self.shares[w] for w in range(self.W)}
         if spec.sync != "bsp" and self.staleness:
             extra["staleness"] = {"mean": sum(self.staleness) / len(self.staleness),
-                                  "max": max(self.staleness)}
+                                  "max": max(self.staleness), "max_ahead": self.max_ahead}
         if spec.adaptive is not None:
             extra["quant_bits"] = self.bits_changes
         if spec.ignored:

@@ -116,9 +116,15 @@ def test_partition_balances_whole_tensors() -> None:
 
 
 # ---------------------------------------------------------------------- runs
-def test_bsp_loss_decreases_and_the_run_repeats_exactly(tmp_path: Path) -> None:
-    path = config(tmp_path)
-    a = run(path)
+@pytest.fixture(scope="module")
+def bsp(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    """The reference case: BSP, equal shares, 20 iterations (config path, result)."""
+    path = config(tmp_path_factory.mktemp("bsp"))
+    return path, run(path)
+
+
+def test_bsp_loss_decreases_and_the_run_repeats_exactly(tmp_path: Path, bsp: tuple[Path, Any]) -> None:
+    path, a = bsp
     assert a.evaluator == "runtime" and len(a.iter_end_s) == 20 and a.failures == []
     loss = a.iter_loss
     assert all(math.isfinite(v) for v in loss)
@@ -171,6 +177,20 @@ def test_uneven_plan_through_the_cli(tmp_path: Path) -> None:
     assert json.loads((out / "config.json").read_text())["runtime"]["lr"] == 0.2
 
 
+def test_the_same_entry_point_runs_under_torchrun(tmp_path: Path, bsp: tuple[Path, Any]) -> None:
+    cfg, local = bsp
+    out = tmp_path / "out"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3"]
+    proc = subprocess.run([*torchrun, "-m", "runtime", str(cfg), "--iterations", "5", "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["evaluator"] == "runtime" and summary["iterations"] == 5
+    rows = (out / "iterations.csv").read_text().splitlines()[1:]
+    # deterministic BSP: the first 5 iterations of the spawned 20-iteration run, bit for bit
+    assert [float(r.split(",")[5]) for r in rows] == local.iter_loss[:5]
+
+
 def test_hps_moves_work_off_a_slowed_worker(tmp_path: Path) -> None:
     res = run(config(tmp_path, job={"iterations": 10, "global_batch": 64},
                      scheduler={"name": "hps", "params": {"rebalance_every": 2}},
@@ -198,6 +218,22 @@ def test_a_killed_worker_is_detected_and_its_share_redistributed(tmp_path: Path,
     assert per[5:] == [[32, 0]] * 5  # then the survivor takes the whole global batch
     gap = res.iter_end_s[4] - res.iter_end_s[3]
     assert gap >= 1.0  # the barrier waited the failure timeout
+
+
+@pytest.mark.parametrize("sync,bound", [("asp", None), ("ssp", 1)])
+def test_async_modes_apply_on_arrival_and_ssp_bounds_the_lead(tmp_path: Path, sync: str,
+                                                              bound: int | None) -> None:
+    res = run(config(tmp_path, job={"sync": sync, "staleness": 1, "iterations": 16},
+                     runtime={"model_kwargs": {"in_features": 64, "hidden": [256, 256], "classes": 8},
+                              "workers": [{}, {"slowdown": 6.0}]}))
+    assert len(res.iter_end_s) == 16 and all(n >= 32 for n in res.iter_samples)
+    lead = res.extra["staleness"]["max_ahead"]
+    if bound is None:
+        assert lead >= 3  # the fast worker runs ahead of the 6x slower one unchecked
+    else:
+        assert lead <= bound
+    assert res.extra["staleness"]["max"] >= 1  # some pushes were computed on old parameters
+    assert all(math.isfinite(v) for v in res.iter_loss)
 
 
 def test_no_process_left_after_a_failed_run(tmp_path: Path) -> None:
