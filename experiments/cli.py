@@ -348,7 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--fine-tune", action="store_true",
                     help="start from --init (default: the shipped policy) instead of from scratch")
     tr.add_argument("--init", help="policy file to start from")
-    tr.add_argument("--timesteps", type=int, default=600_000, help="PPO environment steps (default 600000)")
+    tr.add_argument("--timesteps", type=int, default=200_000, help="PPO environment steps (default 200000)")
     tr.add_argument("--out", default="results/rl/policy.zip", help="policy file (default results/rl/policy.zip)")
     tr.add_argument("--log-dir", help="progress.csv and TensorBoard events (default: OUT_STEM_logs/)")
     tr.add_argument("--seed", type=int, default=0)

@@ -9,6 +9,7 @@ reference plan (best single type), so that episode's reward is exactly -1.
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -29,6 +30,7 @@ from schedulers.rl.train import TrainConfig, train
 from sim.errors import HetsimError
 from sim.instances import random_problem
 from sim.plan import check_plan
+from sim.problem import Objective
 from tests.test_placement import two_layer_problem
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -95,6 +97,35 @@ def test_hand_case_masks_and_reward():
     _, r, done, _, info = env.step(fast)
     assert done and info["feasible"] and r == pytest.approx(-1.0, abs=1e-12)
     assert list(info["assignment"]) == [fast, fast]
+
+
+def test_mask_allows_a_type_whose_stage_fits_only_once_longer():
+    """L0 sends 1e6 activation bytes per sample. On `slow` (1 GB/s NICs) a stage ending at
+    L0 moves them at most 4 x 1000 samples/s with 4 replicas, short of the 10,000 target,
+    while a stage holding both layers has no boundary and computes 6e6 FLOPs per sample at
+    1e12 FLOP/s: `slow` is valid for L0 as the start of a two-layer stage (a mask of the
+    one-layer stage alone would allow only `fast`, whose 10 GB/s NIC carries L0 alone)."""
+    from tests.helpers_eval import dense, model, problem
+    from tests.test_placement import FAST, SLOW
+
+    mdl = model(dense("L0", 0.0, 1e6, 2e6, activation_bytes=1e6), dense("L1", 0.0, 1e6, 2e6))
+    prob = dataclasses.replace(
+        problem([SLOW] * 4 + [FAST] * 4, [SLOW], mdl, global_batch=8, pipeline=True, iterations=1000,
+                worker_nic=[1e9] * 4 + [1e10] * 4),
+        objective=Objective("cost", throughput_min=1e4))
+    env = PlacementEnv(prob)
+    env.reset(seed=0)
+    space = env.episode.inst.space
+    slow, fast = space.type_names.index("slow"), space.type_names.index("fast")
+    assert space.n[space.seg_index[0, 1], slow] == 0 and space.n[space.seg_index[0, 2], slow] == 1
+    both = np.zeros(MAX_TYPES, bool)
+    both[[slow, fast]] = True
+    assert np.array_equal(env.action_masks(), both)
+    env.step(slow)
+    assert np.array_equal(env.action_masks(), both)
+    _, _, done, _, info = env.step(slow)
+    # slow: 1 replica + PS at 2 USD/h for 166,667 samples/s; the reference (fast) 6 USD/h for 1,666,667
+    assert done and info["feasible"] and info["cost_ratio"] == pytest.approx(10 / 3)
 
 
 def test_too_many_types_is_refused():

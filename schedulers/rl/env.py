@@ -194,11 +194,19 @@ class Episode:
             seg[self.prev] = sp.seg_index[self.start, i + 1]
         k = np.arange(sp.K)
         n, rate, tput = sp.n[seg, k], sp.rate[seg, k], sp.tput[seg, k]
-        ok = (n > 0) & (self.used + n <= sp.counts)
+        # valid: some stage holding layer i (from the open stage's start for its type, from i
+        # for the others) and ending at any later boundary fits within the inventory left. The
+        # shortest such stage is not enough: a stage may only be provisionable once it also
+        # holds the next layers (a large activation at its end no longer crosses a NIC).
+        ends = np.arange(i + 1, sp.L + 1)
+        n_end = sp.n[sp.seg_index[i, ends]]                         # (ends, K), a copy
+        if self.prev >= 0:
+            n_end[:, self.prev] = sp.n[sp.seg_index[self.start, ends], self.prev]
+        ok = ((n_end > 0) & (self.used[None, :] + n_end <= sp.counts[None, :])).any(axis=0)
         return n, rate, tput, ok
 
     def action_mask(self) -> np.ndarray:
-        """Types whose stage for layer i can be provisioned within the inventory left.
+        """Types for which some stage holding layer i can be provisioned within the inventory left.
 
         Padding slots are never valid. If no real type is, every real type is
         (the episode then ends infeasible and is penalised).
@@ -312,10 +320,10 @@ class PlacementEnv(gym.Env[np.ndarray, np.int64]):
     ## Action Space
     ``Discrete(max_types)``: the index of a device type in the cluster's type
     order. ``action_masks()`` marks the valid ones: real types (not padding)
-    whose stage for the current layer, alone or extending the open stage of
-    the same type, can be provisioned in memory and within the inventory
-    left. If none is, every real type is valid and the episode ends
-    infeasible.
+    for which a stage holding the current layer (starting there, or the open
+    stage of the same type, and ending at any later layer) can be provisioned
+    in memory and within the inventory left. If none is, every real type is
+    valid and the episode ends infeasible.
 
     ## Observation Space
     ``Box(-10, 10, (obs_size(max_types),), float32)``: globals (layers, batch,

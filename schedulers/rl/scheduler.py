@@ -3,10 +3,13 @@
 The policy sees one layer at a time (schedulers/rl/env.py) and picks its
 device type among the valid ones. ``samples = 0`` runs it once,
 deterministically (the most probable valid type at every step); ``samples =
-k`` also draws k episodes from the policy's distribution (seeded) and keeps
-the best of the k + 1 placements by the problem's objective. The default
-policy ships with the package (schedulers/rl/default_policy.zip, trained on
-random instances by ``hetsim train-rl --random``); ``policy`` names another.
+k`` (default 16) also draws k episodes from the policy's distribution
+(seeded) and keeps the best of the k + 1 placements by the problem's
+objective. The default policy ships with the package
+(schedulers/rl/default_policy.zip, trained on random instances by ``hetsim
+train-rl --random``); ``policy`` names another. The policy was trained for
+cost; with ``minimize: energy`` or ``time`` only the choice among its
+placements follows the objective.
 
 If every placement the policy makes is infeasible, the plan falls back to
 `greedy` (then `genetic`) and says so in ``plan.options["rl"]["fallback"]``.
@@ -90,7 +93,7 @@ class RL(PlacementScheduler):
     Args:
         policy: saved policy file (default: the shipped default_policy.zip).
         samples: extra sampled episodes; the best of them and the
-            deterministic one is kept (0: deterministic only).
+            deterministic one is kept (0: deterministic only; default 16).
         seed: sampling seed (default: the problem's seed).
         polish: then merge neighbouring stages while that lowers the objective
             (greedy's local search, not the policy; off by default).
@@ -99,7 +102,7 @@ class RL(PlacementScheduler):
     # registered lazily as "rl" in schedulers/__init__.py (torch loads only when chosen)
     name: ClassVar[str] = "rl"
 
-    def __init__(self, policy: str | None = None, samples: int = 0, seed: int | None = None,
+    def __init__(self, policy: str | None = None, samples: int = 16, seed: int | None = None,
                  polish: bool = False) -> None:
         if samples < 0:
             raise ValueError("samples must be >= 0")

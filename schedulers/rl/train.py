@@ -37,7 +37,7 @@ from sim.problem import Problem
 class TrainConfig:
     """Hyperparameters of one training run (written to the policy's sidecar JSON)."""
 
-    timesteps: int = 600_000
+    timesteps: int = 200_000
     seed: int = 0
     n_envs: int = 8
     pool_size: int = 6000               # random instances (generalisation mode)
@@ -48,7 +48,7 @@ class TrainConfig:
     learning_rate: float = 1e-4
     gamma: float = 1.0                  # one terminal reward: no discounting
     gae_lambda: float = 0.95
-    ent_coef: float = 0.003
+    ent_coef: float = 0.01
     net_arch: list[int] = field(default_factory=lambda: [128, 128])   # "mlp" policy; critic of "slot"
     policy: str = "slot"                # "slot" (schedulers/rl/policy.py) or "mlp"
     slot_hidden: int = 64
@@ -57,7 +57,7 @@ class TrainConfig:
     # behaviour-cloning warm start: the exact optimum's actions on this many pool instances
     # (0: pure PPO from a random policy); see warm_start()
     bc_instances: int = 6000
-    bc_epochs: int = 30
+    bc_epochs: int = 40
     bc_learning_rate: float = 1e-3
     bc_exact_limit_s: float = 0.5
     instance_kwargs: dict[str, Any] = field(default_factory=dict)
