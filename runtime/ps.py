@@ -85,6 +85,8 @@ class Shard:
         self.rx = wire.Receiver()
         self.pending: dict[int, int] = {}  # worker rank -> iteration its pull asked for
         self.grads: dict[int, dict[int, tuple[torch.Tensor, int]]] = defaultdict(dict)
+        self.parts: dict[tuple[int, int], dict[int, torch.Tensor]] = {}  # (rank, iteration) -> pieces
+        self.part_bytes: dict[tuple[int, int], int] = {}
 
     # ------------------------------------------------------------ common
     def unpack(self, m: wire.Message, bits: int) -> torch.Tensor:
@@ -97,6 +99,29 @@ class Shard:
         if off != m.payload.numel():
             raise ValueError(f"push of {m.payload.numel()} bytes, {off} expected")
         return torch.cat(out)
+
+    def take_push(self, m: wire.Message) -> tuple[torch.Tensor, int] | None:
+        """The flat gradient and its wire bytes once a push is complete: a PUSH, or
+        the PUSH_DONE after a worker's PUSH_PARTs (None for a part)."""
+        t0 = time.perf_counter()
+        key = (m.src, m.iteration)
+        try:
+            if m.kind == wire.PUSH_PART:
+                assert m.payload is not None
+                k, bits = int(m.header[wire.F_A]), int(m.header[wire.F_B])
+                self.parts.setdefault(key, {})[k] = quant.unpack(m.payload, self.numels[k], bits)
+                self.part_bytes[key] = self.part_bytes.get(key, 0) + m.payload.numel()
+                return None
+            if m.kind == wire.PUSH_DONE:
+                got = self.parts.pop(key, {})
+                missing = [k for k in range(len(self.numels)) if k not in got]
+                if missing:
+                    raise ValueError(f"push of rank {m.src} iteration {m.iteration} lacks tensors {missing}")
+                return torch.cat([got[k] for k in range(len(self.numels))]), self.part_bytes.pop(key)
+            assert m.payload is not None
+            return self.unpack(m, int(m.header[wire.F_E])), m.payload.numel()
+        finally:
+            self.busy_s += time.perf_counter() - t0
 
     def params_payload(self) -> torch.Tensor:
         return self.flat.view(torch.uint8)
@@ -119,16 +144,17 @@ class Shard:
                 return
             if m.kind == wire.PULL:
                 self.pending[m.src] = m.iteration
-            elif m.kind == wire.PUSH:
-                bits, samples = int(m.header[wire.F_E]), int(m.header[wire.F_A])
-                t0 = time.perf_counter()
-                g = self.unpack(m, bits)
-                if bsp:
-                    self.grads[m.iteration][m.src] = (g, samples)
-                else:
-                    self.apply(g, samples / self.spec.global_batch)
-                    self.version += 1
-                self.busy_s += time.perf_counter() - t0
+            elif m.kind in (wire.PUSH, wire.PUSH_PART, wire.PUSH_DONE):
+                push = self.take_push(m)
+                if push is not None:
+                    samples = int(m.header[wire.F_A])
+                    if bsp:
+                        self.grads[m.iteration][m.src] = (push[0], samples)
+                    else:
+                        t0 = time.perf_counter()
+                        self.apply(push[0], samples / self.spec.global_batch)
+                        self.version += 1
+                        self.busy_s += time.perf_counter() - t0
             elif m.kind == wire.COMMIT:
                 assert m.payload is not None
                 commits[m.iteration] = m.payload.view(torch.int64).tolist()
@@ -356,7 +382,7 @@ class Coordinator(Shard):
                 self.last_seen[w] = self.now()
                 if m.kind == wire.PULL:
                     self.pending[m.src] = m.iteration
-                elif m.kind == wire.PUSH:
+                elif m.kind in (wire.PUSH, wire.PUSH_PART, wire.PUSH_DONE):
                     self.on_push(w, m, bsp)
                 elif m.kind == wire.REPORT:
                     assert m.payload is not None
@@ -386,19 +412,20 @@ class Coordinator(Shard):
         return self.result()
 
     def on_push(self, w: int, m: wire.Message, bsp: bool) -> None:
+        got = self.take_push(m)
+        if got is None:
+            return
+        g, nbytes = got
         h = m.header
         samples, loss, comp = int(h[wire.F_A]), float(h[wire.F_B]), float(h[wire.F_C])
         free, bits, pulled = float(h[wire.F_D]), int(h[wire.F_E]), int(h[wire.F_E + 1])
         if len(self.push_log) < MAX_PUSH_LOG:
-            self.push_log.append([m.iteration, w, bits, int(m.header[wire.F_NBYTES])])
+            self.push_log.append([m.iteration, w, bits, nbytes])
         if not self.alive[w] or self.done:
             return
         self.free_mem[w] = free
         self.win_compute[w] += comp
         self.win_samples[w] += samples
-        t0 = time.perf_counter()
-        g = self.unpack(m, bits)
-        self.busy_s += time.perf_counter() - t0
         if bsp:
             if m.iteration != self.version:
                 return  # a late push of an iteration committed without it
@@ -422,6 +449,9 @@ class Coordinator(Shard):
             for name, a, b in rep.get("spans", []):
                 # a worker's first wait can start before rank 0's clock does
                 trace.span("workers", w, ws.device, name, max(0.0, a - self.t0), max(0.0, b - self.t0))
+            for name, a, b in rep.get("send_spans", []):  # job.pipeline: the sender thread
+                trace.span("network", w, f"{ws.device} sender", name, max(0.0, a - self.t0),
+                           max(0.0, b - self.t0))
         for k, sid in enumerate(spec.shards):
             dev = spec.devices[self.W + k]
             busy = self.busy_s if k == 0 else self.shard_busy.get(k, 0.0)

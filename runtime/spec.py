@@ -88,6 +88,7 @@ class RunSpec:
     workers: list[WorkerSpec]
     shards: list[str]
     plan: Plan
+    pipeline: bool = False  # push each gradient as its backward finishes (pulls stay whole)
     device: str = "cpu"
     threads: int = 1
     timeout_s: float = 600.0
@@ -161,9 +162,6 @@ def build_spec(problem: Problem, plan: Plan, opts: RuntimeOptions, scheduler: An
                 ignored.append(f"free_memory event of {dev} at {d.at_s} s")
         workers.append(WorkerSpec(dev, o.threads or opts.threads, o.affinity, sorted(slow),
                                   o.fail_at_iteration, fail_s, o.free_memory_bytes))
-    if job.pipeline:
-        ignored.append("job.pipeline: the layer-wise push/pull overlap is not built in the runtime; "
-                       "gradients are pushed after the whole backward pass")
     devs = []
     for dev in devices:
         t = problem.cluster.device(dev).type
@@ -178,6 +176,6 @@ def build_spec(problem: Problem, plan: Plan, opts: RuntimeOptions, scheduler: An
         staleness=job.staleness, bits=job.quant_bits, adaptive=job.quant_adaptive,
         quant_every=job.quant_every, lr=opts.lr, failure_timeout_s=job.failure_timeout_s,
         warmup=job.warmup_iterations, workers=workers, shards=list(plan.ps_shards), plan=plan,
-        device=opts.device, threads=opts.threads, timeout_s=timeout_s,
+        pipeline=job.pipeline, device=opts.device, threads=opts.threads, timeout_s=timeout_s,
         max_trace_spans=opts.max_trace_spans, scheduler=online, devices=devs, ignored=ignored,
     )

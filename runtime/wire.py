@@ -34,6 +34,8 @@ PUSH = 3      # worker -> shard: [kind, iteration, samples, loss, compute_s, fre
 REPORT = 4    # worker -> shard 0: [kind, 0, ..., nbytes] + JSON payload (spans, totals)
 COMMIT = 5    # shard 0 -> shard k: [kind, iteration, ..., nbytes] + int64 member ranks
 STOP = 6      # shard 0 -> shard k: [kind]
+PUSH_PART = 7  # worker -> shard (job.pipeline): [kind, iteration, tensor index in shard, bits, nbytes]
+PUSH_DONE = 8  # worker -> shard after its parts: PUSH's fields with nbytes 0
 
 # field positions
 F_KIND, F_ITER, F_A, F_B, F_C, F_D, F_E, F_NBYTES = 0, 1, 2, 3, 4, 5, 6, 9

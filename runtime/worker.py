@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import signal
+import threading
 import time
+from typing import Any
 
 import torch
 
@@ -56,6 +59,69 @@ def emulate(ws: WorkerSpec) -> None:
         os.sched_setaffinity(0, set(ws.affinity))
 
 
+class Sender:
+    """``job.pipeline``: pushes each gradient tensor as soon as backward has accumulated it.
+
+    A post-accumulate-grad hook on every parameter queues its index; this thread
+    packs it and sends it to its shard as a ``PUSH_PART`` while backward goes on
+    with the layers below. :meth:`finish` sends the tensors that got no gradient
+    (zeros) and waits until the queue is drained; the worker then sends each
+    shard ``PUSH_DONE`` with the iteration's figures. Only this thread sends
+    during backward, and the main thread sends only after :meth:`finish`, so
+    the messages to a shard stay in order.
+    """
+
+    def __init__(self, params: list[torch.nn.Parameter], owned: list[list[int]], gen: torch.Generator,
+                 totals: dict[str, Any], max_spans: int) -> None:
+        self.params, self.gen, self.totals, self.max_spans = params, gen, totals, max_spans
+        self.where = {i: (s, k) for s, idx in enumerate(owned) for k, i in enumerate(idx)}
+        self.q: queue.Queue[int | None] = queue.Queue()
+        self.sent: set[int] = set()
+        self.iteration, self.bits = 0, 32
+        self.spans: list[list[object]] = []
+        self.error: BaseException | None = None
+        for i, p in enumerate(params):
+            p.register_post_accumulate_grad_hook(lambda _p, i=i: self.q.put(i))
+        self.thread = threading.Thread(target=self._loop, name="hetsim-push", daemon=True)
+        self.thread.start()
+
+    def begin(self, iteration: int, bits: int) -> None:
+        self.iteration, self.bits, self.sent = iteration, bits, set()
+
+    def _loop(self) -> None:
+        while (i := self.q.get()) is not None:
+            try:
+                if self.error is None:
+                    a = time.time()
+                    s, k = self.where[i]
+                    g = self.params[i].grad
+                    payload = quant.pack(g if g is not None else torch.zeros_like(self.params[i]),
+                                         self.bits, self.gen)
+                    self.totals["pushed_bytes"] += wire.send(s, wire.PUSH_PART, self.iteration, k,
+                                                             self.bits, payload=payload)
+                    if len(self.spans) < self.max_spans:
+                        self.spans.append([f"push {i}", a, time.time()])
+                    self.sent.add(i)
+            except BaseException as e:  # noqa: BLE001 - raised again by finish()
+                self.error = e
+            finally:
+                self.q.task_done()
+        self.q.task_done()
+
+    def finish(self) -> None:
+        self.q.join()
+        for i in range(len(self.params)):
+            if i not in self.sent:
+                self.q.put(i)
+        self.q.join()
+        if self.error is not None:
+            raise self.error
+
+    def close(self) -> None:
+        self.q.put(None)
+        self.thread.join(timeout=5)
+
+
 def run_worker(spec: RunSpec, w: int, local_rank: int = 0) -> None:
     ws = spec.workers[w]
     emulate(ws)
@@ -77,6 +143,7 @@ def run_worker(spec: RunSpec, w: int, local_rank: int = 0) -> None:
         if len(spans) < spec.max_trace_spans:
             spans.append([name, a, b])
 
+    sender = Sender(params, owned, qgen, totals, spec.max_trace_spans) if spec.pipeline else None
     start = time.time()
     t = 0
     while True:
@@ -117,6 +184,8 @@ def run_worker(spec: RunSpec, w: int, local_rank: int = 0) -> None:
         if share > 0:
             x, y = teacher.batch(share, gen)
             module.zero_grad(set_to_none=False)
+            if sender is not None:
+                sender.begin(t, bits)
             a, p0 = time.time(), time.perf_counter()
             loss = task.loss_fn(task.call(module, x), y)
             loss.backward()
@@ -130,19 +199,28 @@ def run_worker(spec: RunSpec, w: int, local_rank: int = 0) -> None:
             totals["compute_s"] += comp
             span("compute", a, b)
             free = free_memory_bytes(ws, device)
-            for s in [*range(1, S), 0]:
-                pieces = []
-                for i in owned[s]:
-                    g = params[i].grad
-                    pieces.append(quant.pack(g if g is not None else torch.zeros_like(params[i]), bits, qgen))
-                payload = torch.cat(pieces)
-                totals["pushed_bytes"] += wire.send(s, wire.PUSH, t, share, loss.item(), comp, free, bits,
-                                                    version, payload=payload)
+            figures = (share, loss.item(), comp, free, bits, version)
+            if sender is not None:
+                # parts went out during backward; wait for the rest, then close every shard's push
+                sender.finish()
+                for s in [*range(1, S), 0]:
+                    wire.send(s, wire.PUSH_DONE, t, *figures)
+            else:
+                for s in [*range(1, S), 0]:
+                    pieces = []
+                    for i in owned[s]:
+                        g = params[i].grad
+                        pieces.append(quant.pack(g if g is not None else torch.zeros_like(params[i]),
+                                                 bits, qgen))
+                    totals["pushed_bytes"] += wire.send(s, wire.PUSH, t, *figures, payload=torch.cat(pieces))
             c = time.time()
             totals["comm_s"] += c - b
             span("push", b, c)
         elif spec.sync != "bsp":
             time.sleep(ASP_IDLE_S)  # no share: do not spin on pulls
         t += 1
-    report = json.dumps({**totals, "iterations": t, "spans": spans}).encode()
+    if sender is not None:
+        sender.close()
+    send_spans = sender.spans if sender is not None else []
+    report = json.dumps({**totals, "iterations": t, "spans": spans, "send_spans": send_spans}).encode()
     wire.send(0, wire.REPORT, t, payload=torch.frombuffer(bytearray(report), dtype=torch.uint8))

@@ -143,6 +143,17 @@ def test_bsp_loss_decreases_and_the_run_repeats_exactly(tmp_path: Path, bsp: tup
     assert all(d.busy_s > 0 for d in b.devices)
 
 
+def test_pipelined_push_sends_each_gradient_as_backward_makes_it(bsp: tuple[Path, Any]) -> None:
+    path, plain = bsp
+    res = run(config(path.parent, name="pipelined", job={"pipeline": True}))
+    # the same arithmetic: only when the bytes travel changes
+    assert res.iter_loss == plain.iter_loss
+    assert res.extra["runtime"]["pushed_bytes"] == plain.extra["runtime"]["pushed_bytes"]
+    sends = [e["name"] for e in res.trace if e.get("ph") == "X" and e["pid"] == 1 and e["tid"] == 0]
+    # one message per tensor, the last layer's first (backward order): bias 3, weight 2, ...
+    assert sends[:8] == ["push 3", "push 2", "push 1", "push 0"] * 2 and len(sends) == 4 * 20
+
+
 def test_quantized_pushes_carry_packed_bytes(tmp_path: Path) -> None:
     res = run(config(tmp_path, job={"quantization": 4, "iterations": 8}))
     module, _ = task.build("mlp", 0, {"in_features": 16, "hidden": [32], "classes": 4})
