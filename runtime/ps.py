@@ -468,6 +468,10 @@ class Coordinator(Shard):
                                  for w in range(self.W)},
                 "pulled_bytes": {spec.workers[w].device: self.reports.get(w, {}).get("pulled_bytes")
                                  for w in range(self.W)},
+                # what each worker process actually ran with (threads, CPUs, slowdown steps)
+                "emulation": {spec.workers[w].device: self.reports.get(w, {}).get("emulation")
+                              for w in range(self.W)},
+                "pipeline": spec.pipeline,
             },
         }
         if spec.scheduler is not None:

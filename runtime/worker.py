@@ -222,5 +222,9 @@ def run_worker(spec: RunSpec, w: int, local_rank: int = 0) -> None:
     if sender is not None:
         sender.close()
     send_spans = sender.spans if sender is not None else []
-    report = json.dumps({**totals, "iterations": t, "spans": spans, "send_spans": send_spans}).encode()
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    emulation = {"threads": torch.get_num_threads(), "affinity": cpus,
+                 "slowdown": [list(e) for e in ws.slowdown_events]}
+    report = json.dumps({**totals, "iterations": t, "spans": spans, "send_spans": send_spans,
+                         "emulation": emulation}).encode()
     wire.send(0, wire.REPORT, t, payload=torch.frombuffer(bytearray(report), dtype=torch.uint8))

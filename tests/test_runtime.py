@@ -155,7 +155,11 @@ def test_pipelined_push_sends_each_gradient_as_backward_makes_it(bsp: tuple[Path
 
 
 def test_quantized_pushes_carry_packed_bytes(tmp_path: Path) -> None:
-    res = run(config(tmp_path, job={"quantization": 4, "iterations": 8}))
+    res = run(config(tmp_path, job={"quantization": 4, "iterations": 8},
+                     runtime={"workers": [{"threads": 2, "affinity": [0]}]}))
+    emu = res.extra["runtime"]["emulation"]  # what the worker processes really ran with
+    assert emu["this_machine:0"] == {"threads": 2, "affinity": [0], "slowdown": []}
+    assert emu["this_machine:1"]["threads"] == 1
     module, _ = task.build("mlp", 0, {"in_features": 16, "hidden": [32], "classes": 4})
     want = sum(packed_bytes(p.numel(), 4) for p in module.parameters())
     pushes = res.extra["runtime"]["pushes"]
@@ -207,6 +211,7 @@ def test_hps_moves_work_off_a_slowed_worker(tmp_path: Path) -> None:
                      scheduler={"name": "hps", "params": {"rebalance_every": 2}},
                      runtime={"model_kwargs": {"in_features": 64, "hidden": [256, 256], "classes": 8},
                               "workers": [{}, {"slowdown": 4.0}]}))
+    assert res.extra["runtime"]["emulation"]["this_machine:1"]["slowdown"] == [[0.0, 4.0]]
     shares = res.extra["runtime"]["shares"]
     assert shares[0] == [32, 32]
     assert res.extra["rebalances"] >= 1
