@@ -58,16 +58,22 @@ def rollout(model: Any, inst: Instance, samples: int = 0, seed: int = 0) -> np.n
     policy = model.policy
     with torch.no_grad():
         while not eps[0].done:
-            obs = torch.as_tensor(np.stack([e.observation() for e in eps]))
-            masks = np.stack([e.action_mask() for e in eps])
+            # an episode's state is a function of its assignment so far: episodes that
+            # agree on it share one observation and one forward pass
+            where: dict[bytes, int] = {}
+            row = [where.setdefault(e.assignment[: e.i].tobytes(), len(where)) for e in eps]
+            first = {r: n for n, r in reversed(list(enumerate(row)))}
+            uniq = [eps[first[r]] for r in range(len(where))]
+            obs = torch.as_tensor(np.stack([e.observation() for e in uniq]))
+            masks = np.stack([e.action_mask() for e in uniq])
             # the masked distribution of sb3-contrib's get_distribution, without its overhead
             feats = policy.extract_features(obs, policy.pi_features_extractor)
             logits = policy.action_net(policy.mlp_extractor.forward_actor(feats)).numpy().astype(float)
             logits = np.where(masks, logits, -np.inf)
             probs = np.exp(logits - logits.max(axis=1, keepdims=True))
-            acts = [int(np.argmax(logits[0]))]
-            for p in probs[1:]:
-                acts.append(int(rng.choice(p.size, p=p / p.sum())))
+            acts = [int(np.argmax(logits[row[0]]))]
+            for r in row[1:]:
+                acts.append(int(rng.choice(probs.shape[1], p=probs[r] / probs[r].sum())))
             for e, a in zip(eps, acts):
                 e.step(a)
     return np.stack([e.assignment for e in eps])
