@@ -339,6 +339,9 @@ class Config(_Strict):
         default_factory=list,
         description="status changes: explicit events and seeded patterns (see sim.dynamics)",
     )
+    runtime: dict[str, Any] | None = Field(
+        None, description="options of the real runtime (`hetsim run`; runtime/spec.py validates "
+        "them); the simulator ignores them")
 
 
 _TYPE_TAGS = {"str", "int", "float", "bool", "none", "dict", "list"}
