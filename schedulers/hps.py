@@ -56,10 +56,16 @@ class HPS:
         status_aware: False: never rebalance from observed rates or free memory;
             keep the plan's modelled split (a failure is still redistributed,
             by modelled rates).
+        min_share: samples every live worker keeps at a rebalance (when its
+            memory holds them and the global batch allows), so a worker that
+            looked slow is still measured and can win its share back; 0 lets
+            a worker's share fall to nothing for good.
     """
 
     def __init__(self, rebalance_every: int = 5, alpha: float = 0.5, optimizer_state_copies: int = 1,
-                 rounds: int = 5, status_aware: bool = True) -> None:
+                 rounds: int = 5, status_aware: bool = True, min_share: int = 1) -> None:
+        if min_share < 0:
+            raise ValueError("min_share must be >= 0")
         if rebalance_every < 1:
             raise ValueError("rebalance_every must be >= 1")
         if optimizer_state_copies < 0:
@@ -72,6 +78,7 @@ class HPS:
         self.model: Model | None = None  # set by plan(): caps need the model
         self.dtype = "fp32"
         self.status_aware = status_aware
+        self.min_share = min_share
         # set by plan(): the modelled rate and the t = 0 cap of every worker, by device id
         self.modelled: dict[str, tuple[float, int | None]] = {}
 
@@ -127,9 +134,26 @@ class HPS:
         caps = [self.modelled.get(w.device, (0.0, None))[1] for w in obs.workers]
         return self._apply(plan, obs, rates, caps)
 
+    def _floor(self, shares: list[int], obs: Observation, caps: list[int | None]) -> list[int]:
+        """Raise live workers below ``min_share`` to it, taking samples from the largest shares."""
+        m = self.min_share
+        live = [i for i, (w, c) in enumerate(zip(obs.workers, caps)) if w.alive and (c is None or c >= m)]
+        if m == 0 or len(live) * m > obs.global_batch:
+            return shares
+        out = list(shares)
+        for i in live:
+            while out[i] < m:
+                j = max(range(len(out)), key=lambda x: (out[x] - (m if x in live else 0), -x))
+                if out[j] - (m if j in live else 0) <= 0:
+                    return shares
+                out[j] -= 1
+                out[i] += 1
+        return out
+
     def _apply(self, plan: Plan, obs: Observation, rates: list[float],
                caps: list[int | None]) -> Plan | None:
         shares, short = capped_largest_remainder(rates, caps, obs.global_batch)
+        shares = self._floor(shares, obs, caps)
         if shares == [w.batch for w in obs.workers] and short == int(plan.options.get("memory_short_samples", 0)):
             return None
         new = plan.with_shares({w.device: b for w, b in zip(obs.workers, shares)})

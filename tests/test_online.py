@@ -192,6 +192,15 @@ def test_hps_redistributes_until_no_cap_is_violated() -> None:
     assert new is not None and "memory_short_samples" not in new.options
 
 
+@pytest.mark.parametrize(("min_share", "expected"), [(1, [1, 28, 1]), (0, [0, 30, 0]), (3, [3, 24, 3])])
+def test_hps_keeps_a_min_share_so_a_slow_looking_worker_is_still_measured(min_share, expected) -> None:
+    # Rates 1/1000/1, B 30: quotas 0.03/29.94/0.03 -> 0/30/0; with min_share m the two
+    # starved workers get m each, taken from the largest share.
+    s, p, devs = _hps3(min_share=min_share)
+    obs = Observation(1.0, 1, (_ws(devs[0], 10, 1), _ws(devs[1], 10, 1000), _ws(devs[2], 10, 1)), 30)
+    assert _shares(s.rebalance(p, obs), devs) == expected
+
+
 def test_hps_memory_short_gives_every_worker_its_cap() -> None:
     s, p, devs = _hps3()
     obs = Observation(1.0, 1, tuple(_ws(d, 10, 100, _mem(5)) for d in devs), 30)
