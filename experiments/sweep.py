@@ -356,9 +356,11 @@ def _check_random_axis(source: str, axis: str, spec: Any) -> None:
 
 def point_id(config: dict[str, Any], evaluator: str) -> str:
     """First 12 hex digits of SHA-256 over the canonical JSON of the resolved config
-    (defaults filled in; the mapping as given when it does not validate) and the evaluator."""
+    (defaults filled in, the ``runtime`` section left out; the mapping as given when it
+    does not validate) and the evaluator."""
     try:
         resolved: Any = Config.model_validate(config).model_dump(mode="json")
+        resolved.pop("runtime", None)  # real-runtime options do not change a simulated point
     except ValidationError:
         resolved = config
     text = json.dumps({"config": resolved, "evaluator": evaluator}, sort_keys=True,
