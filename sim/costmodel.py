@@ -130,6 +130,12 @@ def layer_work(layer: Layer, phase: str, b: float, dtype: str, input_bytes: floa
     return flops, kernels, nbytes
 
 
+def sparse_touched_bytes(layer: Layer, b: float) -> float:
+    """Bytes of a sparse table that ``b`` samples touch, capped at the table (0 for a dense
+    layer): what travels to and from the PS for it (each table capped on its own)."""
+    return 0.0 if layer.sparse is None else _touched_param_bytes(layer, b)
+
+
 def _touched_param_bytes(layer: Layer, b: float) -> float:
     """Parameter bytes a pass reads: the whole layer, or the touched rows of a sparse table."""
     if layer.sparse is None:

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.costmodel import _ACT_SCALE, layer_times, quantized_bytes
+from sim.costmodel import _ACT_SCALE, layer_times, quantized_bytes, sparse_touched_bytes
 from sim.errors import ConfigError
 from sim.plan import Plan
 from sim.problem import Problem
@@ -148,8 +148,6 @@ def pipeline_model(problem: Problem, plan: Plan, largest_share: bool = False) ->
             raise ConfigError("<plan>", f"stages[{si}].layers", f"bad layer range [{j}, {i})")
         layers = model.layers[j:i]
         d_bytes = sum(0.0 if ly.sparse else ly.param_bytes for ly in layers)
-        s_bytes = sum(ly.sparse.rows_per_sample * ly.sparse.row_bytes if ly.sparse else 0.0 for ly in layers)
-        s_table = sum(ly.param_bytes for ly in layers) - d_bytes
         act_in = act[j - 1] if j > 0 else 0.0
         act_out = act[i - 1] if i < L else 0.0
         b_max = max(r.batch for r in st.replicas)
@@ -161,7 +159,7 @@ def pipeline_model(problem: Problem, plan: Plan, largest_share: bool = False) ->
             nic = type_nic.get(dev.type.name, dev.nic_bw_Bps) if largest_share else dev.nic_bw_Bps
             f, w = layer_times(model, dev.type, job.dtype, b)
             fwd, bwd = float(f[j:i].sum()), float(w[j:i].sum())
-            touched = min(s_bytes * b, s_table)
+            touched = sum(sparse_touched_bytes(ly, b) for ly in layers)
             pull = d_bytes + touched
             push = quantized_bytes(d_bytes + touched, job.quant_bits)
             boundary = (act_in + act_out) * b

@@ -45,10 +45,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.costmodel import _ACT_SCALE, layer_times, quantized_bytes
+from sim.costmodel import _ACT_SCALE, layer_times, sparse_touched_bytes
 from sim.errors import HetsimError
 from sim.plan import Plan, Replica, Stage
 from sim.problem import Problem
+from sim.quantization import packed_bytes_array
 
 #: Upper bound on the replicas of one stage considered by the model.
 MAX_REPLICAS = 64
@@ -126,11 +127,8 @@ class PlacementSpace:
         scale = _ACT_SCALE.get(job.dtype, 1.0)
         act = np.array([ly.activation_bytes * scale for ly in model.layers])
         dense = np.array([0.0 if ly.sparse else ly.param_bytes for ly in model.layers])
-        sparse_ps = np.array([ly.sparse.rows_per_sample * ly.sparse.row_bytes if ly.sparse else 0.0
-                              for ly in model.layers])
-        params = np.array([ly.param_bytes for ly in model.layers])
         cum = lambda a: np.concatenate([[0.0], np.cumsum(a)])  # noqa: E731
-        c_dense, c_sparse, c_params, c_act = cum(dense), cum(sparse_ps), cum(params), cum(act)
+        c_dense, c_act = cum(dense), cum(act)
 
         jj, ii = np.triu_indices(L + 1, k=1)  # segments [j, i), j < i
         self.seg_j, self.seg_i = jj, ii
@@ -138,7 +136,6 @@ class PlacementSpace:
         self.seg_index = np.full((L + 1, L + 1), -1, dtype=int)
         self.seg_index[jj, ii] = np.arange(S)
         d_bytes = c_dense[ii] - c_dense[jj]                  # (S,)
-        s_bytes = c_sparse[ii] - c_sparse[jj]
         act_in = np.where(jj > 0, act[np.maximum(jj - 1, 0)], 0.0)
         act_out = np.where(ii < L, act[ii - 1], 0.0)
         boundary = act_in + act_out                          # bytes/sample each direction
@@ -155,10 +152,13 @@ class PlacementSpace:
                 c = cum(f + w)
                 compute[:, k, m] = c[ii] - c[jj]
         # PS traffic per replica and iteration: pull fp32, push quantized
-        touched = np.minimum(s_bytes[:, None] * b[None, :],
-                             (c_params[ii] - c_params[jj] - d_bytes)[:, None])   # (S, N)
+        # touched sparse rows, each table capped at its size on its own
+        per_layer = np.array([[sparse_touched_bytes(ly, float(bm)) for bm in b] for ly in model.layers])
+        c_touched = np.vstack([np.zeros((1, N)), np.cumsum(per_layer, axis=0)])   # (L+1, N)
+        touched = c_touched[ii] - c_touched[jj]                                    # (S, N)
         pull = d_bytes[:, None] + touched
-        push = quantized_bytes_vec(d_bytes[:, None] + touched, job.quant_bits)
+        push = (d_bytes[:, None] + touched if job.quant_bits >= 32
+                else packed_bytes_array(d_bytes[:, None] + touched, job.quant_bits))
         up = push + boundary[:, None] * b[None, :]
         down = pull + boundary[:, None] * b[None, :]
         nic = self.nic[None, :, None]
@@ -329,11 +329,3 @@ def even_split(total: int, n: int) -> list[int]:
     """``total`` as n integers differing by at most one, larger ones first."""
     q, r = divmod(total, n)
     return [q + 1 if i < r else q for i in range(n)]
-
-
-def quantized_bytes_vec(fp32_bytes: np.ndarray, bits: int) -> np.ndarray:
-    """:func:`sim.costmodel.quantized_bytes` over an array."""
-    if bits >= 32:
-        return np.asarray(fp32_bytes, dtype=float)
-    f = np.vectorize(lambda x: quantized_bytes(float(x), bits))
-    return np.asarray(f(fp32_bytes), dtype=float)

@@ -159,3 +159,19 @@ def test_inventory_dp_equals_milp(seed):
         assert r_dp == pytest.approx(r_milp, rel=1e-7)
         assert (usage(space, a_dp) <= space.counts).all()
     del binding
+
+
+def test_sparse_tables_are_capped_one_by_one():
+    """Two tables in one stage: a small one every batch saturates, a big one it does not.
+
+    B = 1024, one id of 64 bytes per table and sample: table a (1e4 bytes) sends all of
+    itself, table b (1e10 bytes) 1024 x 64 = 65,536 bytes; 75,536 bytes per iteration,
+    not min(2 x 65,536, 1e4 + 1e10) = 131,072.
+    """
+    from tests.helpers_eval import sparse
+
+    mdl = model(sparse("a", 1e4, 1, 64), sparse("b", 1e10, 1, 64))
+    p = problem([FAST], [SLOW], mdl, global_batch=1024, pipeline=True)
+    space = PlacementSpace(p)
+    seg = space.seg_index[0, 2]
+    assert space.ps_load[seg, 0, 0] == pytest.approx(75_536 / 1024, rel=1e-12)
