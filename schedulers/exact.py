@@ -352,7 +352,7 @@ def solve(space: PlacementSpace, time_limit_s: float = 60.0) -> ExactResult:
         if a is not None:
             ev = space.evaluate(a[None, :])
             consider(a)
-            if ev.bottleneck[0].startswith("inventory"):   # binding types into the DP state
+            if not ev.inventory_ok[0]:      # binding types into the DP state
                 r, a = inventory_min_rate(allowed, a)
                 consider(a)
         memo[idx] = (r, a)

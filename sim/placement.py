@@ -40,8 +40,10 @@ throughput independent of its neighbours' replica counts.
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -70,7 +72,9 @@ class Evaluation:
         energy_j: energy of processing the job's samples.
         feasible: meets throughput_min, the inventory and memory.
         stages: number of stages of each placement.
-        bottleneck: 'stage i' | 'ps' | 'inventory TYPE' | 'memory/throughput stage i'.
+        provisioned: every stage could be provisioned (memory, throughput_min).
+        inventory_ok: the provisioned replicas fit the inventory.
+        explain: the bottleneck of placement p as text (see :attr:`bottleneck`).
     """
 
     throughput_sps: np.ndarray
@@ -79,7 +83,16 @@ class Evaluation:
     energy_j: np.ndarray
     feasible: np.ndarray
     stages: np.ndarray
-    bottleneck: list[str]
+    provisioned: np.ndarray
+    inventory_ok: np.ndarray
+    explain: Callable[[int], str] = field(repr=False, compare=False)
+
+    @functools.cached_property
+    def bottleneck(self) -> list[str]:
+        """Per placement: 'stage i (layers a-b) cannot be provisioned' | 'inventory TYPE' |
+        'ps' | 'stage i' (the slowest stage). Built on first use: the searches need only
+        the arrays."""
+        return [self.explain(p) for p in range(self.throughput_sps.size)]
 
 
 class PlacementSpace:
@@ -252,20 +265,19 @@ class PlacementSpace:
             util = np.minimum(1.0, T[pi] * busy / self.B)
             watts = n * (self.idle_w[k] + (self.active_w[k] - self.idle_w[k]) * util)
             energy = np.where(feasible, (np.add.reduceat(watts, first) + self.ps_idle_w) * elapsed, np.inf)
-        bottleneck = []
-        for p in range(P):
+        def explain(p: int) -> str:
             lo, hi = first[p], first[p] + n_stages[p]
             if not provisioned[p]:
                 s = int(np.argmax(n[lo:hi] == 0))
-                bottleneck.append(f"stage {s} (layers {li[lo + s]}-{nxt[lo + s]}) cannot be provisioned")
-            elif not bool(inv_ok[p]):
+                return f"stage {s} (layers {li[lo + s]}-{nxt[lo + s]}) cannot be provisioned"
+            if not bool(inv_ok[p]):
                 over = np.flatnonzero(used[p] > self.counts)
-                bottleneck.append(f"inventory {self.type_names[int(over[0])]}")
-            elif t_ps[p] <= stage_min[p]:
-                bottleneck.append("ps")
-            else:
-                bottleneck.append(f"stage {int(np.argmin(tput[lo:hi]))}")
-        return Evaluation(T, rate_sum, cost, energy, feasible, n_stages, bottleneck)
+                return f"inventory {self.type_names[int(over[0])]}"
+            if t_ps[p] <= stage_min[p]:
+                return "ps"
+            return f"stage {int(np.argmin(tput[lo:hi]))}"
+
+        return Evaluation(T, rate_sum, cost, energy, feasible, n_stages, provisioned, inv_ok, explain)
 
     def evaluate_one(self, assignment: np.ndarray) -> dict[str, object]:
         ev = self.evaluate(np.asarray(assignment)[None, :])

@@ -293,7 +293,7 @@ class Episode:
             reward = -min(ratio, COST_CLIP)
         else:
             shortfall = 1.0 - min(T / self.inst.tgt, 1.0) if self.inst.tgt > 0 else 0.0
-            if ev.bottleneck[0].startswith("inventory"):
+            if ev.provisioned[0] and not ev.inventory_ok[0]:
                 shortfall = max(shortfall, 0.5)
             ratio = np.inf
             reward = -COST_CLIP - shortfall
