@@ -13,16 +13,14 @@ from __future__ import annotations
 
 import torch
 
-META_BYTES = 8  # fp32 scale + fp32 offset; equals sim.quantization.QUANT_META_BYTES
+from sim.quantization import QUANT_META_BYTES, packed_bytes
+
+META_BYTES = int(QUANT_META_BYTES)  # fp32 scale + fp32 offset
 
 
 def wire_bytes(n: int, bits: int) -> int:
-    """Bytes :func:`pack` produces for ``n`` values (0 for an empty tensor)."""
-    if n == 0:
-        return 0
-    if bits == 32:
-        return 4 * n
-    return (n * bits + 7) // 8 + META_BYTES
+    """Bytes :func:`pack` produces for ``n`` values: :func:`sim.quantization.packed_bytes`."""
+    return int(packed_bytes(n, bits))
 
 
 def pack(x: torch.Tensor, bits: int, gen: torch.Generator | None = None) -> torch.Tensor:

@@ -77,19 +77,6 @@ def send(dst: int, kind: int, iteration: int = 0, *fields: float,
     return n
 
 
-def recv_from(src: int) -> Message:
-    """Blocking receive of one message from ``src`` (worker side)."""
-    h = torch.zeros(HEADER_LEN, dtype=torch.float64)
-    dist.recv(h, src=src, tag=TAG_HEADER)
-    hd = h.tolist()
-    n = int(hd[F_NBYTES])
-    payload = None
-    if n:
-        payload = torch.empty(n, dtype=torch.uint8)
-        dist.recv(payload, src=src, tag=TAG_PAYLOAD)
-    return Message(src, hd, payload)
-
-
 class Receiver:
     """Background any-source receiver feeding a queue (see the module docstring)."""
 
