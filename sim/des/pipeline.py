@@ -376,6 +376,9 @@ class PipelineSim:
             return
         self.pushed.pop(key, None)
         self._ev("update", s, 0, k).succeed()
+        # every replica has pushed k, so its forward k and pull k (which waited for update
+        # k - lag) are behind it: nothing waits for that update any more
+        self.events.pop(("update", s, 0, k - self.lag[s]), None)
         done = self.stage_done.get(k, 0) + 1
         self.stage_done[k] = done
         if done == self.S:
