@@ -91,6 +91,20 @@ def merge_moves(a: np.ndarray, space: PlacementSpace) -> np.ndarray:
     return np.array(out, dtype=int).reshape(-1, space.L)
 
 
+def merge_descent(space: PlacementSpace, a: np.ndarray, minimize: str) -> np.ndarray:
+    """Recolour a stage with a neighbour's type while the best such move improves the score."""
+    cur = score(space.evaluate(a[None, :]), minimize)[0]
+    while True:
+        moves = merge_moves(a, space)
+        if moves.size == 0:
+            return a
+        s = score(space.evaluate(moves), minimize)
+        best = int(np.argmin(s))
+        if not s[best] < cur:
+            return a
+        a, cur = moves[best], s[best]
+
+
 @register("greedy")
 class Greedy(PlacementScheduler):
     """Each layer on the type with the lowest cost per sample for it, then merge and repair.
@@ -111,22 +125,15 @@ class Greedy(PlacementScheduler):
             per_sample = np.where(space.n[single] > 0, -space.tput[single], np.inf)
         a = np.argmin(per_sample, axis=1)
         cur = score(space.evaluate(a[None, :]), minimize)[0]
-        while True:
+        while not np.isfinite(cur):          # repair: the best merge, feasible first
             moves = merge_moves(a, space)
             if moves.size == 0:
-                break
+                return single_type(space, minimize)
             ev = space.evaluate(moves)
             s = score(ev, minimize)
-            if np.isfinite(cur):
-                best = int(np.argmin(s))
-                if not s[best] < cur:
-                    break
-            else:
-                best = int(np.lexsort((-ev.throughput_sps, s))[0])
+            best = int(np.lexsort((-ev.throughput_sps, s))[0])
             a, cur = moves[best], s[best]
-        if not np.isfinite(cur):
-            return single_type(space, minimize)
-        return a
+        return merge_descent(space, a, minimize)
 
 
 @register("genetic")

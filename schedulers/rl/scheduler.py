@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from schedulers.placement import Genetic, Greedy, PlacementScheduler, merge_moves, score
+from schedulers.placement import Genetic, Greedy, PlacementScheduler, merge_descent, score
 from schedulers.rl.env import Episode, Instance
 from sim.errors import ConfigError
 from sim.placement import PlacementInfeasible, PlacementSpace
@@ -79,20 +79,6 @@ def rollout(model: Any, inst: Instance, samples: int = 0, seed: int = 0) -> np.n
     return np.stack([e.assignment for e in eps])
 
 
-def merge_polish(space: PlacementSpace, a: np.ndarray, minimize: str) -> np.ndarray:
-    """Recolour a stage with a neighbour's type while the best such move improves the score."""
-    cur = score(space.evaluate(a[None, :]), minimize)[0]
-    while True:
-        moves = merge_moves(a, space)
-        if moves.size == 0:
-            return a
-        s = score(space.evaluate(moves), minimize)
-        best = int(np.argmin(s))
-        if not s[best] < cur:
-            return a
-        a, cur = moves[best], s[best]
-
-
 class RL(PlacementScheduler):
     """The trained policy's placement (deterministic, or best of ``samples`` draws too).
 
@@ -143,7 +129,7 @@ class RL(PlacementScheduler):
             else:
                 raise PlacementInfeasible("rl: " + space.describe_infeasible(A[0]))
         elif self.polish:
-            a, info["polished_from_cost_usd"] = merge_polish(space, a, minimize), float(ev.cost_usd[best])
+            a, info["polished_from_cost_usd"] = merge_descent(space, a, minimize), float(ev.cost_usd[best])
         plan = space.to_plan(a, self.name)
         info["seconds"] = round(time.perf_counter() - t0, 4)        # planning, without the load
         info["load_seconds"] = round(t0 - t_load, 4)
