@@ -593,6 +593,23 @@ def _set_sigint(handler: Any) -> Any:
     return signal.SIG_DFL if prev is None else prev
 
 
+@contextlib.contextmanager
+def _sigint_deferred() -> Iterator[None]:
+    """Hold Ctrl-C back while worker processes are being started (main thread only): one
+    arriving mid-start would leave a child that nothing stops, holding the pipes open.
+    A held-back Ctrl-C is delivered when the block ends."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 def _ignore_sigint() -> None:
     # Ctrl-C reaches the whole process group; only the parent reacts (and stops the workers).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -769,15 +786,18 @@ def _run_points(sweep: Sweep, points: list[Point], table: _Table, out: Path, job
                   sweep.evaluator, sweep.trace) for p in todo]
     stats: dict[str, Any] = {"points": len(points), "skipped": len(points) - len(todo), "ok": 0,
                              "error": 0, "csv": str(table.path)}
-    if not tasks:
-        pool: Any = _InProcess([])
-    elif backend == "dask":
-        pool = _Dask(tasks, jobs, address)
-    else:
-        pool = _InProcess(tasks) if jobs == 1 or len(tasks) == 1 else _LocalPool(tasks, jobs)
-    bar = tqdm(total=len(todo), desc=f"sweep {sweep.name}", unit="pt", disable=not (progress and todo),
-               dynamic_ncols=True)
+    pool: Any = _InProcess([])
+    bar: Any = None
     try:
+        # workers start before the progress bar's thread exists; a Ctrl-C meanwhile is
+        # delivered once `pool` can stop them
+        with _sigint_deferred():
+            if tasks and backend == "dask":
+                pool = _Dask(tasks, jobs, address)
+            elif tasks:
+                pool = _InProcess(tasks) if jobs == 1 or len(tasks) == 1 else _LocalPool(tasks, jobs)
+            bar = tqdm(total=len(todo), desc=f"sweep {sweep.name}", unit="pt",
+                       disable=not (progress and todo), dynamic_ncols=True)
         for r in pool:
             point = by_id[r.point_id]
             _write_run_dir(out / "runs" / r.point_id, point, sweep.evaluator, r)
@@ -793,12 +813,14 @@ def _run_points(sweep: Sweep, points: list[Point], table: _Table, out: Path, job
             pool.close(abort=True)
         finally:
             _set_sigint(prev)
-            bar.close()
+            if bar is not None:
+                bar.close()
         done = stats["ok"] + stats["error"]
         raise SweepInterrupted(done, len(todo) - done, table.path) from None
     except BaseException:
         pool.close(abort=True)
-        bar.close()
+        if bar is not None:
+            bar.close()
         raise
     pool.close(abort=False)
     bar.close()

@@ -155,11 +155,17 @@ def run_local(spec: RunSpec, wall_timeout_s: float | None = None) -> RunResult:
     try:
         with _sigterm_as_exit():
             port = free_port()
-            for rank in range(world):
-                p = ctx.Process(target=_child, args=(spec, rank, world, port, result_path),
-                                name=f"hetsim-rank{rank}", daemon=False)
-                p.start()
-                procs.append(p)
+            # Ctrl-C is held back while the ranks start: one arriving inside p.start() would
+            # leave a child that `procs` does not know, and that `reap` cannot stop
+            old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            try:
+                for rank in range(world):
+                    p = ctx.Process(target=_child, args=(spec, rank, world, port, result_path),
+                                    name=f"hetsim-rank{rank}", daemon=False)
+                    p.start()
+                    procs.append(p)
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
             deadline = time.monotonic() + limit
             while procs[0].is_alive():
                 for k in range(1, spec.n_shards):
