@@ -263,7 +263,8 @@ def test_no_process_left_after_a_failed_run(tmp_path: Path) -> None:
 def test_no_process_left_after_sigint(tmp_path: Path) -> None:
     proc = subprocess.Popen([*HETSIM, "run", str(config(tmp_path)), "--iterations", "1000000",
                              "--out", str(tmp_path / "out")], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     parent = psutil.Process(proc.pid)
     deadline = time.monotonic() + 60
     kids: list[Any] = []

@@ -286,9 +286,12 @@ def test_other_columns_in_the_table_are_refused(tmp_path: Path) -> None:
 
 
 def _start(sweep_file: Path, out: Path, jobs: int) -> subprocess.Popen[str]:
+    # SIGINT back to its default in the child: a test run started in the background (bash
+    # without job control) ignores it, and the child would inherit that
     return subprocess.Popen([str(HETSIM), "sweep", str(sweep_file), "--jobs", str(jobs), "--out", str(out),
                              "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def _wait_rows(csv_path: Path, n: int, proc: subprocess.Popen[str], timeout_s: float = 60) -> int:
