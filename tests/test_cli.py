@@ -529,3 +529,22 @@ def test_user_profiles_and_model_file_simulate(tmp_path: Path, capsys: pytest.Ca
         results[evaluator] = s
     # same plan, same model: the two evaluators tell the same story
     assert results["analytic"]["throughput_sps"] == pytest.approx(results["des"]["throughput_sps"], rel=0.1)
+
+
+def test_compare_by_default_skips_schedulers_that_cannot_plan(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    # The demo config minimises time over a 60-layer model: bruteforce (3 ** 60 placements)
+    # and exact (cost only) cannot plan it; every other registered scheduler can.
+    demo = Path(__file__).resolve().parents[1] / "experiments" / "configs" / "demo.yaml"
+    assert main(["compare", str(demo), "--evaluator", "analytic", "--out", str(tmp_path / "c")]) == 0
+    err = capsys.readouterr().err
+    skipped = sorted(line.split(":")[1].strip().split()[-1] for line in err.splitlines()
+                     if line.startswith("hetsim: skipped"))
+    assert skipped == ["bruteforce", "exact"]
+    with (tmp_path / "c" / "comparison.csv").open() as f:
+        ran = {r["scheduler"] for r in csv.DictReader(f)}
+    import schedulers
+
+    assert ran == set(schedulers.names()) - {"bruteforce", "exact"}
+    # asked for by name, the same error ends the command
+    assert main(["compare", str(demo), "--schedulers", "bruteforce", "--out", str(tmp_path / "d")]) == 2
