@@ -346,13 +346,9 @@ class LayerTimer:
 
     # hooks ---------------------------------------------------------------
     def _claim(self, tensors: Sequence[Any], call: _Call) -> None:
-        todo = [t.grad_fn for t in tensors if getattr(t, "grad_fn", None) is not None]
-        while todo:
-            node = todo.pop()
-            if node is None or node in self.owner:
-                continue
-            self.owner[node] = call
-            todo.extend(nxt for nxt, _ in node.next_functions)
+        from sim.torch_extract import claim_history
+
+        claim_history(tensors, call, self.owner)
 
     def _pre(self, fqn: str) -> Callable[..., None]:
         from torch.autograd.profiler import record_function
@@ -489,11 +485,9 @@ class LayerTimer:
 
 
 def _tensors(obj: Any) -> list[Any]:
-    import torch
-    from torch.utils._pytree import tree_flatten
+    from sim.torch_extract import tensors_in
 
-    leaves, _ = tree_flatten(obj)
-    return [t for t in leaves if isinstance(t, torch.Tensor)]
+    return tensors_in(obj)
 
 
 def _split(example: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:

@@ -98,6 +98,23 @@ def _op_class_of_module(module: nn.Module) -> str | None:
     return None
 
 
+def claim_history(tensors: Iterable[Any], call: Any, owner: dict[Any, Any]) -> None:
+    """Make ``call`` the owner of every autograd node reachable from ``tensors`` that no
+    call owns yet (the backward work those nodes will do is ``call``'s)."""
+    todo: list[Any] = [t.grad_fn for t in tensors if getattr(t, "grad_fn", None) is not None]
+    while todo:
+        node = todo.pop()
+        if node is None or node in owner:
+            continue
+        owner[node] = call
+        todo.extend(nxt for nxt, _ in node.next_functions)
+
+
+def tensors_in(obj: Any) -> list[torch.Tensor]:
+    """The tensors among the leaves of a nested structure (args, kwargs, outputs)."""
+    return _tensors(obj)
+
+
 def _tensors(obj: Any) -> list[torch.Tensor]:
     leaves, _ = tree_flatten(obj)
     return [t for t in leaves if isinstance(t, torch.Tensor)]
@@ -177,13 +194,7 @@ class _Recorder(TorchDispatchMode):
 
     # -- hooks ------------------------------------------------------------
     def _claim(self, tensors: Iterable[torch.Tensor], call: _Call) -> None:
-        todo: list[Any] = [t.grad_fn for t in tensors if t.grad_fn is not None]
-        while todo:
-            node = todo.pop()
-            if node is None or node in self.owner:
-                continue
-            self.owner[node] = call
-            todo.extend(nxt for nxt, _ in node.next_functions)
+        claim_history(tensors, call, self.owner)
 
     def pre_hook(self, fqn: str) -> Any:
         def hook(module: nn.Module, args: Any, kwargs: Any) -> None:
