@@ -33,6 +33,32 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
+def _check_curve(xs: list[float], ys: list[float], x_name: str, y_max: float) -> None:
+    """A curve's points: non-empty, equal lengths, x positive and strictly increasing,
+    every value in (0, y_max]."""
+    if len(xs) != len(ys) or not xs:
+        raise ValueError(f"{x_name} and eff must be non-empty lists of equal length")
+    if any(f <= 0 for f in xs) or any(b <= a for a, b in pairwise(xs)):
+        raise ValueError(f"{x_name} must be positive and strictly increasing")
+    if any(not 0 < e <= y_max for e in ys):
+        raise ValueError(f"eff values must lie in (0, {y_max:g}]")
+
+
+def _log_interp(xs_: list[float], ys: list[float], x_: float) -> float:
+    """Piecewise linear in log10(x) through the points, clamped at both ends."""
+    if x_ <= xs_[0]:
+        return ys[0]
+    if x_ >= xs_[-1]:
+        return ys[-1]
+    x = math.log10(x_)
+    xs = [math.log10(f) for f in xs_]
+    for i in range(1, len(xs)):
+        if x <= xs[i]:
+            w = (x - xs[i - 1]) / (xs[i] - xs[i - 1])
+            return ys[i - 1] + w * (ys[i] - ys[i - 1])
+    return ys[-1]  # pragma: no cover (guarded above)
+
+
 class EfficiencyCurve(_Strict):
     """Achieved fraction of peak FLOP/s as a function of the work of one call.
 
@@ -44,27 +70,12 @@ class EfficiencyCurve(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> EfficiencyCurve:
-        if len(self.flops) != len(self.eff) or not self.flops:
-            raise ValueError("flops and eff must be non-empty lists of equal length")
-        if any(f <= 0 for f in self.flops) or any(b <= a for a, b in pairwise(self.flops)):
-            raise ValueError("flops must be positive and strictly increasing")
-        if any(not 0 < e <= 1.5 for e in self.eff):
-            raise ValueError("eff values must lie in (0, 1.5]")
+        _check_curve(self.flops, self.eff, "flops", 1.5)
         return self
 
     def at(self, flops: float) -> float:
         """Efficiency for one call of ``flops`` FLOPs."""
-        if flops <= self.flops[0]:
-            return self.eff[0]
-        if flops >= self.flops[-1]:
-            return self.eff[-1]
-        x = math.log10(flops)
-        xs = [math.log10(f) for f in self.flops]
-        for i in range(1, len(xs)):
-            if x <= xs[i]:
-                w = (x - xs[i - 1]) / (xs[i] - xs[i - 1])
-                return self.eff[i - 1] + w * (self.eff[i] - self.eff[i - 1])
-        return self.eff[-1]  # pragma: no cover (guarded above)
+        return _log_interp(self.flops, self.eff, flops)
 
 
 class BandwidthCurve(_Strict):
@@ -80,31 +91,12 @@ class BandwidthCurve(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> BandwidthCurve:
-        if len(self.bytes) != len(self.eff) or not self.bytes:
-            raise ValueError("bytes and eff must be non-empty lists of equal length")
-        if any(f <= 0 for f in self.bytes) or any(b <= a for a, b in pairwise(self.bytes)):
-            raise ValueError("bytes must be positive and strictly increasing")
-        if any(not 0 < e <= 100 for e in self.eff):
-            raise ValueError("eff values must lie in (0, 100]")
+        _check_curve(self.bytes, self.eff, "bytes", 100)
         return self
 
     def at(self, nbytes: float) -> float:
         """Fraction of the memory bandwidth for one call moving ``nbytes`` bytes."""
         return _log_interp(self.bytes, self.eff, nbytes)
-
-
-def _log_interp(xs_: list[float], ys: list[float], x_: float) -> float:
-    if x_ <= xs_[0]:
-        return ys[0]
-    if x_ >= xs_[-1]:
-        return ys[-1]
-    x = math.log10(x_)
-    xs = [math.log10(f) for f in xs_]
-    for i in range(1, len(xs)):
-        if x <= xs[i]:
-            w = (x - xs[i - 1]) / (xs[i] - xs[i - 1])
-            return ys[i - 1] + w * (ys[i] - ys[i - 1])
-    return ys[-1]  # pragma: no cover (guarded above)
 
 
 _EFF_KEY_RE = re.compile(r"^(" + "|".join(OP_CLASSES) + r")/[a-z0-9]+$")
@@ -132,12 +124,7 @@ class IntensityCurve(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> IntensityCurve:
-        if len(self.intensity) != len(self.eff) or not self.intensity:
-            raise ValueError("intensity and eff must be non-empty lists of equal length")
-        if any(f <= 0 for f in self.intensity) or any(b <= a for a, b in pairwise(self.intensity)):
-            raise ValueError("intensity must be positive and strictly increasing")
-        if any(not 0 < e <= 1.5 for e in self.eff):
-            raise ValueError("eff values must lie in (0, 1.5]")
+        _check_curve(self.intensity, self.eff, "intensity", 1.5)
         return self
 
     def at(self, intensity: float) -> float:
