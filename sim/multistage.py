@@ -45,8 +45,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.costmodel import _ACT_SCALE, layer_times, quantized_bytes, sparse_touched_bytes
+from sim.costmodel import _ACT_SCALE, layer_times, sparse_touched_bytes
 from sim.errors import ConfigError
+from sim.placement import replica_traffic
 from sim.plan import Plan
 from sim.problem import Problem
 from sim.result import DeviceUsage, RunResult
@@ -160,11 +161,8 @@ def pipeline_model(problem: Problem, plan: Plan, largest_share: bool = False) ->
             f, w = layer_times(model, dev.type, job.dtype, b)
             fwd, bwd = float(f[j:i].sum()), float(w[j:i].sum())
             touched = sum(sparse_touched_bytes(ly, b) for ly in layers)
-            pull = d_bytes + touched
-            push = quantized_bytes(d_bytes + touched, job.quant_bits)
-            boundary = (act_in + act_out) * b
-            sync = 0.0 if job.pipeline else (pull + push) / nic + (2 * lat if pull + push > 0 else 0.0)
-            wire = max(push + boundary, pull + boundary) / nic
+            pull, push, sync, wire = (float(x) for x in replica_traffic(
+                d_bytes, touched, (act_in + act_out) * b, job.quant_bits, nic, lat, job.pipeline))
             reps.append(ReplicaCost(r.device, b, first, fwd, bwd, pull, push, nic, sync,
                                     max(fwd + bwd + sync, wire)))
             ps_bytes += max(pull, push)

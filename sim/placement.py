@@ -44,6 +44,7 @@ import functools
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -169,23 +170,14 @@ class PlacementSpace:
         per_layer = np.array([[sparse_touched_bytes(ly, float(bm)) for bm in b] for ly in model.layers])
         c_touched = np.vstack([np.zeros((1, N)), np.cumsum(per_layer, axis=0)])   # (L+1, N)
         touched = c_touched[ii] - c_touched[jj]                                    # (S, N)
-        pull = d_bytes[:, None] + touched
-        push = (d_bytes[:, None] + touched if job.quant_bits >= 32
-                else packed_bytes_array(d_bytes[:, None] + touched, job.quant_bits))
-        up = push + boundary[:, None] * b[None, :]
-        down = pull + boundary[:, None] * b[None, :]
-        nic = self.nic[None, :, None]
-        t_iter = compute.copy()
-        if not job.pipeline:
-            t_iter = t_iter + ((pull + push)[:, None, :] / nic
-                               + np.where((pull + push) > 0, 2 * lat, 0.0)[:, None, :])
+        pull, push, sync, wire = replica_traffic(
+            d_bytes[:, None, None], touched[:, None, :], boundary[:, None, None] * b[None, None, :],
+            job.quant_bits, self.nic[None, :, None], lat, job.pipeline)   # pull, push: (S, 1, N)
+        period = np.maximum(compute + sync, wire)            # (S, K, N) seconds per iteration
         with np.errstate(divide="ignore"):
-            t_comp = np.where(t_iter > 0, B / t_iter, np.inf)
-            wire = np.maximum(up, down)[:, None, :]
-            t_nic = np.where(wire > 0, B * nic / wire, np.inf)
-        self.stage_tput = np.minimum(t_comp, t_nic)          # (S, K, N)
+            self.stage_tput = np.where(period > 0, B / period, np.inf)
         self.stage_busy = compute                            # seconds of compute per iteration
-        self.ps_load = np.broadcast_to((np.maximum(pull, push) / B * n[None, :])[:, None, :], (S, K, N))
+        self.ps_load = np.broadcast_to(np.maximum(pull, push) / B * n[None, None, :], (S, K, N))
         # a replica holds its dense parameters with their gradients and optimizer
         # state, the sparse rows it touched (the tables live on the PS) with their
         # gradients, and every activation of its layers for the backward pass
@@ -335,6 +327,28 @@ class PlacementSpace:
         if assignment is not None and bound >= self.target:
             msg = f"placement infeasible ({self.evaluate_one(assignment)['bottleneck']})"
         return msg
+
+
+def replica_traffic(dense_bytes: Any, touched_bytes: Any, boundary_bytes: Any, bits: int, nic_Bps: Any,
+                    latency_s: float, pipeline: bool) -> tuple[Any, Any, Any, Any]:
+    """What one replica of a stage moves per iteration, and what it costs in time.
+
+    Args (floats or broadcastable arrays): the stage's dense parameter bytes, the
+    sparse rows its share touched, its boundary activation bytes (in and out,
+    each direction), the job's gradient bits, the replica's NIC bandwidth.
+
+    Returns:
+        (pull, push, sync_s, wire_s): bytes pulled (fp32) and pushed (quantized);
+        the PS transfer time added to an iteration without ``pipeline`` (0 with
+        it: it overlaps compute); the busier NIC direction's time, PS traffic
+        plus boundary traffic. A stage's period is ``max(compute + sync, wire)``.
+    """
+    pull = dense_bytes + touched_bytes
+    push = pull if bits >= 32 else packed_bytes_array(np.asarray(pull, dtype=float), bits)
+    moved = pull + push
+    sync = 0.0 * moved if pipeline else moved / nic_Bps + np.where(moved > 0, 2 * latency_s, 0.0)
+    wire = np.maximum(push + boundary_bytes, pull + boundary_bytes) / nic_Bps
+    return pull, push, sync, wire
 
 
 def even_split(total: int, n: int) -> list[int]:
