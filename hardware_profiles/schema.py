@@ -11,7 +11,7 @@ import math
 import re
 from collections.abc import Sequence
 from itertools import pairwise
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -59,44 +59,44 @@ def _log_interp(xs_: list[float], ys: list[float], x_: float) -> float:
     return ys[-1]  # pragma: no cover (guarded above)
 
 
-class EfficiencyCurve(_Strict):
-    """Achieved fraction of peak FLOP/s as a function of the work of one call.
+class _Curve(_Strict):
+    """Points (x, eff), piecewise linear in log10(x), clamped at both ends; a subclass
+    names its x field (``_x``, the file format's key) and the largest allowed value."""
 
-    Piecewise linear in log10(flops), clamped at both ends.
-    """
+    _x: ClassVar[str]
+    _max: ClassVar[float]
+    eff: list[float]
 
+    @model_validator(mode="after")
+    def _check(self) -> _Curve:
+        _check_curve(getattr(self, self._x), self.eff, self._x, self._max)
+        return self
+
+    def at(self, x: float) -> float:
+        """The curve's value at ``x`` (FLOPs, bytes or intensity of one call)."""
+        return _log_interp(getattr(self, self._x), self.eff, x)
+
+
+class EfficiencyCurve(_Curve):
+    """Achieved fraction of peak FLOP/s as a function of the work of one call."""
+
+    _x: ClassVar[str] = "flops"
+    _max: ClassVar[float] = 1.5
     flops: list[float] = Field(description="FLOPs of one call (one layer on one batch), increasing")
     eff: list[float] = Field(description="fraction of peak at each point, in (0, 1.5]")
 
-    @model_validator(mode="after")
-    def _check(self) -> EfficiencyCurve:
-        _check_curve(self.flops, self.eff, "flops", 1.5)
-        return self
 
-    def at(self, flops: float) -> float:
-        """Efficiency for one call of ``flops`` FLOPs."""
-        return _log_interp(self.flops, self.eff, flops)
-
-
-class BandwidthCurve(_Strict):
+class BandwidthCurve(_Curve):
     """Achieved fraction of ``mem_bw_Bps`` as a function of the bytes one call moves.
 
-    Piecewise linear in log10(bytes), clamped at both ends. Values above 1 are
-    allowed: small working sets run from cache, faster than the DRAM bandwidth
-    that ``mem_bw_Bps`` states.
+    Values above 1 are allowed: small working sets run from cache, faster than
+    the DRAM bandwidth that ``mem_bw_Bps`` states.
     """
 
+    _x: ClassVar[str] = "bytes"
+    _max: ClassVar[float] = 100
     bytes: list[float] = Field(description="bytes moved by one call, increasing")
     eff: list[float] = Field(description="fraction of mem_bw_Bps at each point, in (0, 100]")
-
-    @model_validator(mode="after")
-    def _check(self) -> BandwidthCurve:
-        _check_curve(self.bytes, self.eff, "bytes", 100)
-        return self
-
-    def at(self, nbytes: float) -> float:
-        """Fraction of the memory bandwidth for one call moving ``nbytes`` bytes."""
-        return _log_interp(self.bytes, self.eff, nbytes)
 
 
 _EFF_KEY_RE = re.compile(r"^(" + "|".join(OP_CLASSES) + r")/[a-z0-9]+$")
@@ -110,26 +110,18 @@ def mem_key(op: str, kernels: int, has_params: bool, reduces: bool = False) -> s
     return f"{op}/k{kernels}{'p' if has_params else ''}{'r' if reduces else ''}"
 
 
-class IntensityCurve(_Strict):
+class IntensityCurve(_Curve):
     """Achieved fraction of peak FLOP/s as a function of a call's arithmetic intensity.
 
-    Intensity is FLOPs per byte the call moves (the cost model's bytes term).
-    Piecewise linear in log10(intensity), clamped at both ends. On CPUs it
-    separates, say, a 1x1 from a 3x3 convolution of equal FLOPs, which a curve
-    over FLOPs cannot.
+    Intensity is FLOPs per byte the call moves (the cost model's bytes term). On
+    CPUs it separates, say, a 1x1 from a 3x3 convolution of equal FLOPs, which a
+    curve over FLOPs cannot.
     """
 
+    _x: ClassVar[str] = "intensity"
+    _max: ClassVar[float] = 1.5
     intensity: list[float] = Field(description="FLOPs per byte, increasing")
     eff: list[float] = Field(description="fraction of peak at each point, in (0, 1.5]")
-
-    @model_validator(mode="after")
-    def _check(self) -> IntensityCurve:
-        _check_curve(self.intensity, self.eff, "intensity", 1.5)
-        return self
-
-    def at(self, intensity: float) -> float:
-        """Efficiency of a call of ``intensity`` FLOPs per byte."""
-        return _log_interp(self.intensity, self.eff, intensity)
 
 
 def _efficiency_kind(v: Any) -> str:
