@@ -180,6 +180,7 @@ class Episode:
         self.closed_rate = 0.0
         self.closed_tput = np.inf
         self.stages = 0
+        self._opts: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None  # this step's
 
     @property
     def done(self) -> bool:
@@ -187,7 +188,13 @@ class Episode:
 
     def _options(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Per type: replicas, rate and throughput of layer i's stage if it takes that type,
-        and whether the inventory left allows it."""
+        and whether the inventory left allows it (computed once per step: the mask, the
+        env's validity check and the observation all read it)."""
+        if self._opts is None:
+            self._opts = self._compute_options()
+        return self._opts
+
+    def _compute_options(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         sp, i = self.inst.space, self.i
         seg = np.full(sp.K, self.inst.single[i])
         if self.prev >= 0:
@@ -275,13 +282,13 @@ class Episode:
             self.used[self.prev] += sp.n[s, self.prev]
             self.closed_rate += float(sp.rate[s, self.prev]) if sp.n[s, self.prev] > 0 else 0.0
             self.closed_tput = min(self.closed_tput, float(sp.tput[s, self.prev]))
-            self.start = self.i
         if k != self.prev:
             self.stages += 1
             self.start = self.i
         self.assignment[self.i] = k
         self.prev = k
         self.i += 1
+        self._opts = None
 
     def outcome(self) -> dict[str, Any]:
         """The finished placement's evaluation, reward and gap to the reference."""
@@ -405,6 +412,5 @@ class PlacementEnv(gym.Env[np.ndarray, np.int64]):
             out = ep.outcome()
             info.update(out, assignment=ep.assignment.copy())
             obs = np.zeros(self.observation_space.shape, np.float32)
-            obs[: GLOBAL_FEATURES] = 0.0
             return obs, out["reward"], True, False, info
         return ep.observation(), 0.0, False, False, info
