@@ -205,10 +205,15 @@ class PipelineSim:
                     if hi > lo:
                         out.append((r, q, hi - lo))
             self.pieces.append(out)
-        self.n_in = [[sum(1 for _, q2, _ in self.pieces[s - 1] if q2 == q) if s > 0 else 0
-                      for q in range(len(m.stages[s].replicas))] for s in range(S)]
-        self.n_out = [[sum(1 for r2, _, _ in self.pieces[s] if r2 == r) if s < S - 1 else 0
-                       for r in range(len(m.stages[s].replicas))] for s in range(S)]
+        # per replica: the pieces it sends forward (to replica q of the next stage) and
+        # backward (to replica p of the previous one), and how many it receives of each
+        reps = [range(len(st.replicas)) for st in m.stages]
+        self.fwd_to = [[[(q, n) for r2, q, n in self.pieces[s] if r2 == r] if s < S - 1 else []
+                        for r in reps[s]] for s in range(S)]
+        self.bwd_to = [[[(p, n) for p, q, n in self.pieces[s - 1] if q == r] if s > 0 else []
+                        for r in reps[s]] for s in range(S)]
+        self.n_in = [[len(self.bwd_to[s][r]) for r in reps[s]] for s in range(S)]
+        self.n_out = [[len(self.fwd_to[s][r]) for r in reps[s]] for s in range(S)]
         self.events: dict[tuple[str, int, int, int], simpy.Event] = {}
         self.counts: dict[tuple[str, int, int, int], int] = {}
         self.pushed: dict[tuple[int, int], int] = {}
@@ -332,11 +337,9 @@ class PipelineSim:
         self.compute_s[g] += rc.fwd_s
         if tr is not None:
             tr.span("workers", g, self.names[g], f"fwd {k}", t0, env.now)
-        if s < self.S - 1:
-            for r2, q, n in self.pieces[s]:
-                if r2 == r:
-                    self._send((self.up[g], self.down[self.g[s + 1][q]]), n * st.act_out, f"act {k}", g,
-                               partial(self._arrive, "act", s + 1, q, k, self.n_in[s + 1][q]))
+        for q, n in self.fwd_to[s][r]:
+            self._send((self.up[g], self.down[self.g[s + 1][q]]), n * st.act_out, f"act {k}", g,
+                       partial(self._arrive, "act", s + 1, q, k, self.n_in[s + 1][q]))
 
     def _backward(self, s: int, r: int, k: int) -> Generator[Any, Any, None]:
         env = self.env
@@ -351,11 +354,9 @@ class PipelineSim:
         self.compute_s[g] += rc.bwd_s
         if tr is not None:
             tr.span("workers", g, self.names[g], f"bwd {k}", t0, env.now)
-        if s > 0:
-            for p, q, n in self.pieces[s - 1]:
-                if q == r:
-                    self._send((self.up[g], self.down[self.g[s - 1][p]]), n * st.act_in, f"grad {k}", g,
-                               partial(self._arrive, "grad", s - 1, p, k, self.n_out[s - 1][p]))
+        for p, n in self.bwd_to[s][r]:
+            self._send((self.up[g], self.down[self.g[s - 1][p]]), n * st.act_in, f"grad {k}", g,
+                       partial(self._arrive, "grad", s - 1, p, k, self.n_out[s - 1][p]))
         if rc.push_bytes <= 0:
             self._pushed(s, k)
         elif self.pipelined:
