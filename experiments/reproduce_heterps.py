@@ -49,7 +49,7 @@ from tqdm import tqdm
 
 import schedulers
 from experiments import runner
-from schedulers.exact import dp_min_rate, rc_dp_min_rate, usage
+from schedulers.exact import dp_min_rate, inventory_dp
 from sim.errors import HetsimError
 from sim.placement import PlacementSpace
 from sim.plan import Plan
@@ -115,16 +115,8 @@ def feasible_at(problem: Problem, target: float, kinds: set[str] | None) -> bool
     _, a = dp_min_rate(space, allowed)
     if a is None:
         return False
-    binding = [int(k) for k in np.flatnonzero(usage(space, a) > space.counts)]
-    while binding:
-        _, a = rc_dp_min_rate(space, allowed, binding)
-        if a is None:
-            return False
-        more = [int(k) for k in np.flatnonzero(usage(space, a) > space.counts) if k not in binding]
-        if not more:
-            break
-        binding += more
-    return bool(space.evaluate(a[None, :]).feasible[0])
+    _, a, _, _ = inventory_dp(space, allowed, a)
+    return a is not None and bool(space.evaluate(a[None, :]).feasible[0])
 
 
 def max_throughput(problem: Problem, kinds: set[str] | None, hi: float, rel: float = 1e-3) -> float:

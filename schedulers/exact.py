@@ -361,25 +361,13 @@ def solve(space: PlacementSpace, time_limit_s: float = 60.0) -> ExactResult:
     def inventory_min_rate(allowed: np.ndarray, a: np.ndarray) -> tuple[float, np.ndarray | None]:
         """Exact R(V) under the inventory: add violated types to the DP state until none is
         violated; past RC_DP_MAX_STATES states, a Lagrangian bound and a time-capped MILP."""
-        binding: list[int] = []
-        while True:
-            more = [int(k) for k in np.flatnonzero(usage(space, a) > space.counts) if k not in binding]
-            if not more:
-                return float(sum(space.rate[space.seg_index[j, i], k] for j, i, k in space.stages_of(a))), a
-            binding += more
-            if np.prod([space.counts[k] + 1 for k in binding]) > RC_DP_MAX_STATES:
-                break
-            state["rc_dp"] += 1
-            r, a2 = rc_dp_min_rate(space, allowed, binding)
-            if a2 is None:
-                return np.inf, None
-            a = a2
+        r, a2, runs, done = inventory_dp(space, allowed, a, RC_DP_MAX_STATES)
+        state["rc_dp"] += runs
+        if done:
+            return r, a2
         lb, ub, a1 = lagrangian_min_rate(space, allowed, None)
         consider(a1)
         return polish(allowed, None, lb, ub), a1
-
-    def violated(a: np.ndarray) -> list[int]:
-        return [int(k) for k in np.flatnonzero(usage(space, a) > space.counts)]
 
     def ps_q(t: float) -> tuple[float, np.ndarray | None, bool]:
         """A lower bound on Q(t), the least rate with every T_s >= t, T_ps >= t and the
@@ -395,7 +383,7 @@ def solve(space: PlacementSpace, time_limit_s: float = 60.0) -> ExactResult:
         scale = PS_UNITS * t / space.ps_capacity
         down = np.floor(space.ps * scale + 1e-9).astype(int)
         up = np.ceil(space.ps * scale - 1e-9).astype(int)
-        binding = violated(a)
+        binding = violated(space, a)
         while True:
             if np.prod([space.counts[k] + 1 for k in binding]) * (PS_UNITS + 1) > RC_DP_MAX_STATES:
                 left = time_limit_s - (time.perf_counter() - t0)   # too many states: a MILP
@@ -409,7 +397,7 @@ def solve(space: PlacementSpace, time_limit_s: float = 60.0) -> ExactResult:
             r, a = rc_dp_min_rate(space, allowed, binding, (down, PS_UNITS))
             if a is None:
                 return np.inf, None, True
-            more = [k for k in violated(a) if k not in binding]
+            more = [k for k in violated(space, a) if k not in binding]
             if not more:
                 break
             binding += more
@@ -582,3 +570,32 @@ def usage(space: PlacementSpace, a: np.ndarray) -> np.ndarray:
     for j, i, k in space.stages_of(a):
         used[k] += int(space.n[space.seg_index[j, i], k])
     return used
+
+
+def violated(space: PlacementSpace, a: np.ndarray) -> list[int]:
+    """Device types of which placement ``a`` provisions more than the inventory holds."""
+    return [int(k) for k in np.flatnonzero(usage(space, a) > space.counts)]
+
+
+def inventory_dp(space: PlacementSpace, allowed: np.ndarray, a: np.ndarray,
+                 max_states: float = np.inf) -> tuple[float, np.ndarray | None, int, bool]:
+    """The least rate under the inventory, starting from the unconstrained DP's placement
+    ``a``: the violated types join the DP state (:func:`rc_dp_min_rate`) until none is.
+
+    Returns (rate, placement or None when none fits, DP runs, done); ``done`` is False
+    when the state would pass ``max_states`` (rate and placement are then ``a``'s).
+    """
+    binding: list[int] = []
+    runs = 0
+    while True:
+        more = [k for k in violated(space, a) if k not in binding]
+        if not more:
+            return float(sum(space.rate[space.seg_index[j, i], k] for j, i, k in space.stages_of(a))), a, runs, True
+        binding += more
+        if np.prod([space.counts[k] + 1 for k in binding]) > max_states:
+            return np.inf, a, runs, False
+        runs += 1
+        _, a2 = rc_dp_min_rate(space, allowed, binding)
+        if a2 is None:
+            return np.inf, None, runs, True
+        a = a2
