@@ -50,9 +50,12 @@ __all__ = [
     "ProfileSpec",
     "check_device",
     "check_writable",
+    "describe_device",
     "network_bench",
     "run_profile",
+    "setup_host",
     "spec_for",
+    "time_callable",
 ]
 
 #: Significant digits kept for raw times in the JSON (the noise is far larger).
@@ -854,6 +857,59 @@ def _steady_allocator() -> str:
     return "glibc mallopt: M_MMAP_MAX=0, M_TRIM_THRESHOLD=2^31-1" if ok else "unchanged (mallopt failed)"
 
 
+def setup_host(device: str, threads: int | None = None) -> tuple[Any, dict[str, Any]]:
+    """Prepare this process for timing ``device`` as every ``hetsim profile`` suite does.
+
+    Checks the device, sets torch's intra-op threads (default: the CPUs this
+    process may use) and keeps freed host memory in the process (see
+    :func:`_steady_allocator`).
+
+    Returns:
+        ``(torch.device, record)``, the record holding ``device``, ``threads``,
+        ``cpus``, ``clock`` (:func:`clock_kind`) and ``host_allocator``.
+
+    Raises:
+        ConfigError: for a device that is not available.
+    """
+    import torch
+
+    dev = check_device(device)
+    n_threads = threads or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                            else os.cpu_count() or 1)
+    torch.set_num_threads(int(n_threads))
+    return dev, {"device": str(dev), "threads": int(n_threads), "cpus": os.cpu_count() or 1,
+                 "clock": clock_kind(dev), "host_allocator": _steady_allocator()}
+
+
+def describe_device(dev: Any) -> dict[str, Any]:
+    """Provenance of a measurement on ``dev``: ``device_name`` (CPU model or GPU name),
+    ``torch`` version, ``cpu_capability`` and ``host``."""
+    import torch
+
+    return {"device_name": _device_name(dev), "torch": torch.__version__,
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(), "host": platform.node()}
+
+
+def time_callable(fn: Callable[[], Any], dev: Any, repeats: int, warmup: int = 1,
+                  label: str = "call") -> tuple[float, float, list[float]]:
+    """Time ``fn`` on ``dev`` the way :func:`measure` times its benchmarks.
+
+    ``warmup`` untimed calls, one more untimed call, then ``repeats`` samples
+    with the clock of :func:`clock_kind` (CUDA events on a GPU; the thread's CPU
+    time with one CPU thread; ``torch.profiler`` ranges otherwise).
+
+    Returns:
+        ``(median_s, rel_iqr, samples_s)``.
+    """
+    if repeats < 1 or warmup < 0:
+        raise ValueError("repeats must be >= 1 and warmup >= 0")
+    spec = ProfileSpec(gemm=(), copy_elems=(), micro=(), models={}, min_reps=repeats,
+                       max_reps=repeats, target_s=0.0, net_bytes=(), net_reps=0, warmup=warmup)
+    samples = _OpTimer(dev, spec).time(fn, label)
+    med, iqr = _median_iqr(samples)
+    return med, iqr, samples
+
+
 def measure(device: str = "cpu", quick: bool = False, threads: int | None = None,
             models: Sequence[str] | None = None, network: bool = True,
             spec: ProfileSpec | None = None, progress: bool = False) -> dict[str, Any]:
@@ -872,24 +928,21 @@ def measure(device: str = "cpu", quick: bool = False, threads: int | None = None
 
     from sim import zoo
 
-    dev = check_device(device)
+    check_device(device)  # an unavailable device is reported before a bad model name
     spec = spec or spec_for(quick)
-    n_threads = threads or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                            else os.cpu_count() or 1)
-    torch.set_num_threads(int(n_threads))
     chosen = {m: spec.models[m] for m in (models if models is not None else spec.models)}
     unknown = sorted(set(chosen) - set(zoo.names()))
     if unknown:
         raise ConfigError("<command line>", "--models", f"unknown zoo model {unknown[0]!r}")
-    allocator = _steady_allocator()
+    dev, host = setup_host(device, threads)
     dtypes = ["fp32"] + (["bf16", "fp16"] if dev.type == "cuda" else [])
     steps = (len(spec.gemm) * len(dtypes) + 2 + len(spec.micro)
              + sum(len(b) for b in chosen.values()) + int(network) + int(dev.type == "cuda"))
     bar = _Progress(steps, progress)
     timer = _OpTimer(dev, spec)
-    raw: dict[str, Any] = {"device": str(dev), "threads": int(n_threads), "quick": quick,
-                           "clock": clock_kind(dev), "statistic": "median of repeats after warm-up",
-                           "host_allocator": allocator, "cpus": os.cpu_count() or 1}
+    raw: dict[str, Any] = {"device": host["device"], "threads": host["threads"], "quick": quick,
+                           "clock": host["clock"], "statistic": "median of repeats after warm-up",
+                           "host_allocator": host["host_allocator"], "cpus": host["cpus"]}
     started = time.perf_counter()
     try:
         # GEMM grid
@@ -1092,17 +1145,11 @@ def run_profile(device: str, out: str | os.PathLike[str], quick: bool = False,
         ConfigError: for an unavailable device or an unwritable ``out``.
         HetsimError: when the network benchmark fails.
     """
-    import torch
-
     check_device(device)
     path = check_writable(out)
     raw = measure(device, quick=quick, threads=threads, models=models, network=network,
                   spec=spec, progress=progress)
-    dev = check_device(device)
-    raw["device_name"] = _device_name(dev)
-    raw["torch"] = torch.__version__
-    raw["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
-    raw["host"] = platform.node()
+    raw.update(describe_device(check_device(device)))
     profile = build_profile(raw, path.stem)
     write_profile(profile, path)
     return profile, path
