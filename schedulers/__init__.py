@@ -1,6 +1,6 @@
 """Schedulers: Problem -> Plan, registered by name; online ones also rebalance."""
 
-from schedulers import equal, exact, hps, lbbsp, placement, proportional  # noqa: F401  (registration side effect)
+from schedulers import dag, equal, exact, hps, lbbsp, placement, proportional  # noqa: F401  (registration side effect)
 from schedulers.base import (
     OnlineScheduler,
     Scheduler,

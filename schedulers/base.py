@@ -79,14 +79,25 @@ class RateEstimate:
 
 
 _REGISTRY: dict[str, type | str] = {}
+#: The kind of problem each scheduler plans: "training" (Problem -> Plan, the DNN
+#: training problems A and B) or "dag" (DagProblem -> DagPlan, robotics pipelines).
+_KIND: dict[str, str] = {}
+KINDS = ("training", "dag")
 
 
-def register(name: str) -> Callable[[type], type]:
+def _claim(name: str, kind: str) -> None:
+    if name in _REGISTRY:
+        raise ValueError(f"scheduler {name!r} is already registered")
+    if kind not in KINDS:
+        raise ValueError(f"unknown scheduler kind {kind!r} (known: {', '.join(KINDS)})")
+    _KIND[name] = kind
+
+
+def register(name: str, kind: str = "training") -> Callable[[type], type]:
     """Class decorator: register a scheduler under ``name`` (duplicates are an error)."""
 
     def deco(cls: type) -> type:
-        if name in _REGISTRY:
-            raise ValueError(f"scheduler {name!r} is already registered")
+        _claim(name, kind)
         cls.name = name  # type: ignore[attr-defined]
         _REGISTRY[name] = cls
         return cls
@@ -94,21 +105,34 @@ def register(name: str) -> Callable[[type], type]:
     return deco
 
 
-def register_lazy(name: str, target: str) -> None:
+def register_lazy(name: str, target: str, kind: str = "training") -> None:
     """Register ``"module:Class"`` under ``name`` without importing it."""
-    if name in _REGISTRY:
-        raise ValueError(f"scheduler {name!r} is already registered")
+    _claim(name, kind)
     _REGISTRY[name] = target
 
 
-def names() -> list[str]:
-    return sorted(_REGISTRY)
+def names(kind: str | None = "training") -> list[str]:
+    """Registered names planning problems of ``kind`` (None: every kind)."""
+    return sorted(n for n in _REGISTRY if kind is None or _KIND[n] == kind)
+
+
+def kind_of(name: str) -> str:
+    return _KIND[name]
 
 
 def make(name: str, params: dict[str, Any] | None = None, source: str = "<config>") -> Scheduler:
-    """Instantiate a registered scheduler with ``params``; one-line ConfigError on misuse."""
+    """Instantiate a registered training scheduler with ``params``; one-line ConfigError on misuse."""
+    return instantiate(name, params, source, "training")  # type: ignore[no-any-return]
+
+
+def instantiate(name: str, params: dict[str, Any] | None, source: str, kind: str) -> Any:
+    """Instantiate a registered scheduler of ``kind`` with ``params``; one-line ConfigError on misuse."""
     if name not in _REGISTRY:
-        raise ConfigError(source, "scheduler.name", f"unknown scheduler {name!r}; known: {', '.join(names())}")
+        raise ConfigError(source, "scheduler.name",
+                          f"unknown scheduler {name!r}; known: {', '.join(names(kind))}")
+    if _KIND[name] != kind:
+        raise ConfigError(source, "scheduler.name", f"scheduler {name!r} plans {_KIND[name]} problems, "
+                          f"not {kind} ones; known: {', '.join(names(kind))}")
     cls = _REGISTRY[name]
     if isinstance(cls, str):
         mod, _, attr = cls.partition(":")

@@ -76,12 +76,19 @@ def layer_time_s(layer: Layer, phase: str, b: float, dev: DeviceProfile, dtype: 
         t = dev.layers[layer.signature]
         return _table_time(t.batch, t.fwd_s if phase == "fwd" else t.bwd_s, b)
     flops, kernels, nbytes = layer_work(layer, phase, b, dtype, input_bytes, dev.dense_sparse_grad)
-    compute = (flops / (dev.peak(dtype) * dev.eff(layer.op, flops, phase, nbytes,
-                                                   compute_kind(layer, input_bytes)))
+    mem_eff = dev.mem_eff(layer.op, nbytes, phase, layer.kernels, layer.param_bytes > 0,
+                          layer.activation_bytes < input_bytes)
+    return roofline_s(dev, layer.op, flops, nbytes, kernels, dtype, mem_eff, phase,
+                      compute_kind(layer, input_bytes))
+
+
+def roofline_s(dev: DeviceProfile, op: str, flops: float, nbytes: float, kernels: int, dtype: str,
+               mem_eff: float = 1.0, phase: str = "fwd", kind: str | None = None) -> float:
+    """The cost model's formula for any piece of work (a layer pass, a robotics task):
+    launch overhead per kernel plus the larger of compute and memory time."""
+    compute = (flops / (dev.peak(dtype) * dev.eff(op, flops, phase, nbytes, kind))
                if flops > 0 else 0.0)
-    memory = nbytes / (dev.mem_bw_Bps * dev.mem_eff(layer.op, nbytes, phase, layer.kernels,
-                                                    layer.param_bytes > 0,
-                                                    layer.activation_bytes < input_bytes))
+    memory = nbytes / (dev.mem_bw_Bps * mem_eff)
     return dev.launch_overhead_s * kernels + max(compute, memory)
 
 

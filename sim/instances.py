@@ -19,6 +19,7 @@ import numpy as np
 
 from hardware_profiles import load_profile
 from sim.cluster import Cluster, Device, Network
+from sim.dag import Edge, Task, TaskGraph
 from sim.problem import Job, Objective, Problem
 from sim.workload import Layer, Model, Sparse
 
@@ -91,3 +92,39 @@ def random_problem(seed: int, n_layers: int | tuple[int, int] = (4, 24), n_types
     reach = min(reach * 4, float(np.where(space.fits[single], space.stage_tput[single], 0.0).max(axis=(1, 2)).min()))
     frac = rng.uniform(*throughput_frac)
     return replace(problem, objective=Objective("cost", throughput_min=max(1.0, frac * reach)))
+
+
+# ------------------------------------------------------------------ random task graphs (robotics)
+
+#: Op classes of random DAG tasks: what robotics kernels and perception layers are.
+DAG_OPS = ("elementwise", "gemm", "conv", "embedding")
+
+
+def random_graph(seed: int, n_tasks: int, max_width: int = 3, name: str | None = None) -> TaskGraph:
+    """A random layered DAG of ``n_tasks`` tasks (seeded).
+
+    Tasks are laid out in layers of 1..``max_width``; each task after the first
+    layer takes input from 1-2 tasks of earlier layers (at least one from the
+    layer just before), so the graph is connected forward. Work is log-uniform:
+    1e6-1e9 FLOPs, 1e4-1e7 bytes, 1-20 kernel launches; edges carry 1e3-1e6 bytes.
+    """
+    rng = np.random.default_rng(np.random.SeedSequence(seed))
+    layers: list[list[int]] = []
+    i = 0
+    while i < n_tasks:
+        w = int(min(rng.integers(1, max_width + 1), n_tasks - i))
+        layers.append(list(range(i, i + w)))
+        i += w
+    tasks = [Task(f"t{k}", str(rng.choice(DAG_OPS)), _lu(rng, 1e6, 1e9), _lu(rng, 1e4, 1e7),
+                  int(rng.integers(1, 21))) for k in range(n_tasks)]
+    edges: dict[tuple[int, int], float] = {}
+    for li in range(1, len(layers)):
+        earlier = [t for lay in layers[:li] for t in lay]
+        for t in layers[li]:
+            srcs = {int(rng.choice(layers[li - 1]))}
+            if rng.random() < 0.5:
+                srcs.add(int(rng.choice(earlier)))
+            for s in srcs:
+                edges[s, t] = _lu(rng, 1e3, 1e6)
+    return TaskGraph(name or f"random-{seed}", tuple(tasks),
+                     tuple(Edge(f"t{a}", f"t{b}", nb) for (a, b), nb in sorted(edges.items())))

@@ -1,0 +1,202 @@
+"""Task graphs, embedded boards and the DAG schedulers (issue 8)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import schedulers
+from hardware_profiles.board import load_board, list_boards
+from schedulers.dag import (
+    energy_schedule,
+    heft_schedule,
+    list_schedule,
+    make_dag,
+    solve_milp,
+    upward_rank,
+)
+from sim.dag import DagCosts, DagProblem, Edge, Task, TaskGraph, dag_costs, topological_order
+from sim.errors import ConfigError
+from sim.instances import random_graph
+from sim.zoo import get as load_zoo
+
+# Topcuoglu, Hariri and Wu (IEEE TPDS 13(3), 2002), Fig. 2: ten tasks on three
+# processors; computation costs per processor and communication costs per edge.
+TOPCUOGLU_T = [[14, 16, 9], [13, 19, 18], [11, 13, 19], [13, 8, 17], [12, 13, 10],
+               [13, 16, 9], [7, 15, 11], [5, 11, 14], [18, 12, 20], [21, 7, 16]]
+TOPCUOGLU_E = {(0, 1): 18, (0, 2): 12, (0, 3): 9, (0, 4): 11, (0, 5): 14, (1, 7): 19, (1, 8): 16,
+               (2, 6): 23, (3, 7): 27, (3, 8): 23, (4, 8): 13, (5, 7): 15, (6, 9): 17, (7, 9): 11,
+               (8, 9): 13}
+
+
+def topcuoglu() -> DagCosts:
+    return DagCosts.from_tables(TOPCUOGLU_T, TOPCUOGLU_E)
+
+
+def test_heft_textbook_ranks_and_schedule_length() -> None:
+    c = topcuoglu()
+    # the paper's upward ranks: 108, 77, 80, 80, 69, 63.33, 42.67, 35.67, 44.33, 14.67
+    assert np.allclose(upward_rank(c), [108, 77, 80, 80, 69, 190 / 3, 128 / 3, 107 / 3, 133 / 3, 44 / 3])
+    p = heft_schedule(c)
+    p.check(c)
+    assert p.makespan_s(c) == 80.0
+    # the paper's schedule (Fig. 4a): processor and start of n1..n10
+    assert p.unit == (2, 0, 2, 1, 2, 1, 2, 0, 1, 1)
+    assert p.start_s == (0.0, 27.0, 9.0, 18.0, 28.0, 26.0, 38.0, 57.0, 56.0, 73.0)
+
+
+def test_milp_makespan_on_the_textbook_dag_is_optimal_and_valid() -> None:
+    c = topcuoglu()
+    p = solve_milp(c, "makespan", time_limit_s=60)
+    assert p is not None and p.proven
+    p.check(c)
+    assert p.makespan_s(c) == pytest.approx(73.0)  # below HEFT's 80; brute force agrees on small cases
+
+
+def _brute_makespan(c: DagCosts) -> float:
+    """Every assignment x every topological priority order, list-scheduled with insertion:
+    some such schedule is optimal (an optimal schedule's order, its tasks started as early
+    as possible, is one of them)."""
+    n, nu = c.time_s.shape
+    orders = [o for o in itertools.permutations(range(n))
+              if all(o.index(a) < o.index(b) for a, b in c.edges)]
+    best = math.inf
+    for assign in itertools.product(range(nu), repeat=n):
+        if not all(math.isfinite(c.time_s[i, u]) for i, u in enumerate(assign)):
+            continue
+        for o in orders:
+            p = list_schedule(c, o, lambda i, opts, load, a=assign: a[i], "brute")
+            best = min(best, p.makespan_s(c))
+    return best
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 10_000))
+def test_milp_makespan_equals_brute_force_on_small_graphs(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    n, nu = 5, 2
+    t = rng.integers(1, 10, size=(n, nu)).astype(float)
+    edges = {(a, b): float(rng.integers(0, 6)) for a in range(n) for b in range(a + 1, n)
+             if rng.random() < 0.4}
+    c = DagCosts.from_tables(t, edges)
+    p = solve_milp(c, "makespan", time_limit_s=30)
+    assert p is not None and p.proven
+    p.check(c)
+    assert p.makespan_s(c) == pytest.approx(_brute_makespan(c))
+
+
+def _board_problem(seed: int, board: str, factor: float) -> DagProblem:
+    """A random 7-task graph whose deadline is ``factor`` x HEFT's makespan in the fastest mode."""
+    b = load_board(board)
+    g = random_graph(seed, 7)
+    c0 = dag_costs(DagProblem(g, b, 1.0, 1.0), next(iter(b.power_modes)))
+    hm = heft_schedule(c0).makespan_s(c0)
+    return DagProblem(g, b, period_s=1.5 * factor * hm, deadline_s=factor * hm)
+
+
+@settings(max_examples=12, deadline=None)
+@given(seed=st.integers(0, 10_000), board=st.sampled_from(["agx-orin-32", "orin-nano-8", "agx-xavier"]),
+       factor=st.sampled_from([0.85, 1.0, 2.0]))
+def test_energy_aware_never_misses_a_deadline_the_exact_solver_meets(seed: int, board: str,
+                                                                    factor: float) -> None:
+    pr = _board_problem(seed, board, factor)
+    exact, ea = make_dag("milp").plan(pr), make_dag("energy").plan(pr)
+    ce, cx = dag_costs(pr, ea.mode), dag_costs(pr, exact.mode)
+    ea.check(ce)
+    exact.check(cx)
+    if exact.feasible(cx):
+        assert ea.feasible(ce)
+        # and the exact optimum is a lower bound on every feasible schedule's energy
+        assert exact.energy_j(cx) <= ea.energy_j(ce) * (1 + 1e-6)
+    else:  # the exact solver proved no schedule meets deadline and period: nor can the heuristic's
+        assert not ea.feasible(ce)
+
+
+def test_energy_schedule_takes_the_frugal_unit_when_the_deadline_allows() -> None:
+    # one task: 1 s on unit 0 at 10 W extra, 4 s on unit 1 at 1 W extra
+    c = DagCosts.from_tables([[1.0, 4.0]], {}, busy_w=[10.0, 1.0], idle_w=2.0, period_s=5.0, deadline_s=5.0)
+    p = energy_schedule(c)
+    assert p.unit == (1,) and p.energy_j(c) == 2.0 * 5.0 + 4.0 * 1.0
+    tight = DagCosts.from_tables([[1.0, 4.0]], {}, busy_w=[10.0, 1.0], idle_w=2.0, period_s=5.0,
+                                 deadline_s=3.0)
+    assert energy_schedule(tight).unit == (0,)
+
+
+def test_topological_order_and_cycle() -> None:
+    assert topological_order([[2], [2], []]) == [0, 1, 2]
+    with pytest.raises(ValueError, match="cycle"):
+        TaskGraph("c", (Task("a", "gemm", 1, 1), Task("b", "gemm", 1, 1)), (Edge("a", "b"), Edge("b", "a")))
+    with pytest.raises(ValueError, match="unknown task 'z'"):
+        TaskGraph("c", (Task("a", "gemm", 1, 1),), (Edge("a", "z"),))
+
+
+def test_from_model_is_a_chain_carrying_activations() -> None:
+    m = load_zoo("resnet18")
+    g = TaskGraph.from_model(m, batch=2)
+    assert len(g) == len(m.layers) and len(g.edges) == len(m.layers) - 1
+    assert g.edges[0].nbytes == m.layers[0].activation_bytes * 2
+    assert sum(t.flops for t in g.tasks) == pytest.approx(2 * m.fwd_flops)
+
+
+def test_boards_load_and_respect_their_power_caps() -> None:
+    assert set(list_boards()) >= {"agx-orin-64", "agx-orin-32", "orin-nano-8", "agx-xavier", "rpi4"}
+    for name in list_boards():
+        b = load_board(name)
+        for m, pm in b.power_modes.items():
+            assert pm.base_w + sum(u.active_w for u in pm.units.values()) <= pm.power_cap_w * 1.02, (name, m)
+
+
+def test_task_time_on_a_board_is_the_cost_model_hand_computed() -> None:
+    b = load_board("rpi4")  # one CPU unit: 4 cores x 1.5 GHz x 8 FLOP = 4.8e10 FLOP/s, gemm eff 0.5
+    g = TaskGraph("one", (Task("mm", "gemm", 1e9, 1e6, kernels=2),))
+    pr = DagProblem(g, b, period_s=1.0, deadline_s=1.0)
+    fast = dag_costs(pr, "1.5ghz")
+    assert fast.time_s[0, 0] == pytest.approx(2 * 5e-6 + 1e9 / (4.8e10 * 0.5))
+    slow = dag_costs(pr, "0.6ghz")  # speed 0.4: peak and dispatch both scale
+    assert slow.time_s[0, 0] == pytest.approx((2 * 5e-6 + 1e9 / (4.8e10 * 0.5)) / 0.4)
+    # busy extra power = active - idle: 1.8 W base, CPU 0 W idle, 3.6 W busy at full speed
+    assert fast.busy_w[0] == pytest.approx(3.6) and fast.idle_w == pytest.approx(1.8)
+
+
+def test_dla_runs_only_its_op_classes_and_offline_units_run_nothing() -> None:
+    b = load_board("agx-orin-64")
+    g = TaskGraph("two", (Task("conv", "conv", 1e9, 1e6), Task("pf", "embedding", 1e6, 1e6)))
+    c = dag_costs(DagProblem(g, b, 1.0, 1.0), "15w")
+    units = list(c.units)
+    assert math.isfinite(c.time_s[0, units.index("dla0")])
+    assert math.isinf(c.time_s[1, units.index("dla0")])
+    assert math.isinf(c.time_s[0, units.index("cpu2")])  # 15 W: one CPU cluster online
+
+
+def test_board_over_its_cap_is_refused_naming_the_field(tmp_path) -> None:
+    from hardware_profiles.board import BOARDS_DIR
+
+    data = json.loads((BOARDS_DIR / "rpi4.json").read_text())
+    data["power_modes"]["1.5ghz"]["units"]["cpu"]["active_w"] = 50.0
+    p = tmp_path / "rpi4.json"
+    p.write_text(json.dumps(data))
+    with pytest.raises(ConfigError) as e:
+        load_board(p)
+    assert "over its cap" in str(e.value) and str(p) in str(e.value)
+
+
+def test_dag_schedulers_live_in_their_own_kind() -> None:
+    assert {"heft", "energy", "milp"} <= set(schedulers.names("dag"))
+    assert "heft" not in schedulers.names()
+    with pytest.raises(ConfigError, match="plans dag problems"):
+        schedulers.make("heft")
+    with pytest.raises(ConfigError, match="plans training problems"):
+        make_dag("equal")
+
+
+def test_same_seed_same_graph_and_plan() -> None:
+    a, b = random_graph(7, 9), random_graph(7, 9)
+    assert a == b
+    pr = _board_problem(7, "agx-orin-32", 1.2)
+    assert make_dag("energy").plan(pr) == make_dag("energy").plan(pr)
