@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import schedulers
-from hardware_profiles.board import load_board, list_boards
+from hardware_profiles.board import list_boards, load_board
 from schedulers.dag import (
     energy_schedule,
     heft_schedule,
