@@ -225,8 +225,18 @@ def cmd_bench(a: argparse.Namespace) -> int:
 def cmd_profile(a: argparse.Namespace) -> int:
     from hardware_profiles import profiler
 
+    if a.suite == "robotics":
+        from sim.robotics import kernels
+
+        path, text = kernels.run_profile(a.device, a.out or kernels.DEFAULT_OUT, quick=a.quick,
+                                         threads=a.threads, compare=a.compare,
+                                         progress=not a.quiet)
+        print(text)
+        print(f"wrote {path}")
+        return 0
     models = [m for m in a.models.split(",") if m] if a.models else None
-    prof, path = profiler.run_profile(a.device, a.out, quick=a.quick, threads=a.threads,
+    prof, path = profiler.run_profile(a.device, a.out or "hardware_profiles/measured/local.json",
+                                      quick=a.quick, threads=a.threads,
                                       models=models, network=not a.no_network,
                                       progress=not a.quiet)
     print(profiler.summary(prof))
@@ -335,9 +345,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     pr = sub.add_parser("profile", help="measure this machine's CPU or a GPU into a device profile")
     pr.add_argument("--device", default="cpu", help="cpu (default) or cuda:N")
-    pr.add_argument("--out", default="hardware_profiles/measured/local.json",
-                    help="profile file; its name is the file stem (default "
-                    "hardware_profiles/measured/local.json)")
+    pr.add_argument("--suite", choices=("models", "robotics"), default="models",
+                    help="models (default): the device profile (GEMMs, layers, zoo models, "
+                    "network); robotics: the sim.robotics kernels' times, with the cost model's "
+                    "prediction beside them")
+    pr.add_argument("--out", help="profile file; its name is the file stem (default "
+                    "hardware_profiles/measured/local.json; robotics: "
+                    "hardware_profiles/measured/robotics/local.json)")
+    pr.add_argument("--compare", help="robotics suite: the device profile to predict with "
+                    "(default this_machine on a CPU, none on a GPU)")
     pr.add_argument("--quick", action="store_true", help="small sizes, a few minutes on 2 CPU cores")
     pr.add_argument("--threads", type=int, help="torch threads (default: the CPUs available); "
                     "with 1, CPU times are the thread's CPU time")
