@@ -195,9 +195,10 @@ def cmd_run(a: argparse.Namespace) -> int:
 
     prep = entry.prepare(a.input, config=a.config, iterations=a.iterations, timeout_s=a.timeout,
                          scheduler=a.scheduler)
-    under = entry.under_torchrun()
-    out = None if under and os.environ.get("RANK") != "0" else runner.prepare_out(
-        a.out or Path("results") / prep.spec.name / "runtime")
+    writer = not entry.under_torchrun() or os.environ.get("RANK") == "0"
+    out_dir = Path(a.out or Path("results") / prep.spec.name / "runtime")
+    out = runner.prepare_out(out_dir) if writer else None
+    entry.attach_checkpoints(prep, out_dir, resume=a.resume, writer=writer)
     try:
         result = entry.execute(prep, out)
     except RuntimeFailure as e:
@@ -396,6 +397,9 @@ def build_parser() -> argparse.ArgumentParser:
     ru.add_argument("--iterations", type=int, help="override job.iterations")
     ru.add_argument("--timeout", type=float, default=600.0,
                     help="wall-clock limit of the whole run in seconds (default 600)")
+    ru.add_argument("--resume", action="store_true",
+                    help="continue from the last complete checkpoint in OUT/checkpoint "
+                         "(runtime.checkpoint_every), with the same config")
     ru.set_defaults(fn=cmd_run)
 
     b = sub.add_parser("bench", help="DES speed and scale benchmark")

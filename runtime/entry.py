@@ -7,6 +7,10 @@ config's scheduler rebalancing it when that scheduler is online.
 
 Under torchrun (RANK and WORLD_SIZE set) every process runs its own rank and
 rank 0 writes the files; otherwise all ranks are spawned here.
+
+Checkpoints live in ``OUT/checkpoint`` (:func:`attach_checkpoints`): a fresh
+run clears that folder, ``--resume`` continues from its manifest after
+checking that the config matches it field by field.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import schedulers
+from runtime import checkpoint
 from runtime.launch import run_local, run_rank
 from runtime.spec import RunSpec, build_spec, parse_options
 from sim.config import config_from_dict, read_yaml
@@ -32,6 +37,7 @@ class Prepared:
     spec: RunSpec
     plan: Plan
     config: dict[str, Any]  # the resolved config plus its runtime section
+    source: str  # the config file, for error messages
 
 
 def prepare(path: str | Path, config: str | Path | None = None, iterations: int | None = None,
@@ -74,7 +80,33 @@ def prepare(path: str | Path, config: str | Path | None = None, iterations: int 
     spec = build_spec(problem, plan, opts, sched, iterations, timeout_s, str(cfg_path))
     resolved = cfg.model_dump(mode="json")
     resolved["runtime"] = opts.model_dump(mode="json")
-    return Prepared(spec, plan, resolved)
+    return Prepared(spec, plan, resolved, str(cfg_path))
+
+
+def attach_checkpoints(prep: Prepared, out: Path, resume: bool, writer: bool = True) -> None:
+    """Checkpoint into ``out/checkpoint``; with ``resume``, start from its last complete checkpoint.
+
+    ``writer``: this process owns the folder (not a torchrun rank other than 0),
+    so a fresh run clears a previous run's checkpoint there: resuming into it
+    later would mix two runs.
+
+    Raises:
+        ConfigError: resume without a checkpoint, with a config that differs from
+            the checkpoint's (naming the field), or with nothing left to run.
+    """
+    folder = out / "checkpoint"
+    prep.spec.checkpoint_dir = str(folder)
+    if not resume:
+        if writer:
+            checkpoint.clear(str(folder))
+        return
+    manifest = checkpoint.read_manifest(str(folder))
+    checkpoint.check_fingerprint(manifest, prep.spec, prep.source)
+    if manifest.version >= prep.spec.iterations:
+        raise ConfigError(prep.source, "job.iterations", f"{prep.spec.iterations}, and the checkpoint in "
+                          f"{folder} is at iteration {manifest.version}: nothing left to run "
+                          f"(--iterations N > {manifest.version} trains on)")
+    prep.spec.resume = manifest
 
 
 def files(result: RunResult, plan: Plan, config: dict[str, Any]) -> dict[str, str]:

@@ -22,18 +22,26 @@ samples have been applied (rebalance points, rows of iterations.csv). SSP:
 shard 0 holds back the pull of iteration ``t`` of a worker until every live
 worker with a share has pushed ``t - staleness`` iterations; a worker silent
 for ``failure_timeout_s`` is declared failed.
+
+Checkpoints (BSP, ``runtime.checkpoint_every``; :mod:`runtime.checkpoint`):
+each shard saves its slice when its version reaches a multiple of the
+interval or the last iteration; shards 1..S-1 report the file to shard 0
+(``SAVED``), which writes the manifest once every file of that version is
+there. A resumed run starts every shard, and shard 0's bookkeeping, at the
+manifest's version.
 """
 
 from __future__ import annotations
 
-import json
+import os
+import signal
 import time
 from collections import defaultdict
 from typing import Any
 
 import torch
 
-from runtime import quant, task, wire
+from runtime import checkpoint, quant, task, wire
 from runtime.spec import RunSpec
 from sim.observation import Observation, WorkerStatus, accepted_shares, full_membership, rate_sps
 from sim.result import DeviceUsage, RunResult, Trace
@@ -87,6 +95,13 @@ class Shard:
         self.grads: dict[int, dict[int, tuple[torch.Tensor, int]]] = defaultdict(dict)
         self.parts: dict[tuple[int, int], dict[int, torch.Tensor]] = {}  # (rank, iteration) -> pieces
         self.part_bytes: dict[tuple[int, int], int] = {}
+        if spec.resume is not None:
+            st = checkpoint.load_shard(spec.resume, rank)
+            if st["flat"].shape != self.flat.shape:
+                raise RuntimeError(f"shard {rank}: checkpoint slice of {st['flat'].numel()} values, "
+                                   f"{self.flat.numel()} expected")
+            self.flat.copy_(st["flat"])
+            self.version, self.busy_s = int(st["version"]), float(st["busy_s"])
 
     # ------------------------------------------------------------ common
     def unpack(self, m: wire.Message, bits: int) -> torch.Tensor:
@@ -129,20 +144,32 @@ class Shard:
     def apply(self, g: torch.Tensor, scale: float) -> None:
         self.flat.add_(g, alpha=-self.spec.lr * scale)
 
+    def checkpoint_due(self) -> bool:
+        """Save now? Called once each time the version advances (BSP: one commit applied)."""
+        every = self.spec.checkpoint_every
+        return (every > 0 and self.spec.checkpoint_dir is not None
+                and (self.version % every == 0 or self.version == self.spec.iterations))
+
+    def save(self) -> tuple[str, str]:
+        assert self.spec.checkpoint_dir is not None
+        return checkpoint.save_shard(self.spec.checkpoint_dir, self.rank, self.version, self.flat,
+                                     self.spec.lr, self.busy_s)
+
     # ------------------------------------------------------ shards 1..S-1
     def serve(self) -> None:
-        """Main loop of shard k > 0: until shard 0 says STOP."""
+        """Main loop of shard k > 0: until shard 0 says STOP and every commit before it is applied."""
         bsp = self.spec.sync == "bsp"
         commits: dict[int, list[int]] = {}
+        stopping = False
         while True:
             m = self.rx.get(timeout_s=self.spec.timeout_s)
             if m is None:
                 raise TimeoutError(f"shard {self.rank}: no message for {self.spec.timeout_s} s")
             if m.kind == wire.STOP:
-                rep = json.dumps({"busy_s": self.busy_s}).encode()
-                wire.send(0, wire.REPORT, payload=torch.frombuffer(bytearray(rep), dtype=torch.uint8))
-                return
-            if m.kind == wire.PULL:
+                # STOP follows the last COMMIT (same sender, in order), but a member's push
+                # of that iteration may still be on its way: apply (and save) it first
+                stopping = True
+            elif m.kind == wire.PULL:
                 self.pending[m.src] = m.iteration
             elif m.kind in (wire.PUSH, wire.PUSH_PART, wire.PUSH_DONE):
                 push = self.take_push(m)
@@ -168,6 +195,12 @@ class Shard:
                     self.apply(weighted_mean(got, members), 1.0)
                 self.version += 1
                 self.busy_s += time.perf_counter() - t0
+                if self.checkpoint_due():
+                    name, sha = self.save()
+                    wire.send(0, wire.SAVED, self.version, payload=wire.json_payload({"file": name, "sha256": sha}))
+            if stopping and not commits:
+                wire.send(0, wire.REPORT, payload=wire.json_payload({"busy_s": self.busy_s}))
+                return
             for src, it in list(self.pending.items()):
                 if not bsp or it <= self.version:
                     del self.pending[src]
@@ -176,6 +209,11 @@ class Shard:
 
 class Coordinator(Shard):
     """Shard 0: a shard plus the run's bookkeeping, online scheduling and result."""
+
+    # what a checkpoint keeps of the bookkeeping (BSP): enough to go on as if never stopped
+    STATE = ("shares", "alive", "plan_now", "free_mem", "win_compute", "win_samples", "iter_end",
+             "iter_samples", "iter_loss", "iter_worker_samples", "share_history", "failures", "push_log",
+             "bits", "bits_changes", "loss_hist", "rebalances", "apply_spans", "resumes")
 
     def __init__(self, spec: RunSpec) -> None:
         super().__init__(spec, 0)
@@ -212,9 +250,53 @@ class Coordinator(Shard):
         self.losses: dict[int, dict[int, float]] = defaultdict(dict)
         self.shard_busy: dict[int, float] = {}
         self.max_ahead = 0  # ASP/SSP: most iterations a served pull was ahead of the slowest
+        self.fingerprint = checkpoint.fingerprint(spec)
+        self.saved: dict[int, dict[str, str]] = defaultdict(dict)  # version -> {file: sha256}
+        self.manifest_version = -1
+        self.resumes: list[dict[str, Any]] = []
+        if spec.resume is not None:
+            self.restore(checkpoint.load_coordinator(spec.resume))
 
     def now(self) -> float:
         return time.time() - self.t0
+
+    # ----------------------------------------------------------- checkpoints
+    def restore(self, state: dict[str, Any]) -> None:
+        """Continue from a checkpoint: its bookkeeping, its scheduler, and its clock (the time
+        the run was down is not counted)."""
+        assert self.spec.resume is not None
+        for k in self.STATE:
+            setattr(self, k, state[k])
+        self.spec.scheduler = state["scheduler"]
+        self.t0 = time.time() - state["elapsed_s"]
+        self.manifest_version = self.spec.resume.version
+        self.resumes.append({"from_iteration": self.spec.resume.version, "at_s": state["elapsed_s"]})
+
+    def checkpoint(self) -> None:
+        """Save this shard's slice and the bookkeeping when due; the manifest waits for every shard."""
+        if not self.checkpoint_due():
+            return
+        assert self.spec.checkpoint_dir is not None
+        state = {k: getattr(self, k) for k in self.STATE}
+        state.update(scheduler=self.spec.scheduler, elapsed_s=self.now())
+        for name, sha in (self.save(), checkpoint.save_coordinator(self.spec.checkpoint_dir, self.version, state)):
+            self.saved[self.version][name] = sha
+        self.maybe_manifest(self.version)
+
+    def on_saved(self, m: wire.Message) -> None:
+        got = wire.json_of(m)
+        self.saved[m.iteration][got["file"]] = got["sha256"]
+        self.maybe_manifest(m.iteration)
+
+    def maybe_manifest(self, version: int) -> None:
+        # complete: the coordinator's file and one slice per shard
+        if len(self.saved[version]) < self.S + 1 or version <= self.manifest_version:
+            return
+        assert self.spec.checkpoint_dir is not None
+        checkpoint.write_manifest(self.spec.checkpoint_dir, version, self.saved.pop(version), self.fingerprint)
+        self.manifest_version = version
+        for v in [v for v in self.saved if v < version]:
+            del self.saved[v]
 
     # --------------------------------------------------------------- replies
     def reply(self, w: int) -> None:
@@ -310,6 +392,9 @@ class Coordinator(Shard):
         per = [entries[self.ranks[w]][1] if self.ranks[w] in members else 0 for w in range(self.W)]
         self.version += 1
         self.end_iteration(total, loss, per)
+        self.checkpoint()
+        if self.spec.crash_after_iteration == len(self.iter_end) - 1:
+            os.kill(os.getpid(), signal.SIGKILL)  # fault injection: no goodbye, no flush
 
     # ------------------------------------------------------------- ASP/SSP
     def apply_async(self, w: int, g: torch.Tensor, samples: int, loss: float, pulled: int) -> None:
@@ -377,7 +462,9 @@ class Coordinator(Shard):
         bsp = self.spec.sync == "bsp"
         while True:
             m = self.rx.get(timeout_s=POLL_S)
-            if m is not None and m.src >= self.S:
+            if m is not None and m.kind == wire.SAVED:
+                self.on_saved(m)
+            elif m is not None and m.src >= self.S:
                 w = m.src - self.S
                 self.last_seen[w] = self.now()
                 if m.kind == wire.PULL:
@@ -385,8 +472,7 @@ class Coordinator(Shard):
                 elif m.kind in (wire.PUSH, wire.PUSH_PART, wire.PUSH_DONE):
                     self.on_push(w, m, bsp)
                 elif m.kind == wire.REPORT:
-                    assert m.payload is not None
-                    self.reports[w] = json.loads(bytes(m.payload.tolist()).decode())
+                    self.reports[w] = wire.json_of(m)
             if not self.done:
                 self.check_timeouts()
             if bsp:
@@ -406,9 +492,10 @@ class Coordinator(Shard):
         deadline = time.monotonic() + self.spec.failure_timeout_s + 5
         while len(self.shard_busy) < self.S - 1 and time.monotonic() < deadline:
             m = self.rx.get(timeout_s=POLL_S)
-            if m is not None and m.kind == wire.REPORT and m.src < self.S:
-                assert m.payload is not None
-                self.shard_busy[m.src] = json.loads(bytes(m.payload.tolist()).decode())["busy_s"]
+            if m is not None and m.kind == wire.SAVED:  # a shard's last checkpoint comes before its REPORT
+                self.on_saved(m)
+            elif m is not None and m.kind == wire.REPORT and m.src < self.S:
+                self.shard_busy[m.src] = wire.json_of(m)["busy_s"]
         return self.result()
 
     def on_push(self, w: int, m: wire.Message, bsp: bool) -> None:
@@ -484,6 +571,11 @@ class Coordinator(Shard):
             extra["quant_bits"] = self.bits_changes
         if spec.ignored:
             extra["runtime_ignored"] = spec.ignored
+        if spec.checkpoint_every:
+            extra["checkpoint"] = {"every": spec.checkpoint_every, "folder": spec.checkpoint_dir,
+                                   "last_complete": self.manifest_version if self.manifest_version >= 0 else None}
+        if self.resumes:
+            extra["resumed"] = self.resumes
         if len(self.iter_end) < spec.iterations:
             extra["incomplete"] = f"{len(self.iter_end)} of {spec.iterations} iterations completed"
         return RunResult(

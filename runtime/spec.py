@@ -17,7 +17,7 @@ under ``runtime_ignored``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -26,6 +26,9 @@ from sim.errors import ConfigError
 from sim.plan import Plan
 from sim.problem import Problem
 from sim.quantization import Adaptive
+
+if TYPE_CHECKING:
+    from runtime.checkpoint import Manifest
 
 
 class _Strict(BaseModel):
@@ -54,6 +57,12 @@ class RuntimeOptions(_Strict):
     device: Literal["cpu", "cuda"] = Field("cpu", description="where workers compute (cuda: GPU local_rank)")
     workers: list[WorkerOptions] = Field(default_factory=list, description="per worker, plan order")
     max_trace_spans: int = Field(20_000, ge=0, description="spans kept per worker for trace.json")
+    checkpoint_every: int = Field(
+        0, ge=0, description="PS shards checkpoint every N committed iterations and at the end, "
+        "under OUT/checkpoint (0: never); `hetsim run --resume` continues from the last one (BSP only)")
+    crash_after_iteration: int | None = Field(
+        None, ge=0, description="fault injection: rank 0 SIGKILLs itself once this iteration has "
+        "committed (and been checkpointed, when one is due)")
 
 
 @dataclass
@@ -97,6 +106,10 @@ class RunSpec:
     # (id, role, price_per_hour, idle_w, active_w) of each worker then each shard
     devices: list[tuple[str, str, float, float, float]] = field(default_factory=list)
     ignored: list[str] = field(default_factory=list)
+    checkpoint_every: int = 0
+    checkpoint_dir: str | None = None  # set by runtime.entry from --out
+    resume: Manifest | None = None  # the checkpoint this run continues from
+    crash_after_iteration: int | None = None
 
     @property
     def n_workers(self) -> int:
@@ -141,6 +154,9 @@ def build_spec(problem: Problem, plan: Plan, opts: RuntimeOptions, scheduler: An
     if name not in zoo.names():
         raise ConfigError(source, "job.model", f"the runtime trains zoo models only "
                           f"({', '.join(zoo.names())}), not {name!r}")
+    if opts.checkpoint_every and job.sync != "bsp":
+        raise ConfigError(source, "runtime.checkpoint_every", f"checkpoints are built for job.sync: bsp "
+                          f"only, not {job.sync} (shards applying pushes on arrival have no common cut)")
     devices = [r.device for r in plan.replicas]
     if len(opts.workers) > len(devices):
         raise ConfigError(source, "runtime.workers",
@@ -178,4 +194,5 @@ def build_spec(problem: Problem, plan: Plan, opts: RuntimeOptions, scheduler: An
         warmup=job.warmup_iterations, workers=workers, shards=list(plan.ps_shards), plan=plan,
         pipeline=job.pipeline, device=opts.device, threads=opts.threads, timeout_s=timeout_s,
         max_trace_spans=opts.max_trace_spans, scheduler=online, devices=devs, ignored=ignored,
+        checkpoint_every=opts.checkpoint_every, crash_after_iteration=opts.crash_after_iteration,
     )

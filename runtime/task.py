@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -73,6 +74,18 @@ class Teacher:
             z = (call(self.teacher, x).float() - self.mu) / self.sd
             y = z + NOISE * torch.randn(z.shape, generator=gen).to(z.device)
         return x, y
+
+
+def iteration_generators(seed: int, worker: int, iteration: int) -> tuple[torch.Generator, torch.Generator]:
+    """Generators of worker ``worker``'s samples and of its quantization noise in ``iteration``.
+
+    A pure function of ``(seed, worker, iteration)``, not a stream carried from
+    one iteration to the next: a worker restarted at iteration ``t`` (resume
+    from a checkpoint) draws exactly what it would have drawn without the
+    restart, and nothing of a worker needs saving.
+    """
+    data, noise = np.random.SeedSequence(seed, spawn_key=(worker, iteration)).generate_state(2, np.uint64)
+    return torch.Generator().manual_seed(int(data >> 1)), torch.Generator().manual_seed(int(noise >> 1))
 
 
 def loss_fn(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -16,9 +16,11 @@ operation here is ever given a timeout shorter than the run's.
 
 from __future__ import annotations
 
+import json
 import queue
 import threading
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -36,6 +38,7 @@ COMMIT = 5    # shard 0 -> shard k: [kind, iteration, ..., nbytes] + int64 membe
 STOP = 6      # shard 0 -> shard k: [kind]
 PUSH_PART = 7  # worker -> shard (job.pipeline): [kind, iteration, tensor index in shard, bits, nbytes]
 PUSH_DONE = 8  # worker -> shard after its parts: PUSH's fields with nbytes 0
+SAVED = 9     # shard k -> shard 0: [kind, version, ..., nbytes] + JSON {file, sha256} of its checkpoint
 
 # field positions
 F_KIND, F_ITER, F_A, F_B, F_C, F_D, F_E, F_NBYTES = 0, 1, 2, 3, 4, 5, 6, 9
@@ -75,6 +78,17 @@ def send(dst: int, kind: int, iteration: int = 0, *fields: float,
         assert payload is not None and payload.dtype == torch.uint8
         dist.send(payload.contiguous(), dst=dst, tag=TAG_PAYLOAD)
     return n
+
+
+def json_payload(obj: object) -> torch.Tensor:
+    """``obj`` as a JSON payload (REPORT, SAVED)."""
+    return torch.frombuffer(bytearray(json.dumps(obj).encode()), dtype=torch.uint8)
+
+
+def json_of(m: Message) -> Any:
+    """The JSON payload of ``m``."""
+    assert m.payload is not None
+    return json.loads(bytes(m.payload.tolist()).decode())
 
 
 class Receiver:

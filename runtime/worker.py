@@ -3,7 +3,8 @@
 Iteration ``t``: send ``PULL(t)`` to shard 0 and wait for its ``PARAMS``
 (version, this worker's share, stop flag, bit width), then pull the other
 shards; load the parameters; draw ``share`` fresh samples of the teacher task
-(the worker's own seeded generator); forward and backward (timed: that is the
+(generators seeded by the run seed, the worker and ``t``: see
+:func:`runtime.task.iteration_generators`); forward and backward (timed: that is the
 compute time the scheduler sees, including the emulated slowdown); pack each
 gradient tensor at the bit width and push every shard its tensors (shards
 1..S-1 first, shard 0 last: shard 0's push carries the measured figures).
@@ -12,7 +13,6 @@ At the end it sends shard 0 a ``REPORT``: time split and trace spans.
 
 from __future__ import annotations
 
-import json
 import os
 import queue
 import signal
@@ -71,9 +71,10 @@ class Sender:
     the messages to a shard stay in order.
     """
 
-    def __init__(self, params: list[torch.nn.Parameter], owned: list[list[int]], gen: torch.Generator,
-                 totals: dict[str, Any], max_spans: int) -> None:
-        self.params, self.gen, self.totals, self.max_spans = params, gen, totals, max_spans
+    def __init__(self, params: list[torch.nn.Parameter], owned: list[list[int]], totals: dict[str, Any],
+                 max_spans: int) -> None:
+        self.params, self.totals, self.max_spans = params, totals, max_spans
+        self.gen = torch.Generator()
         self.where = {i: (s, k) for s, idx in enumerate(owned) for k, i in enumerate(idx)}
         self.q: queue.Queue[int | None] = queue.Queue()
         self.sent: set[int] = set()
@@ -85,8 +86,8 @@ class Sender:
         self.thread = threading.Thread(target=self._loop, name="hetsim-push", daemon=True)
         self.thread.start()
 
-    def begin(self, iteration: int, bits: int) -> None:
-        self.iteration, self.bits, self.sent = iteration, bits, set()
+    def begin(self, iteration: int, bits: int, gen: torch.Generator) -> None:
+        self.iteration, self.bits, self.gen, self.sent = iteration, bits, gen, set()
 
     def _loop(self) -> None:
         while (i := self.q.get()) is not None:
@@ -132,10 +133,6 @@ def run_worker(spec: RunSpec, w: int, local_rank: int = 0) -> None:
     teacher = task.Teacher(spec.model, spec.seed, spec.model_kwargs, device)
     params = list(module.parameters())
     owned = task.partition([p.numel() for p in params], S)
-    seeds = torch.randint(0, 2**62, (1,), generator=torch.Generator().manual_seed(
-        spec.seed * 1_000_003 + 17 * w + 1)).item()
-    gen = torch.Generator().manual_seed(int(seeds))
-    qgen = torch.Generator().manual_seed(int(seeds) + 1)
     totals = {"compute_s": 0.0, "comm_s": 0.0, "wait_s": 0.0, "pushed_bytes": 0, "pulled_bytes": 0}
     spans: list[list[object]] = []
 
@@ -143,9 +140,10 @@ def run_worker(spec: RunSpec, w: int, local_rank: int = 0) -> None:
         if len(spans) < spec.max_trace_spans:
             spans.append([name, a, b])
 
-    sender = Sender(params, owned, qgen, totals, spec.max_trace_spans) if spec.pipeline else None
+    sender = Sender(params, owned, totals, spec.max_trace_spans) if spec.pipeline else None
     start = time.time()
-    t = 0
+    # BSP resume: every worker continues with the checkpoint's iteration, the one the shards expect
+    t = spec.resume.version if spec.resume is not None else 0
     while True:
         if ws.fail_at_iteration == t or (ws.fail_at_s is not None and time.time() - start >= ws.fail_at_s):
             os.kill(os.getpid(), signal.SIGKILL)  # emulated crash: no goodbye, no flush
@@ -182,10 +180,11 @@ def run_worker(spec: RunSpec, w: int, local_rank: int = 0) -> None:
         if stop:
             break
         if share > 0:
+            gen, qgen = task.iteration_generators(spec.seed, w, t)
             x, y = teacher.batch(share, gen)
             module.zero_grad(set_to_none=False)
             if sender is not None:
-                sender.begin(t, bits)
+                sender.begin(t, bits, qgen)
             a, p0 = time.time(), time.perf_counter()
             loss = task.loss_fn(task.call(module, x), y)
             loss.backward()
@@ -225,6 +224,5 @@ def run_worker(spec: RunSpec, w: int, local_rank: int = 0) -> None:
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     emulation = {"threads": torch.get_num_threads(), "affinity": cpus,
                  "slowdown": [list(e) for e in ws.slowdown_events]}
-    report = json.dumps({**totals, "iterations": t, "spans": spans, "send_spans": send_spans,
-                         "emulation": emulation}).encode()
-    wire.send(0, wire.REPORT, t, payload=torch.frombuffer(bytearray(report), dtype=torch.uint8))
+    report = {**totals, "iterations": t, "spans": spans, "send_spans": send_spans, "emulation": emulation}
+    wire.send(0, wire.REPORT, t, payload=wire.json_payload(report))
