@@ -733,6 +733,9 @@ def profile_kernels(device: str = "cpu", sizes: Mapping[str, Sequence[int]] | No
         raise ConfigError("<command line>", "--sizes", f"unknown kernel {unknown[0]!r} "
                           f"(known: {', '.join(KERNELS)})")
     dev, host = profiler.setup_host(device, threads)
+    # other processes' load, for the record: a wall clock would see it, the
+    # thread clock (one CPU thread) mostly does not
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     bar = None
     if progress:
         from tqdm import tqdm
@@ -762,7 +765,7 @@ def profile_kernels(device: str = "cpu", sizes: Mapping[str, Sequence[int]] | No
         if bar is not None:
             bar.close()
     source = {"kind": "measured", "date": _dt.date.today().isoformat(),
-              **host, **profiler.describe_device(dev),
+              **host, **profiler.describe_device(dev), "load_avg_1m": load,
               "note": "hetsim profile --suite robotics: fp32 kernels of sim.robotics.kernels, "
                       "median of repeats after warm-up; flops/bytes/kernels are the analytic "
                       "counts of each KernelSpec."}
