@@ -68,7 +68,6 @@ __all__ = [
     "RTOL",
     "TRANSCENDENTAL_FLOPS",
     "KernelSpec",
-    "as_layer",
     "compare_to_model",
     "ekf_predict",
     "ekf_update",
@@ -669,26 +668,19 @@ KERNELS: dict[str, KernelSpec] = {s.name: s for s in (
 DEFAULT_OUT = Path("hardware_profiles") / "measured" / "robotics" / "local.json"
 
 
-def as_layer(spec: KernelSpec, size: int) -> Any:
-    """One call of ``spec`` at ``size`` as a :class:`sim.workload.Layer` (forward only,
-    no parameters, its bytes as activation bytes), so the cost model prices it."""
-    from sim.workload import Layer
-
-    return Layer(name=f"{spec.name}@{size}", op=spec.op_class,  # type: ignore[arg-type]
-                 fwd_flops=spec.flops(size), bwd_flops=0.0, param_bytes=0.0,
-                 activation_bytes=spec.bytes(size), kernels=spec.kernels(size))
-
-
 def predicted_time_s(spec: KernelSpec, size: int, profile: Any, dtype: str = "fp32") -> float:
     """The cost model's time for one call of ``spec`` at ``size`` on the device ``profile``.
 
-    ``launch_overhead_s * kernels + max(flops / (peak * eff), bytes / (mem_bw * mem_eff))``
-    via :func:`sim.costmodel.layer_time_s` on :func:`as_layer` (one sample, no
-    input bytes: ``bytes`` already counts every read and write).
+    ``launch_overhead_s * kernels + max(flops / (peak * eff(op, flops)),
+    bytes / (mem_bw * mem_eff(op, bytes)))``: :func:`sim.costmodel.roofline_s`
+    with the op class's memory efficiency, exactly as :func:`sim.dag.dag_costs`
+    prices a task, so a measured/predicted ratio can scale a DAG task's time.
     """
-    from sim.costmodel import layer_time_s
+    from sim.costmodel import roofline_s
 
-    return float(layer_time_s(as_layer(spec, size), "fwd", 1, profile, dtype, 0.0))
+    flops, nbytes = spec.flops(size), spec.bytes(size)
+    return float(roofline_s(profile, spec.op_class, flops, nbytes, spec.kernels(size), dtype,
+                            profile.mem_eff(spec.op_class, nbytes)))
 
 
 def profile_kernels(device: str = "cpu", sizes: Mapping[str, Sequence[int]] | None = None,
