@@ -234,7 +234,12 @@ def solve_milp(c: DagCosts, objective: str = "energy", time_limit_s: float = 10.
     q0 = z0 + len(c.edges)
     y0 = q0 + len(pairs)
     nv = y0 + len(pairs)
-    big = float(sum(np.max(c.time_s[i][np.isfinite(c.time_s[i])]) for i in range(n)) + c.comm_s.sum())
+    # Times in units of a bound on any schedule's makespan (so big-M = 1): HiGHS's
+    # absolute tolerances (1e-6) would otherwise be a large share of millisecond tasks.
+    horizon = float(sum(np.max(c.time_s[i][np.isfinite(c.time_s[i])]) for i in range(n)) + c.comm_s.sum())
+    horizon = horizon if horizon > 0 else 1.0
+    ts, cs = c.time_s / horizon, c.comm_s / horizon
+    big = 1.0
     rows: list[dict[int, float]] = []
     lo: list[float] = []
     hi: list[float] = []
@@ -245,13 +250,13 @@ def solve_milp(c: DagCosts, objective: str = "energy", time_limit_s: float = 10.
         hi.append(ub)
 
     def dur(i: int, sign: float = 1.0) -> dict[int, float]:
-        return {xi[i, u]: sign * c.time_s[i, u] for u in range(nu) if (i, u) in xi}
+        return {xi[i, u]: sign * ts[i, u] for u in range(nu) if (i, u) in xi}
 
     for i in range(n):  # one unit each
         row({xi[i, u]: 1.0 for u in range(nu) if (i, u) in xi}, 1.0, 1.0)
         row({s0 + i: 1.0, cm: -1.0, **dur(i)}, -np.inf, 0.0)  # finish <= C
     for k, (a, b) in enumerate(c.edges):
-        row({s0 + a: 1.0, s0 + b: -1.0, z0 + k: c.comm_s[k], **dur(a)}, -np.inf, 0.0)
+        row({s0 + a: 1.0, s0 + b: -1.0, z0 + k: cs[k], **dur(a)}, -np.inf, 0.0)
         for u in range(nu):
             if (a, u) in xi:  # z >= x[a,u] - x[b,u]
                 coef = {xi[a, u]: 1.0, z0 + k: -1.0}
@@ -267,14 +272,14 @@ def solve_milp(c: DagCosts, objective: str = "energy", time_limit_s: float = 10.
         row({s0 + j: 1.0, s0 + i: -1.0, y0 + p: -big, q0 + p: big, **dur(j)}, -np.inf, big)
     if respect_period and math.isfinite(c.period_s):
         for u in range(nu):
-            coef = {xi[i, u]: c.time_s[i, u] for i in range(n) if (i, u) in xi}
+            coef = {xi[i, u]: ts[i, u] for i in range(n) if (i, u) in xi}
             if coef:
-                row(coef, -np.inf, c.period_s)
+                row(coef, -np.inf, c.period_s / horizon)
     obj = np.zeros(nv)
-    cm_hi = big if objective == "makespan" or not math.isfinite(c.deadline_s) else c.deadline_s
+    cm_hi = big if objective == "makespan" or not math.isfinite(c.deadline_s) else c.deadline_s / horizon
     if objective == "energy":
         for (i, u), k in xi.items():
-            obj[k] = c.time_s[i, u] * c.busy_w[u]
+            obj[k] = ts[i, u] * c.busy_w[u]
         obj[cm] = 1e-9  # among equal energies, prefer the shorter frame
     elif objective == "makespan":
         obj[cm] = 1.0
@@ -292,7 +297,7 @@ def solve_milp(c: DagCosts, objective: str = "energy", time_limit_s: float = 10.
     ub[z0:] = 1.0
     ub[cm] = cm_hi
     res = milp(obj, constraints=LinearConstraint(mat, lo, hi), integrality=integrality,
-               bounds=Bounds(np.zeros(nv), ub), options={"time_limit": time_limit_s})
+               bounds=Bounds(np.zeros(nv), ub), options={"time_limit": time_limit_s, "mip_rel_gap": 1e-9})
     if res.x is None:
         return None
     x = res.x

@@ -64,6 +64,8 @@ class Task:
         kernels: kernel launches (op dispatches) of one invocation.
         kernel: name of the measured robotics kernel it runs (sim.robotics.kernels), if any.
         size: that kernel's parallel size (particles, rays, points).
+        scale: (unit kind, factor) pairs: the time on units of that kind is the cost
+            model's times the factor (a measured/predicted calibration ratio).
     """
 
     name: str
@@ -73,8 +75,11 @@ class Task:
     kernels: int = 1
     kernel: str | None = None
     size: int | None = None
+    scale: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
+        if any(not f > 0 for _, f in self.scale):
+            raise ValueError(f"task {self.name!r}: scale factors must be > 0")
         if self.op not in OP_CLASSES:
             raise ValueError(f"task {self.name!r}: unknown op class {self.op!r}")
         if self.flops < 0 or self.nbytes < 0 or self.kernels < 0:
@@ -187,6 +192,9 @@ class DagCosts:
         idle_w: board watts with every online unit idle.
         period_s, deadline_s: as in the problem.
         mode: the power mode ("" for hand-written tables).
+        mem_s: [task, unit] memory-bound seconds (bytes / the unit's bandwidth), or None.
+        nbytes: [task] bytes one execution moves, or None.
+        mem_bw_Bps: the board's shared memory bandwidth in this mode (inf: unknown).
     """
 
     tasks: tuple[str, ...]
@@ -199,6 +207,9 @@ class DagCosts:
     period_s: float
     deadline_s: float
     mode: str = ""
+    mem_s: np.ndarray | None = None
+    nbytes: np.ndarray | None = None
+    mem_bw_Bps: float = math.inf
     preds: tuple[tuple[tuple[int, int], ...], ...] = field(init=False, repr=False, compare=False)
     succs: tuple[tuple[tuple[int, int], ...], ...] = field(init=False, repr=False, compare=False)
 
@@ -239,21 +250,27 @@ def dag_costs(problem: DagProblem, mode: str) -> DagCosts:
     board, g = problem.board, problem.graph
     units = tuple(board.units)
     t = np.full((len(g), len(units)), math.inf)
+    mem = np.full((len(g), len(units)), math.inf)
     for j, u in enumerate(units):
         if board.power_modes[mode].units[u].speed <= 0:
             continue
         dev = board.unit_profile(u, mode)
         for i, task in enumerate(g.tasks):
             if board.supports(u, task.op):
-                t[i, j] = roofline_s(dev, task.op, task.flops, task.nbytes, task.kernels, problem.dtype,
-                                     dev.mem_eff(task.op, task.nbytes))
+                eff = dev.mem_eff(task.op, task.nbytes)
+                f = dict(task.scale).get(dev.kind, 1.0)
+                t[i, j] = f * roofline_s(dev, task.op, task.flops, task.nbytes, task.kernels, problem.dtype,
+                                         eff)
+                mem[i, j] = task.nbytes / (dev.mem_bw_Bps * eff)
     edges = tuple((g.index[e.src], g.index[e.dst]) for e in g.edges)
     comm = np.array([board.transfer_s(e.nbytes, mode) for e in g.edges], dtype=float)
     pm = board.power_modes[mode]
     busy = np.array([pm.units[u].active_w - board.unit_idle_w(u, mode) if pm.units[u].speed > 0 else 0.0
                      for u in units])
     return DagCosts(tuple(t.name for t in g.tasks), units, t, edges, comm, busy, board.idle_w(mode),
-                    problem.period_s, problem.deadline_s, mode)
+                    problem.period_s, problem.deadline_s, mode, mem,
+                    np.array([task.nbytes for task in g.tasks], dtype=float),
+                    board.mem_bw_Bps * board.power_modes[mode].mem_bw_scale)
 
 
 @dataclass(frozen=True)

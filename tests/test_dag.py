@@ -21,9 +21,21 @@ from schedulers.dag import (
     solve_milp,
     upward_rank,
 )
-from sim.dag import DagCosts, DagProblem, Edge, Task, TaskGraph, dag_costs, topological_order
+from sim.config import StepsPattern
+from sim.dag import (
+    DagCosts,
+    DagPlan,
+    DagProblem,
+    Edge,
+    Task,
+    TaskGraph,
+    dag_costs,
+    topological_order,
+)
+from sim.des.frames import FrameOptions, simulate_frames
 from sim.errors import ConfigError
 from sim.instances import random_graph
+from sim.robotics.pipelines import load_calibration, perception_slam
 from sim.zoo import get as load_zoo
 
 # Topcuoglu, Hariri and Wu (IEEE TPDS 13(3), 2002), Fig. 2: ten tasks on three
@@ -200,3 +212,80 @@ def test_same_seed_same_graph_and_plan() -> None:
     assert a == b
     pr = _board_problem(7, "agx-orin-32", 1.2)
     assert make_dag("energy").plan(pr) == make_dag("energy").plan(pr)
+
+
+# ---------------------------------------------------------------- the frames DES
+
+
+def _plan_on(c: DagCosts, units: list[int], name: str = "hand") -> DagPlan:
+    return list_schedule(c, c.topo(), lambda i, opts, load: units[i], name)
+
+
+def test_frames_without_noise_reproduce_the_plan_exactly() -> None:
+    pr = _board_problem(11, "agx-orin-32", 1.0)
+    for name in ("heft", "energy", "milp"):
+        p = make_dag(name).plan(pr)
+        c = dag_costs(pr, p.mode)
+        r = simulate_frames(c, p, FrameOptions(frames=20))
+        assert np.allclose(r.latency_s, p.makespan_s(c), rtol=1e-12)
+        assert r.energy_per_frame_j == pytest.approx(p.energy_j(c), rel=1e-12)
+        assert r.miss_rate == 0.0
+
+
+def test_frames_hand_cases_overload_transfer_and_load() -> None:
+    # one 2 s task, a frame every 1 s: frame f is released at f and finishes at 2(f + 1)
+    c = DagCosts.from_tables([[2.0]], {}, period_s=1.0, deadline_s=3.0)
+    r = simulate_frames(c, _plan_on(c, [0]), FrameOptions(frames=4))
+    assert r.latency_s.tolist() == [2.0, 3.0, 4.0, 5.0] and r.miss_rate == 0.5
+    # a chain across two units: 1 s, a 0.5 s hand-over, 1 s
+    c2 = DagCosts.from_tables([[1.0, 9.0], [9.0, 1.0]], {(0, 1): 0.5}, period_s=5.0, deadline_s=5.0)
+    r2 = simulate_frames(c2, _plan_on(c2, [0, 1]), FrameOptions(frames=3))
+    assert r2.latency_s.tolist() == [2.5, 2.5, 2.5]
+    # background load doubling every unit's times from t = 0: 2 + 0.5 + 2
+    load = (StepsPattern(pattern="steps", workers="all", times_s=[0.0], slowdown=[2.0]),)
+    r3 = simulate_frames(c2, _plan_on(c2, [0, 1]), FrameOptions(frames=3, load=load))
+    assert r3.latency_s.tolist() == [4.5, 4.5, 4.5]
+
+
+def test_frames_memory_contention_stretches_the_memory_bound_share() -> None:
+    # two independent 1 s tasks on two units, each memory-bound (mem_s = time) drawing
+    # 0.75 of the board's bandwidth: the one that starts second runs 1.5x longer
+    base = DagCosts.from_tables([[1.0, 1.0], [1.0, 1.0]], {}, period_s=10.0, deadline_s=10.0)
+    c = DagCosts(base.tasks, base.units, base.time_s, base.edges, base.comm_s, base.busy_w, 0.0, 10.0, 10.0,
+                 "", mem_s=np.ones((2, 2)), nbytes=np.array([75.0, 75.0]), mem_bw_Bps=100.0)
+    p = _plan_on(c, [0, 1])
+    r = simulate_frames(c, p, FrameOptions(frames=1, memory_contention=True))
+    assert r.latency_s.tolist() == [1.5]
+    assert simulate_frames(c, p, FrameOptions(frames=1)).latency_s.tolist() == [1.0]
+
+
+def test_frames_same_seed_same_bytes() -> None:
+    pr = _board_problem(5, "orin-nano-8", 1.3)
+    p = make_dag("heft").plan(pr)
+    c = dag_costs(pr, p.mode)
+    opts = FrameOptions(frames=50, jitter_cv=0.2, release_jitter_s=1e-4, seed=3)
+    a, b = simulate_frames(c, p, opts), simulate_frames(c, p, opts)
+    assert a.latency_s.tobytes() == b.latency_s.tobytes() and a.energy_j == b.energy_j
+    other = simulate_frames(c, p, FrameOptions(frames=50, jitter_cv=0.2, release_jitter_s=1e-4, seed=4))
+    assert other.latency_s.tobytes() != a.latency_s.tobytes()
+
+
+# ---------------------------------------------------------------- the robotics pipeline
+
+
+def test_perception_slam_pipeline_prices_kernels_and_calibrates_cpus_only() -> None:
+    cal = load_calibration()
+    g = perception_slam(particles=10_000)
+    raw = perception_slam(particles=10_000, calibration=None)
+    assert [t.name for t in g.tasks][0] == "detector" and g.tasks[0].op == "conv"
+    b = load_board("agx-orin-32")
+    c = dag_costs(DagProblem(g, b, 0.1, 0.1), "40w")
+    c_raw = dag_costs(DagProblem(raw, b, 0.1, 0.1), "40w")
+    i, cpu, gpu = c.tasks.index("pf_weight"), c.units.index("cpu0"), c.units.index("gpu")
+    sizes, ratios = cal["pf_weight"]
+    assert 10_000 in sizes.tolist()
+    assert c.time_s[i, cpu] == pytest.approx(c_raw.time_s[i, cpu] * ratios[sizes.tolist().index(10_000)])
+    assert c.time_s[i, gpu] == c_raw.time_s[i, gpu]  # nothing measured on a GPU
+    # only the CNN runs on a DLA
+    dla = c.units.index("dla0")
+    assert [n for n in c.tasks if math.isfinite(c.time_s[c.tasks.index(n), dla])] == ["detector"]

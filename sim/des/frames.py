@@ -1,0 +1,193 @@
+"""Periodic DAG pipelines in SimPy: many frames of a static schedule under jitter and load.
+
+A :class:`sim.dag.DagPlan` fixes each task's unit and, through its start times,
+each unit's order of tasks within a frame. The DES executes that plan the way a
+time-triggered robotics runtime does: frame ``f`` is released at
+``f * period_s`` plus a release jitter; every unit runs its tasks in the plan's
+order, frame after frame; a task starts when its unit has finished the task
+before it in that order and every input has arrived (a predecessor on another
+unit hands its output over the shared memory in ``comm_s``). Nothing is skipped:
+a late frame delays the next, so overload shows as a growing latency.
+
+What varies from the plan's figures:
+
+* execution-time jitter: each execution takes ``time * J`` with J log-normal of
+  mean 1 and coefficient of variation ``jitter_cv`` (seeded, one stream per unit);
+* background load: a slowdown trace per unit (``load``: any status pattern of
+  :mod:`sim.dynamics`, e.g. a periodic co-located job), multiplying the time of
+  an execution that starts while it is on;
+* shared memory bandwidth (``memory_contention``): an execution that starts
+  while others run is stretched in its memory-bound share when the bandwidth
+  all of them draw (bytes / time) exceeds the board's. The stretch is decided
+  at the start and not revised when the others end (a bound that is tight
+  when executions overlap fully).
+
+Energy: the board's idle power over the simulated time plus each unit's busy
+extra power over its busy time (as in :meth:`sim.dag.DagPlan.energy_j`, which
+this reproduces exactly with no jitter, no load and no contention).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Generator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import simpy
+
+from sim.config import Pattern
+from sim.dag import DagCosts, DagPlan
+from sim.dynamics import expand, status_trace
+
+#: Spawn-key namespace of the frames DES's jitter streams (b"FRM").
+FRAMES_STREAM = 0x46524D
+
+
+@dataclass(frozen=True)
+class FrameOptions:
+    """How the DES departs from the plan's figures (all off by default).
+
+    Attributes:
+        frames: frames to simulate.
+        jitter_cv: coefficient of variation of execution times (0: exact times).
+        release_jitter_s: each release is delayed by U[0, release_jitter_s).
+        load: status patterns (sim.dynamics) whose slowdown applies to units by index.
+        memory_contention: stretch memory-bound work when units together draw more
+            than the board's bandwidth; needs ``c.mem_s``, ``c.nbytes`` and ``c.mem_bw_Bps``.
+        seed: root seed.
+    """
+
+    frames: int = 100
+    jitter_cv: float = 0.0
+    release_jitter_s: float = 0.0
+    load: tuple[Pattern, ...] = ()
+    memory_contention: bool = False
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class FrameResult:
+    """Per-frame latency and the run's energy and utilisation.
+
+    Attributes:
+        release_s, finish_s: [frame] release and completion times.
+        latency_s: [frame] finish - release.
+        deadline_s: the deadline each latency is judged against.
+        energy_j: total energy over [0, end of the last frame].
+        busy_s: [unit] busy seconds.
+        duration_s: end of the last frame.
+        units: unit names.
+    """
+
+    release_s: np.ndarray
+    finish_s: np.ndarray
+    latency_s: np.ndarray
+    deadline_s: float
+    energy_j: float
+    busy_s: np.ndarray
+    duration_s: float
+    units: tuple[str, ...]
+
+    @property
+    def miss_rate(self) -> float:
+        return float(np.mean(self.latency_s > self.deadline_s * (1 + 1e-9)))
+
+    @property
+    def energy_per_frame_j(self) -> float:
+        return self.energy_j / len(self.latency_s)
+
+    def summary(self) -> dict[str, Any]:
+        lat = self.latency_s
+        return {"frames": len(lat), "deadline_miss_rate": self.miss_rate,
+                "latency_mean_s": float(lat.mean()), "latency_p50_s": float(np.percentile(lat, 50)),
+                "latency_p99_s": float(np.percentile(lat, 99)), "latency_max_s": float(lat.max()),
+                "energy_per_frame_j": self.energy_per_frame_j,
+                "utilization": {u: float(b / self.duration_s) for u, b in zip(self.units, self.busy_s)}}
+
+
+def simulate_frames(c: DagCosts, plan: DagPlan, opts: FrameOptions = FrameOptions()) -> FrameResult:
+    """Run ``opts.frames`` frames of ``plan`` (priced by ``c``, in the plan's power mode)."""
+    mem_s, nbytes, mem_bw_Bps = c.mem_s, c.nbytes, c.mem_bw_Bps
+    if opts.memory_contention and (mem_s is None or nbytes is None or not math.isfinite(mem_bw_Bps)):
+        raise ValueError("memory_contention needs DagCosts with mem_s, nbytes and mem_bw_Bps (dag_costs)")
+    env = simpy.Environment()
+    n, nu = len(c.tasks), len(c.units)
+    unit = list(plan.unit)
+    order = [sorted((i for i in range(n) if unit[i] == u), key=lambda i: (plan.start_s[i], i))
+             for u in range(nu)]
+    streams = np.random.SeedSequence(opts.seed, spawn_key=(FRAMES_STREAM,)).spawn(nu + 1)
+    rngs = [np.random.default_rng(s) for s in streams[:nu]]
+    rel_rng = np.random.default_rng(streams[nu])
+    F = opts.frames
+    release = np.arange(F) * c.period_s + (rel_rng.uniform(0.0, opts.release_jitter_s, F)
+                                           if opts.release_jitter_s > 0 else 0.0)
+    sigma = math.sqrt(math.log1p(opts.jitter_cv ** 2)) if opts.jitter_cv > 0 else 0.0
+    horizon = float(release[-1] + 10 * max(c.deadline_s, c.period_s) + 1.0)
+    traces = _load_traces(opts, nu, horizon)
+    done = [[env.event() for _ in range(n)] for _ in range(F)]
+    fin = np.zeros((F, n))
+    busy = np.zeros(nu)
+    running: dict[int, tuple[float, float]] = {}  # unit -> (bandwidth drawn, its end)
+
+    def duration(i: int, u: int) -> float:
+        t = c.time_s[i, u]
+        if sigma:
+            t *= float(rngs[u].lognormal(-0.5 * sigma * sigma, sigma))
+        trace = traces[u]
+        if trace is not None:
+            times, slow = trace
+            t *= float(slow[max(0, int(np.searchsorted(times, env.now, side="right")) - 1)])
+        if opts.memory_contention and t > 0:
+            assert mem_s is not None and nbytes is not None
+            others = sum(bw for v, (bw, end) in running.items() if v != u and end > env.now)
+            mine = nbytes[i] / t
+            if others + mine > mem_bw_Bps:
+                # the memory-bound share of the task stretches by the oversubscription
+                share = min(1.0, mem_s[i, u] / c.time_s[i, u]) if c.time_s[i, u] > 0 else 0.0
+                t *= 1.0 + share * ((others + mine) / mem_bw_Bps - 1.0)
+            running[u] = (nbytes[i] / t, env.now + t)
+        return t
+
+    def unit_proc(u: int) -> Generator[simpy.Event, Any, None]:
+        for f in range(F):
+            for i in order[u]:
+                if env.now < release[f]:
+                    yield env.timeout(release[f] - env.now)
+                ready = float(release[f])
+                for p, k in c.preds[i]:
+                    if not done[f][p].triggered:
+                        yield done[f][p]
+                    ready = max(ready, fin[f, p] + (c.comm_s[k] if unit[p] != u else 0.0))
+                if ready > env.now:
+                    yield env.timeout(ready - env.now)
+                t = duration(i, u)
+                yield env.timeout(t)
+                busy[u] += t
+                fin[f, i] = env.now
+                done[f][i].succeed()
+
+    for u in range(nu):
+        if order[u]:
+            env.process(unit_proc(u))
+    env.run()
+    finish = fin.max(axis=1)
+    end = float(finish.max())
+    energy = c.idle_w * max(end, F * c.period_s) + float((busy * c.busy_w).sum())
+    return FrameResult(release, finish, finish - release, c.deadline_s, energy, busy,
+                       max(end, F * c.period_s), c.units)
+
+
+def _load_traces(opts: FrameOptions, n_units: int,
+                 horizon: float) -> list[tuple[np.ndarray, np.ndarray] | None]:
+    """Per unit: (times, slowdown) step arrays of the load patterns, None when unloaded."""
+    if not opts.load:
+        return [None] * n_units
+    events = sorted((e for k, p in enumerate(opts.load) for e in expand(p, k, opts.seed, n_units)),
+                    key=lambda d: (d.at_s, d.worker))
+    out: list[tuple[np.ndarray, np.ndarray] | None] = []
+    for u in range(n_units):
+        times, slow, _ = status_trace(events, u, horizon)
+        out.append((times, slow) if np.any(slow != 1.0) else None)
+    return out
