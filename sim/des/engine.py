@@ -138,7 +138,20 @@ class DataParallelSim:
         self.member = [True] * N  # in the BSP barrier group (false once a failure is detected)
         self.computing = [False] * N
         self.acct = [_Acct() for _ in range(N)]
-        self.ready: dict[tuple[int, int, int], simpy.Event] = {}
+        # ready[w][c]: the event of chunk c's parameters reaching worker w for the next
+        # iteration w runs, created by whichever comes first (the pull or the worker
+        # asking for it), cleared when the worker takes it. One slot per (w, c) is
+        # enough: a chunk's next pull to w is issued only after w's gradient of that
+        # chunk (or its abstention) reached the shard, i.e. after w took the slot.
+        self.ready: list[list[simpy.Event | None]] = [[None] * C for _ in range(N)]
+        # trace labels, built once
+        self.pull_label = [f"pull c{c}" for c in range(C)]
+        self.push_label = [f"push c{c}" for c in range(C)]
+        self.agg_label = [f"agg c{c}" for c in range(C)]
+        self.apply_label = [f"apply c{c}" for c in range(C)]
+        # link ids of each worker's and each chunk's ends (see ``bw`` above)
+        self.chunk_up = [2 * N + int(s) for s in costs.chunk_shard]
+        self.chunk_down = [2 * N + S + int(s) for s in costs.chunk_shard]
         self.iter_end: list[float] = []
         self.iter_samples: list[int] = []
         self.failures: list[dict[str, Any]] = []
@@ -205,59 +218,52 @@ class DataParallelSim:
             self.trace.span("ps", s, self.c.shards[s], label, t0, t1)
         return cb
 
-    def _ready(self, w: int, it: int, c: int) -> simpy.Event:
-        key = (w, it, c)
-        ev = self.ready.get(key)
-        if ev is None:
-            ev = self.ready[key] = self.env.event()
-        return ev
-
-    def _flow_start(self, w: int) -> None:
-        a = self.acct[w]
-        a.advance(self.env.now)
-        a.inflight += 1
-
-    def _flow_end(self, w: int) -> None:
-        a = self.acct[w]
-        a.advance(self.env.now)
-        a.inflight -= 1
-
     def _pull(self, w: int, it: int, c: int, nbytes: float | None = None,
               ev: simpy.Event | None = None) -> None:
         """Send chunk c's parameters for iteration ``it`` from its shard to worker w
         (``nbytes`` and ``ev``: a top-up of missing sparse rows)."""
-        s = self.chunk_shard[c]
-        self._flow_start(w)
-        t0 = self.env.now
+        env = self.env
+        t0 = env.now
+        a = self.acct[w]
+        a.advance(t0)
+        a.inflight += 1
         if ev is None:
-            ev = self._ready(w, it, c)
+            slot = self.ready[w]
+            ev = slot[c]
+            if ev is None:
+                ev = slot[c] = env.event()
             nbytes = self.next_pull[w][c]
             if self.online:
                 self.issued[(w, it, c)] = nbytes
         assert nbytes is not None
+        done = ev
 
         def delivered() -> None:
-            self._flow_end(w)
+            a.advance(env.now)
+            a.inflight -= 1
             if self.trace is not None:
-                self.trace.async_span("network", w, self.c.workers[w], f"pull c{c}", t0, self.env.now)
-            ev.succeed()
+                self.trace.async_span("network", w, self.c.workers[w], self.pull_label[c], t0, env.now)
+            done.succeed()
 
-        self.net.transfer(2 * self.N + s, self.N + w, nbytes, delivered)
+        self.net.transfer(self.chunk_up[c], self.N + w, nbytes, delivered)
 
     def _push(self, w: int, it: int, c: int) -> None:
-        s = self.chunk_shard[c]
-        self._flow_start(w)
-        t0 = self.env.now
+        env = self.env
+        t0 = env.now
+        a = self.acct[w]
+        a.advance(t0)
+        a.inflight += 1
         # the shard's work follows the share of the iteration that produced the gradient
         agg, apply_one, batch, bits = self.agg[w][c], self.apply_one[w][c], self.batch[w], self.wbits[w]
 
         def delivered() -> None:
-            self._flow_end(w)
+            a.advance(env.now)
+            a.inflight -= 1
             if self.trace is not None:
-                self.trace.async_span("network", w, self.c.workers[w], f"push c{c}", t0, self.env.now)
+                self.trace.async_span("network", w, self.c.workers[w], self.push_label[c], t0, env.now)
             self._arrive(w, it, c, agg, apply_one, batch, bits)
 
-        self.net.transfer(w, 2 * self.N + self.S + s, self.push_b[w][c], delivered)
+        self.net.transfer(w, self.chunk_down[c], self.push_b[w][c], delivered)
 
     # --------------------------------------------------------------- shard side
     def _arrive(self, w: int, it: int, c: int, agg: float, apply_one: float, batch: int, bits: int) -> None:
@@ -265,11 +271,11 @@ class DataParallelSim:
         if self.sync == "bsp":
             miss = self.missing[c]
             miss.discard(w)
-            srv.submit((c, w), agg, f"agg c{c}", None)
+            srv.submit((c, w), agg, self.agg_label[c], None)
             if not miss:
                 self._submit_apply(c)
         else:
-            srv.submit((c, w), agg + apply_one, f"apply c{c}",
+            srv.submit((c, w), agg + apply_one, self.apply_label[c],
                        lambda: self._async_applied(w, it, c, batch, bits))
 
     def _abstain(self, w: int, c: int) -> None:
@@ -282,7 +288,7 @@ class DataParallelSim:
     def _submit_apply(self, c: int) -> None:
         # The update is its own task, keyed after every worker's aggregation of this
         # chunk, so it never runs before one that arrived at the same instant.
-        self.servers[self.chunk_shard[c]].submit((c, self.N), self.apply_all[c], f"apply c{c}",
+        self.servers[self.chunk_shard[c]].submit((c, self.N), self.apply_all[c], self.apply_label[c],
                                                  lambda: self._bsp_applied(c))
 
     def _bsp_applied(self, c: int) -> None:
@@ -377,6 +383,7 @@ class DataParallelSim:
         fwd, bwd, groups = self.fwd[w], self.bwd[w], self.groups
         tr = self.trace
         name = self.c.workers[w]
+        ready = self.ready[w]
         slowed = w in self.slowed  # only these can have a compute interrupted by a slowdown
         it = 0
         try:
@@ -400,12 +407,14 @@ class DataParallelSim:
                 spent = 0.0
                 for g in range(self.G):
                     for c in groups[g]:
-                        ev = self._ready(w, it, c)
+                        ev = ready[c]
+                        if ev is None:
+                            ev = ready[c] = env.event()
                         if not ev.triggered:
                             acct.advance(env.now)
                             acct.state = _BLOCKED
                             yield ev
-                        del self.ready[(w, it, c)]
+                        ready[c] = None
                     if self.adopting and g == 0 and self.sync == "bsp":
                         self._adopt(w)
                         fwd, bwd = self.fwd[w], self.bwd[w]

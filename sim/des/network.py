@@ -63,6 +63,10 @@ class FlowNetwork:
         self.latency_s = float(latency_s)
         self.fair = fair
         self._n = [0] * len(self.bw)  # flows on each link
+        # bw / n of each link, refreshed by _settle for the links whose count changed:
+        # a link's count changes only together with marking it dirty, so every share
+        # _settle reads is current. One division per link instead of two per pair.
+        self._share = [math.inf] * len(self.bw)
         # dicts, not sets: iteration order must not depend on object ids (same seed, same bytes)
         self._pairs_on: list[dict[_Pair, None]] = [{} for _ in self.bw]
         self._pairs: dict[tuple[int, int], _Pair] = {}
@@ -96,9 +100,15 @@ class FlowNetwork:
         self._seq += 1
         heapq.heappush(p.flows, (p.served + nbytes, self._seq, on_delivered))
         p.dirty = True  # its earliest target may have changed
-        self._n[src] += 1
-        self._n[dst] += 1
-        self._touch(src, dst)
+        n = self._n
+        n[src] += 1
+        n[dst] += 1
+        dirty = self._dirty
+        dirty.add(src)
+        dirty.add(dst)
+        if not self._settle_pending:
+            self._settle_pending = True
+            self.env.timeout(0).callbacks.append(self._settle)
 
     # -- internals ---------------------------------------------------------
     def _deliver(self, cb: Callable[[], None]) -> None:
@@ -107,27 +117,25 @@ class FlowNetwork:
         else:
             cb()
 
-    def _touch(self, *links: int) -> None:
-        self._dirty.update(links)
-        if not self._settle_pending:
-            self._settle_pending = True
-            self.env.timeout(0).callbacks.append(self._settle)
-
     def _settle(self, _ev: object = None) -> None:
         """Recompute the rates of pairs on links whose flow count changed."""
         self._settle_pending = False
         now = self.env.now
-        bw, n, pairs_on = self.bw, self._n, self._pairs_on
+        bw, n, share, pairs_on = self.bw, self._n, self._share, self._pairs_on
         affected: dict[_Pair, None] = {}
         for link in sorted(self._dirty):
+            k = n[link]
+            if k:
+                share[link] = bw[link] / k
             affected.update(pairs_on[link])
         self._dirty.clear()
         heap, push = self._heap, heapq.heappush
         seq = self._seq
         for p in affected:
-            a = bw[p.src] / n[p.src]
-            b = bw[p.dst] / n[p.dst]
-            r = a if a < b else b
+            r = share[p.src]
+            b = share[p.dst]
+            if b <= r:
+                r = b
             if r != p.rate or p.dirty:
                 if p.rate > 0.0:
                     p.served += p.rate * (now - p.t)
@@ -139,6 +147,12 @@ class FlowNetwork:
                 left = p.flows[0][0] - p.served
                 push(heap, (now + (left if left > 0.0 else 0.0) / r, seq, p.ver, p))
         self._seq = seq
+        # Each pair has at most one current entry (the one with its ``ver``); the
+        # rest are stale. Dropping them in bulk once they outnumber the pairs keeps
+        # the heap small; (time, seq) keys are unique, so the pop order is unchanged.
+        if len(heap) > 4 * len(self._pairs) + 64:
+            heap[:] = [e for e in heap if e[2] == e[3].ver]
+            heapq.heapify(heap)
         self._schedule_wake()
 
     def _schedule_wake(self) -> None:

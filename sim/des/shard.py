@@ -17,6 +17,8 @@ class ShardServer:
     way.
     """
 
+    __slots__ = ("env", "_heap", "_busy", "_settle_pending", "busy_s", "_on_span", "_cur")
+
     def __init__(self, env: simpy.Environment, on_span: Callable[[str, float, float], None] | None = None) -> None:
         self.env = env
         self._heap: list[tuple[float, tuple[int, ...], float, str, Callable[[], None] | None]] = []
@@ -24,6 +26,8 @@ class ShardServer:
         self._settle_pending = False
         self.busy_s = 0.0
         self._on_span = on_span
+        # the task in service (one at a time): its callback, label and start time
+        self._cur: tuple[Callable[[], None] | None, str, float] = (None, "", 0.0)
 
     def submit(self, key: tuple[int, ...], cost_s: float, label: str,
                on_done: Callable[[], None] | None) -> None:
@@ -39,12 +43,13 @@ class ShardServer:
         _, _, cost, label, cb = heapq.heappop(self._heap)
         self._busy = True
         self.busy_s += cost
-        t0 = self.env.now
-        ev = self.env.timeout(cost)
-        ev.callbacks.append(lambda _e: self._finish(cb, label, t0))
+        env = self.env
+        self._cur = (cb, label, env.now)
+        env.timeout(cost).callbacks.append(self._finish)
 
-    def _finish(self, cb: Callable[[], None] | None, label: str, t0: float) -> None:
+    def _finish(self, _ev: object) -> None:
         self._busy = False
+        cb, label, t0 = self._cur
         if self._on_span is not None:
             self._on_span(label, t0, self.env.now)
         if cb is not None:
