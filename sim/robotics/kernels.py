@@ -460,8 +460,9 @@ def _log2(n: int) -> float:
 
 
 def _pf_predict_flops(n: int) -> float:
-    """``(18 + 2T) N``: noisy control 6, heading 1, cos/sin 2T, x and y 4, theta 2,
-    wrap 5 (add, floor-modulo as 3, subtract) per particle."""
+    """``(18 + 2T) N``: noisy control 6, heading 1, cos/sin 2T, x and y 4, theta 1,
+    wrap 6 (add, floor-modulo as divide-floor-multiply-subtract 4, subtract) per
+    particle."""
     return (18.0 + 2 * _T) * n
 
 
@@ -479,11 +480,11 @@ def _pf_weight_flops(n: int) -> float:
 
 
 def _pf_weight_bytes(n: int) -> float:
-    """``48 N L + 64 N``: (N, L) fp32 traffic 12 values per pair (difference 2 +
-    read 2 (N reads counted here), hypot 3, residual 2, scale 2, square 2, sum 1),
-    (N,) traffic 16 values per particle (log 2, add 3, max 1, shift 2, exp 2,
-    sum 1, normalise 3, sum's output and the difference's reads 2)."""
-    return _F * (12.0 * n * PF_LANDMARKS + 16.0 * n)
+    """``48 N L + 68 N``: 12 fp32 values per particle-landmark pair (difference 2,
+    hypot 3, residual 2, scale 2, square 2, sum's read 1) and 17 per particle
+    (the difference's reads of x, y 2, sum's write 1, log 2, scaled add 3,
+    max 1, shift 2, exp 2, sum 1, normalise 3)."""
+    return _F * (12.0 * n * PF_LANDMARKS + 17.0 * n)
 
 
 def _pf_resample_flops(n: int) -> float:
@@ -500,8 +501,8 @@ def _pf_resample_bytes(n: int) -> float:
 
 
 def _ekf_predict_flops(n: int) -> float:
-    """``(109 + 2T) B``: mean 9 + cos/sin 2T, Jacobian entries 3, two 3x3 matrix
-    products 2 x 45, adding R 9, per filter."""
+    """``(109 + 2T) B``: per filter v dt 1, cos/sin 2T, two multiply-adds 4, theta 2,
+    Jacobian entries 3, two 3x3 matrix products 2 x 45, adding R 9."""
     return (109.0 + 2 * _T) * n
 
 
@@ -513,7 +514,7 @@ def _ekf_predict_bytes(n: int) -> float:
 
 def _ekf_update_flops(n: int) -> float:
     """``(152 + T) B L``: per filter and landmark, geometry 14 (differences,
-    q, r, four H entries), S = H P H^T + Q 54, closed-form inverse 7, gain 18,
+    q, r, four H entries), S = H P H^T + Q 54, closed-form inverse 9, gain 18,
     innovation 9 + atan2 T, mean update 12, covariance update 36."""
     return (152.0 + _T) * n * EKF_LANDMARKS
 
@@ -530,13 +531,13 @@ def _grid_samples() -> int:
 
 
 def _grid_flops(n: int) -> float:
-    """``32 R K + (24 + 2T) R + 6 C`` (K samples per ray, C cells): per sample
+    """``32 R K + (23 + 2T) R + 6 C`` (K samples per ray, C cells): per sample
     two coordinates (multiply, add, divide, floor) 8, first-of-run 3, at-hit 4,
     free 4, bounds 8, linear index 2, where 1, cast 1, count 1; per ray angle
-    1, cos/sin 2T, hit cell 8, hit test 1, its bounds/index/count 14; per cell
-    two scaled adds 4 and the clamp 2."""
+    1, cos/sin 2T, hit cell 8, hit test 1, and the hit's bounds, index, where,
+    cast and count 13; per cell two scaled adds 4 and the clamp 2."""
     k, c = _grid_samples(), GRID_CELLS * GRID_CELLS
-    return 32.0 * n * k + (24.0 + 2 * _T) * n + 6.0 * c
+    return 32.0 * n * k + (23.0 + 2 * _T) * n + 6.0 * c
 
 
 def _grid_bytes(n: int) -> float:
