@@ -103,6 +103,16 @@ def test_milp_makespan_equals_brute_force_on_small_graphs(seed: int) -> None:
     assert p.makespan_s(c) == pytest.approx(_brute_makespan(c))
 
 
+def test_milp_survives_the_highs_presolve_failure() -> None:
+    # HiGHS's presolve reports "Solve error" on this model (scipy 1.17); the retry without it
+    # finds the optimum, 7 (enumeration agrees)
+    c = DagCosts.from_tables([[8, 4], [2, 8], [4, 3], [3, 5], [1, 2]], {(1, 2): 2.0})
+    p = solve_milp(c, "makespan", time_limit_s=30)
+    assert p is not None and p.proven
+    p.check(c)
+    assert p.makespan_s(c) == pytest.approx(7.0) == _brute_makespan(c)
+
+
 def _board_problem(seed: int, board: str, factor: float) -> DagProblem:
     """A random 7-task graph whose deadline is ``factor`` x HEFT's makespan in the fastest mode."""
     b = load_board(board)
@@ -277,7 +287,7 @@ def test_perception_slam_pipeline_prices_kernels_and_calibrates_cpus_only() -> N
     cal = load_calibration()
     g = perception_slam(particles=10_000)
     raw = perception_slam(particles=10_000, calibration=None)
-    assert [t.name for t in g.tasks][0] == "detector" and g.tasks[0].op == "conv"
+    assert [t.name for t in g.tasks][:2] == ["detector0", "detector1"] and g.tasks[0].op == "conv"
     b = load_board("agx-orin-32")
     c = dag_costs(DagProblem(g, b, 0.1, 0.1), "40w")
     c_raw = dag_costs(DagProblem(raw, b, 0.1, 0.1), "40w")
@@ -288,4 +298,4 @@ def test_perception_slam_pipeline_prices_kernels_and_calibrates_cpus_only() -> N
     assert c.time_s[i, gpu] == c_raw.time_s[i, gpu]  # nothing measured on a GPU
     # only the CNN runs on a DLA
     dla = c.units.index("dla0")
-    assert [n for n in c.tasks if math.isfinite(c.time_s[c.tasks.index(n), dla])] == ["detector"]
+    assert [n for n in c.tasks if math.isfinite(c.time_s[c.tasks.index(n), dla])] == ["detector0", "detector1"]

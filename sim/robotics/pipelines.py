@@ -3,7 +3,7 @@
 ``perception_slam`` (the default): one frame of a mobile robot with a camera,
 an IMU/odometry and a 2-D lidar::
 
-    detector (CNN on the camera frame) --> track_update <-- track_predict (IMU)
+    detector0..N-1 (CNN per camera) --> track_update <-- track_predict (IMU)
     pf_predict (odometry) --> pf_weight (lidar) --> pf_resample --+
     icp (scan matching, lidar) -----------------------------------+--> fusion --> grid_update
 
@@ -83,34 +83,45 @@ def model_task(name: str, model: str, batch: int = 1) -> Task:
     return Task(name, "conv", sum(w[0] for w in work), sum(w[2] for w in work), sum(w[1] for w in work))
 
 
-def perception_slam(particles: int = 10_000, rays: int = 1_440, points: int = 2_048, tracks: int = 64,
-                    detector: str = "resnet18", calibration: str | Path | None = THIS_MACHINE) -> TaskGraph:
-    """The default pipeline (module docstring)."""
+def perception_slam(particles: int = 100_000, rays: int = 1_440, points: int = 2_048, tracks: int = 64,
+                    cameras: int = 2, detector: str = "resnet18",
+                    calibration: str | Path | None = THIS_MACHINE) -> TaskGraph:
+    """The default pipeline (module docstring), with ``cameras`` detectors (0: no
+    camera branch, so no object tracking either)."""
     from sim.robotics.kernels import KERNELS
 
     cal: dict[str, Any] | None = load_calibration(calibration) if calibration else None
     k = KERNELS
-    tasks = (
-        model_task("detector", detector),
-        kernel_task("track_predict", "ekf_predict", tracks, cal),
-        kernel_task("track_update", "ekf_update", tracks, cal),
+    tasks: list[Task] = []
+    edges: list[Edge] = []
+    if cameras:
+        tasks += [model_task(f"detector{j}", detector) for j in range(cameras)]
+        tasks += [kernel_task("track_predict", "ekf_predict", tracks, cal),
+                  kernel_task("track_update", "ekf_update", tracks, cal)]
+        # one range-bearing detection per track from each camera
+        edges += [Edge(f"detector{j}", "track_update", 2 * 4.0 * tracks) for j in range(cameras)]
+        edges.append(Edge("track_predict", "track_update", k["ekf_predict"].out_bytes(tracks)))
+    tasks += [
         kernel_task("pf_predict", "pf_predict", particles, cal),
         kernel_task("pf_weight", "pf_weight", particles, cal),
         kernel_task("pf_resample", "pf_resample", particles, cal),
         kernel_task("icp", "icp", points, cal),
         kernel_task("fusion", "ekf_update", 1, cal),
         kernel_task("grid_update", "grid_update", rays, cal),
-    )
-    edges = (
-        Edge("detector", "track_update", 2 * 4.0 * tracks),  # one range-bearing detection per track
-        Edge("track_predict", "track_update", k["ekf_predict"].out_bytes(tracks)),
+    ]
+    edges += [
         Edge("pf_predict", "pf_weight", k["pf_predict"].out_bytes(particles)),
         Edge("pf_weight", "pf_resample", k["pf_resample"].in_bytes(particles)),
         Edge("pf_resample", "fusion", 12.0),  # the particle set's mean pose
         Edge("icp", "fusion", k["icp"].out_bytes(points)),
         Edge("fusion", "grid_update", 12.0),  # the fused pose
-    )
-    return TaskGraph(f"perception_slam-{particles}p", tasks, edges)
+    ]
+    return TaskGraph(f"perception_slam-{cameras}c-{particles}p", tuple(tasks), tuple(edges))
 
 
-PIPELINES = {"perception_slam": perception_slam}
+def slam_lite(calibration: str | Path | None = THIS_MACHINE) -> TaskGraph:
+    """Localisation and mapping without cameras, sized for a Raspberry Pi class board."""
+    return perception_slam(particles=5_000, rays=360, points=512, cameras=0, calibration=calibration)
+
+
+PIPELINES = {"perception_slam": perception_slam, "slam_lite": slam_lite}
