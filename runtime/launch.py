@@ -75,7 +75,8 @@ def run_rank(spec: RunSpec, rank: int, world: int, local_rank: int = 0) -> RunRe
         dist.destroy_process_group()
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
+    """Ask the kernel to SIGKILL this process when its parent dies (Linux; a no-op elsewhere)."""
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
@@ -84,7 +85,7 @@ def _die_with_parent() -> None:
 
 
 def _child(spec: RunSpec, rank: int, world: int, port: int, result_path: str) -> None:
-    _die_with_parent()
+    die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ.update({"MASTER_ADDR": LOOPBACK, "MASTER_PORT": str(port), "RANK": str(rank),
                        "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank)})
