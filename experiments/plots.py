@@ -27,6 +27,19 @@ _KNOWN = ["equal", "proportional", "lbbsp", "hps", "greedy", "genetic", "exact",
 _COMPARISON_METRICS = (("throughput_sps", "throughput (samples/s)"), ("cost_usd", "cost of the run (USD)"))
 
 
+def markdown_table(df: Any) -> str:
+    """A GitHub markdown table of a DataFrame (numbers to 4 significant digits)."""
+    def cell(v: Any) -> str:
+        if isinstance(v, float | np.floating):
+            return "-" if not np.isfinite(v) else f"{v:.4g}"
+        return "-" if v is None else str(v)
+
+    head = "| " + " | ".join(map(str, df.columns)) + " |"
+    rule = "|" + "|".join("---" for _ in df.columns) + "|"
+    body = ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    return "\n".join([head, rule, *body])
+
+
 def scheduler_color(name: str) -> str:
     """A stable colour per scheduler name across every figure."""
     if name in _KNOWN:

@@ -49,6 +49,7 @@ from tqdm import tqdm
 
 import schedulers
 from experiments import runner
+from experiments.plots import markdown_table
 from schedulers.exact import dp_min_rate, inventory_dp
 from sim.errors import HetsimError
 from sim.placement import PlacementSpace
@@ -309,19 +310,6 @@ def figures(df: pd.DataFrame, out: Path) -> list[str]:
     return names
 
 
-def _md(df: pd.DataFrame) -> str:
-    """A GitHub markdown table (numbers to 4 significant digits)."""
-    def cell(v: Any) -> str:
-        if isinstance(v, float | np.floating):
-            return "-" if not np.isfinite(v) else f"{v:.4g}"
-        return "-" if v is None else str(v)
-
-    head = "| " + " | ".join(map(str, df.columns)) + " |"
-    rule = "|" + "|".join("---" for _ in df.columns) + "|"
-    body = ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
-    return "\n".join([head, rule, *body])
-
-
 def report(df: pd.DataFrame, out: Path, figs: Sequence[str], quick: bool, seconds: float) -> None:
     tput = pd.read_csv(out / "throughput.csv")
     des = pd.read_csv(out / "des_check.csv") if (out / "des_check.csv").stat().st_size > 1 else pd.DataFrame()
@@ -373,29 +361,29 @@ def report(df: pd.DataFrame, out: Path, figs: Sequence[str], quick: bool, second
         "",
         "## Each method's gap to the exact optimum and its scheduling time",
         "",
-        _md(pd.DataFrame(summary)),
+        markdown_table(pd.DataFrame(summary)),
         "",
         "exact's placements that are not proven optimal, with exact's own lower bound "
         "(the best any method could do is between the two):",
         "",
-        _md(exact[exact.feasible.astype(bool) & ~exact.proven.fillna(False).astype(bool)]
+        markdown_table(exact[exact.feasible.astype(bool) & ~exact.proven.fillna(False).astype(bool)]
             [["workload", "fraction", "cost_usd", "lower_bound_usd", "gap_bound", "sched_s"]])
         if (exact.feasible.astype(bool) & ~exact.proven.fillna(False).astype(bool)).any() else "(none)",
         "",
         "Targets exact found no placement for, with its reason:",
         "",
-        _md(exact[~exact.feasible.astype(bool)][["workload", "fraction", "throughput_min", "error"]])
+        markdown_table(exact[~exact.feasible.astype(bool)][["workload", "fraction", "throughput_min", "error"]])
         if (~exact.feasible.astype(bool)).any() else "(none)",
         "",
         *[f"![{f}]({f})" for f in figs],
         "",
         "## Cost: the best single device type against the exact placement",
         "",
-        _md(ratios) if len(ratios) else "(no case where both are feasible)",
+        markdown_table(ratios) if len(ratios) else "(no case where both are feasible)",
         "",
         "## Throughput: the highest throughput_min each family meets",
         "",
-        _md(tput),
+        markdown_table(tput),
         "",
     ]
     tune_csv = out / "rl_fine_tune.csv"
@@ -404,13 +392,13 @@ def report(df: pd.DataFrame, out: Path, figs: Sequence[str], quick: bool, second
                   f"The shipped policy fine-tuned for {FINE_TUNE_STEPS} PPO steps on each workload's problem at "
                   f"throughput_min = {DES_FRACTION} x the bound (`train_s`: wall time), both policies taking "
                   "the best of 16 sampled placements; gaps to exact's proven optimum.", "",
-                  _md(pd.read_csv(tune_csv)), ""]
+                  markdown_table(pd.read_csv(tune_csv)), ""]
     if len(des):
         lines += ["## DES cross-check of exact's plan", "",
                   f"Pipeline DES, {DES_ITERATIONS} iterations, at throughput_min = {DES_FRACTION} x the bound. "
                   "`des_steady_sps` leaves out the fill and the drain; `des_headline_sps` (summary.json's "
                   "throughput) counts the drain, when the in-flight iterations finish without new forwards.",
-                  "", _md(des), ""]
+                  "", markdown_table(des), ""]
     lines += [
         "## Where this lands relative to HeterPS's claims, and why",
         "",

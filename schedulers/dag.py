@@ -24,6 +24,7 @@ All three work on :class:`sim.dag.DagCosts` arrays, one power mode at a time.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -174,6 +175,9 @@ class EnergyAware:
     """Energy-aware list scheduling over units and power modes (module docstring).
 
     Args:
+        margin: plan against ``(1 - margin) x`` the deadline, where any plan meets
+            that, leaving slack for execution jitter and background load; when none
+            does, plan against the deadline itself.
         exact_max_tasks: graphs up to this many tasks fall back to the exact solver
             when no heuristic schedule meets the deadline.
         time_limit_s: that fallback's time limit per power mode.
@@ -181,16 +185,23 @@ class EnergyAware:
 
     name: ClassVar[str]
 
-    def __init__(self, exact_max_tasks: int = 12, time_limit_s: float = 10.0) -> None:
+    def __init__(self, margin: float = 0.0, exact_max_tasks: int = 12, time_limit_s: float = 10.0) -> None:
+        if not 0.0 <= margin < 1.0:
+            raise ValueError("margin must be in [0, 1)")
+        self.margin = margin
         self.exact_max_tasks = exact_max_tasks
         self.time_limit_s = time_limit_s
         self.used_exact = False
 
     def plan(self, problem: DagProblem) -> DagPlan:
         costs = [dag_costs(problem, m) for m in problem.allowed_modes]
-        cands = [(p, c) for c in costs for p in (energy_schedule(c), heft_schedule(c))]
-        best, c = _best(cands)
         self.used_exact = False
+        if self.margin > 0:
+            tight = [dataclasses.replace(c, deadline_s=c.deadline_s * (1.0 - self.margin)) for c in costs]
+            best, c = _best([(p, c) for c in tight for p in (energy_schedule(c), heft_schedule(c))])
+            if best.feasible(c):
+                return _relabel(best, self.name, proven=False)
+        best, c = _best([(p, c) for c in costs for p in (energy_schedule(c), heft_schedule(c))])
         if not best.feasible(c) and len(problem.graph) <= self.exact_max_tasks:
             # Is the deadline reachable at all? The exact minimum-energy schedule answers.
             ex = [(p, cc) for cc in costs if (p := solve_milp(cc, "energy", self.time_limit_s)) is not None]

@@ -112,7 +112,7 @@ def random_graph(seed: int, n_tasks: int, max_width: int = 3, name: str | None =
     layers: list[list[int]] = []
     i = 0
     while i < n_tasks:
-        w = int(min(rng.integers(1, max_width + 1), n_tasks - i))
+        w = min(int(rng.integers(1, max_width + 1)), n_tasks - i)
         layers.append(list(range(i, i + w)))
         i += w
     tasks = [Task(f"t{k}", str(rng.choice(DAG_OPS)), _lu(rng, 1e6, 1e9), _lu(rng, 1e4, 1e7),

@@ -299,3 +299,17 @@ def test_perception_slam_pipeline_prices_kernels_and_calibrates_cpus_only() -> N
     # only the CNN runs on a DLA
     dla = c.units.index("dla0")
     assert [n for n in c.tasks if math.isfinite(c.time_s[c.tasks.index(n), dla])] == ["detector0", "detector1"]
+
+
+def test_energy_margin_keeps_slack_when_it_can() -> None:
+    # one task on the Pi: t at 1.5 GHz, 1.5t at 1.0 GHz (speed 2/3), 2.5t at 0.6 GHz
+    b = load_board("rpi4")
+    g = TaskGraph("one", (Task("mm", "gemm", 1e9, 1e6),))
+    t = dag_costs(DagProblem(g, b, 1.0, 1.0), "1.5ghz").time_s[0, 0]
+    pr = DagProblem(g, b, period_s=4 * t, deadline_s=2 * t)
+    # no margin: 1.0 GHz meets 2t and costs 1.5t x 1.6 W of busy power, less than t x 3.6 W
+    assert make_dag("energy").plan(pr).mode == "1.0ghz"
+    # a 30% margin plans against 1.4t: only 1.5 GHz fits
+    assert make_dag("energy", {"margin": 0.3}).plan(pr).mode == "1.5ghz"
+    # a margin nothing can meet (0.2t) falls back to the deadline itself
+    assert make_dag("energy", {"margin": 0.9}).plan(pr).mode == "1.0ghz"
