@@ -799,23 +799,30 @@ def gantt_figure(events: Sequence[dict[str, Any]], title: str = "",
     fig, ax = plt.subplots(figsize=(11, 1.9 + 0.48 * len(rows)), layout="constrained")
     # (y offset, height) within a row band of height 1 (row i spans i-0.5 .. i+0.5; y grows down)
     geometry = {"compute": (-0.38, 0.5), "ps": (-0.3, 0.6), "network": (0.16, 0.2)}
+    # Events the training DES does not name (robotics tasks) get a colour each, in order
+    # of appearance; unnamed transfers stay grey.
+    extra = [b.category for b in bars if b.kind == "compute" and b.category not in _GANTT_COLORS]
+    tab = plt.get_cmap("tab20")
+    colors = {**{c: tab(k % 20) for k, c in enumerate(dict.fromkeys(extra))}, **_GANTT_COLORS}
     cats: dict[str, None] = {}
     for (row, kind, cat), group in _group_bars(bars).items():
         off, h = geometry[kind]
+        color = colors.get(cat, _GANTT_OTHER) if kind != "network" or cat in _GANTT_COLORS else _GANTT_OTHER
         coll = ax.broken_barh([(b.start_ms, b.dur_ms) for b in group], (y[row] + off, h),
-                              facecolors=_GANTT_COLORS.get(cat, _GANTT_OTHER),
+                              facecolors=color,
                               # an edge in the face colour keeps sub-pixel bars (1 ms shard work
                               # on a 1 s axis) visible
-                              edgecolor=_GANTT_COLORS.get(cat, _GANTT_OTHER), linewidth=0.6)
+                              edgecolor=color, linewidth=0.6)
         coll.set_gid(f"{kind}:{cat}")
-        cats[cat] = None
+        if kind != "network" or cat in _GANTT_COLORS:
+            cats[cat] = None
     if shards and workers:
         ax.axhline(len(workers) - 0.5, color="black", lw=0.8)
     ax.set_yticks(range(len(rows)), rows)
     ax.set_ylim(len(rows) - 0.5, -0.5)
     ax.set_xlim(0, until_ms if until_ms is not None else max(b.start_ms + b.dur_ms for b in bars))
     ax.set_xlabel("simulated time (ms)")
-    ax.set_ylabel("device (workers, then PS shards)")
+    ax.set_ylabel("device (workers, then PS shards)" if shards else "device")
     ax.grid(axis="x", alpha=0.3)
     ax.set_axisbelow(True)
     ax.spines[["top", "right"]].set_visible(False)
@@ -823,7 +830,7 @@ def gantt_figure(events: Sequence[dict[str, Any]], title: str = "",
               "push": "push (network, thin)", "agg": "PS aggregate", "agg+apply": "PS aggregate+apply",
               "apply": "PS apply"}
     order = [c for c in _GANTT_COLORS if c in cats] + sorted(c for c in cats if c not in _GANTT_COLORS)
-    handles = [Line2D([], [], color=_GANTT_COLORS.get(c, _GANTT_OTHER), lw=4 if c in ("pull", "push") else 9,
+    handles = [Line2D([], [], color=colors.get(c, _GANTT_OTHER), lw=4 if c in ("pull", "push") else 9,
                       label=labels.get(c, c)) for c in order]
     _legend(fig, handles, "event")
     if title:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Generator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -40,6 +40,7 @@ import simpy
 from sim.config import Pattern
 from sim.dag import DagCosts, DagPlan
 from sim.dynamics import expand, status_trace
+from sim.result import Trace
 
 #: Spawn-key namespace of the frames DES's jitter streams (b"FRM").
 FRAMES_STREAM = 0x46524D
@@ -57,6 +58,7 @@ class FrameOptions:
         memory_contention: stretch memory-bound work when units together draw more
             than the board's bandwidth; needs ``c.mem_s``, ``c.nbytes`` and ``c.mem_bw_Bps``.
         seed: root seed.
+        trace_frames: record the first this many frames as Chrome-trace events.
     """
 
     frames: int = 100
@@ -65,6 +67,7 @@ class FrameOptions:
     load: tuple[Pattern, ...] = ()
     memory_contention: bool = False
     seed: int = 0
+    trace_frames: int = 0
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,8 @@ class FrameResult:
         busy_s: [unit] busy seconds.
         duration_s: end of the last frame.
         units: unit names.
+        trace: Chrome-trace events of the first ``trace_frames`` frames (units as threads
+            of the "workers" track, hand-overs as async spans on the "network" track).
     """
 
     release_s: np.ndarray
@@ -89,6 +94,7 @@ class FrameResult:
     busy_s: np.ndarray
     duration_s: float
     units: tuple[str, ...]
+    trace: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def miss_rate(self) -> float:
@@ -130,6 +136,7 @@ def simulate_frames(c: DagCosts, plan: DagPlan, opts: FrameOptions = FrameOption
     fin = np.zeros((F, n))
     busy = np.zeros(nu)
     running: dict[int, tuple[float, float]] = {}  # unit -> (bandwidth drawn, its end)
+    trace = Trace()
 
     def duration(i: int, u: int) -> float:
         t = c.time_s[i, u]
@@ -159,13 +166,19 @@ def simulate_frames(c: DagCosts, plan: DagPlan, opts: FrameOptions = FrameOption
                 for p, k in c.preds[i]:
                     if not done[f][p].triggered:
                         yield done[f][p]
-                    ready = max(ready, fin[f, p] + (c.comm_s[k] if unit[p] != u else 0.0))
+                    hand = c.comm_s[k] if unit[p] != u else 0.0
+                    ready = max(ready, fin[f, p] + hand)
+                    if f < opts.trace_frames and hand > 0:
+                        trace.async_span("network", u, c.units[u], f"{c.tasks[p]}->{c.tasks[i]}",
+                                         fin[f, p], fin[f, p] + hand)
                 if ready > env.now:
                     yield env.timeout(ready - env.now)
                 t = duration(i, u)
                 yield env.timeout(t)
                 busy[u] += t
                 fin[f, i] = env.now
+                if f < opts.trace_frames:
+                    trace.span("workers", u, c.units[u], c.tasks[i], env.now - t, env.now, {"frame": f})
                 done[f][i].succeed()
 
     for u in range(nu):
@@ -176,7 +189,7 @@ def simulate_frames(c: DagCosts, plan: DagPlan, opts: FrameOptions = FrameOption
     end = float(finish.max())
     energy = c.idle_w * max(end, F * c.period_s) + float((busy * c.busy_w).sum())
     return FrameResult(release, finish, finish - release, c.deadline_s, energy, busy,
-                       max(end, F * c.period_s), c.units)
+                       max(end, F * c.period_s), c.units, trace.events)
 
 
 def _load_traces(opts: FrameOptions, n_units: int,
