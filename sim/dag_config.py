@@ -41,7 +41,14 @@ from typing import Any
 from pydantic import Field, ValidationError
 
 from hardware_profiles.board import Board, load_board
-from sim.config import PeriodicPattern, RandomWalkPattern, SchedulerConfig, StepsPattern, _Strict, read_yaml
+from sim.config import (
+    PeriodicPattern,
+    RandomWalkPattern,
+    SchedulerConfig,
+    StepsPattern,
+    _Strict,
+    read_yaml,
+)
 from sim.config import validation_error as _validation_error
 from sim.dag import DagProblem, Edge, Task, TaskGraph
 from sim.des.frames import FrameOptions
