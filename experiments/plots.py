@@ -803,7 +803,7 @@ def gantt_figure(events: Sequence[dict[str, Any]], title: str = "",
     # of appearance; unnamed transfers stay grey.
     extra = [b.category for b in bars if b.kind == "compute" and b.category not in _GANTT_COLORS]
     tab = plt.get_cmap("tab20")
-    colors = {**{c: tab(k % 20) for k, c in enumerate(dict.fromkeys(extra))}, **_GANTT_COLORS}
+    colors: dict[str, Any] = {**{c: tab(k % 20) for k, c in enumerate(dict.fromkeys(extra))}, **_GANTT_COLORS}
     cats: dict[str, None] = {}
     for (row, kind, cat), group in _group_bars(bars).items():
         off, h = geometry[kind]

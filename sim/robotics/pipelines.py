@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -124,4 +124,4 @@ def slam_lite(calibration: str | Path | None = THIS_MACHINE) -> TaskGraph:
     return perception_slam(particles=5_000, rays=360, points=512, cameras=0, calibration=calibration)
 
 
-PIPELINES = {"perception_slam": perception_slam, "slam_lite": slam_lite}
+PIPELINES: dict[str, Callable[..., TaskGraph]] = {"perception_slam": perception_slam, "slam_lite": slam_lite}
