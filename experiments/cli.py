@@ -73,6 +73,25 @@ def cmd_simulate(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_dag(a: argparse.Namespace) -> int:
+    from experiments import dag_runner, runner
+
+    names = [n for n in a.schedulers.split(",") if n] if a.schedulers else None
+    import schedulers
+
+    for n in names or []:
+        if n not in schedulers.names("dag"):
+            raise ConfigError("<command line>", "--schedulers",
+                              f"unknown DAG scheduler {n!r}; known: {', '.join(schedulers.names('dag'))}")
+    out = runner.prepare_out(a.out or Path("results") / Path(a.config).stem / "dag")
+    rows = dag_runner.run_dag(a.config, names, out)
+    write_csv(out / "comparison.csv", rows)
+    print_table(rows, ("scheduler", "mode", "plan_frame_ms", "deadline_ms", "plan_energy_mj", "des_miss_rate",
+                       "des_latency_p99_ms", "des_energy_mj"))
+    print(f"wrote {out}/comparison.csv, comparison.png and one folder per scheduler")
+    return 0
+
+
 def cmd_plan(a: argparse.Namespace) -> int:
     from experiments import runner
 
@@ -202,7 +221,7 @@ def cmd_run(a: argparse.Namespace) -> int:
     try:
         result = entry.execute(prep, out)
     except RuntimeFailure as e:
-        print(f"hetsim: run failed: {e}", file=sys.stderr)
+        print(f"hetsim: run failed: {e}{entry.resume_hint(prep)}", file=sys.stderr)
         return 1
     if result is not None:
         print_table([_row(result)], (*SUMMARY_COLS[:5], "energy_j"))
@@ -326,6 +345,13 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--evaluator", choices=EVALUATORS, default="des")
     c.add_argument("--out", help="output folder (default results/NAME/compare)")
     c.set_defaults(fn=cmd_compare)
+
+    dg = sub.add_parser("dag", help="schedule a periodic robotics pipeline on an embedded board and "
+                        "simulate its frames")
+    dg.add_argument("config", help="a robotics config (format: sim/dag_config.py, README)")
+    dg.add_argument("--schedulers", help="comma-separated DAG schedulers (default: the config's)")
+    dg.add_argument("--out", help="output folder (default results/CONFIG/dag)")
+    dg.set_defaults(fn=cmd_dag)
 
     sw = sub.add_parser("sweep", help="run a sweep file's points in parallel (resumable)")
     sw.add_argument("sweep", help="sweep file (YAML)")

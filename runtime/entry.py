@@ -109,6 +109,17 @@ def attach_checkpoints(prep: Prepared, out: Path, resume: bool, writer: bool = T
     prep.spec.resume = manifest
 
 
+def resume_hint(prep: Prepared) -> str:
+    """After a failed run: how to continue it, when a complete checkpoint exists ('' otherwise)."""
+    if prep.spec.checkpoint_dir is None:
+        return ""
+    try:
+        m = checkpoint.read_manifest(prep.spec.checkpoint_dir)
+    except ConfigError:
+        return ""
+    return f"; --resume continues from the checkpoint of iteration {m.version} in {m.folder}"
+
+
 def files(result: RunResult, plan: Plan, config: dict[str, Any]) -> dict[str, str]:
     """summary.json, iterations.csv (with the measured loss), trace.json, plan.json, config.json."""
     return {"summary.json": result.summary_json(), "iterations.csv": result.iterations_csv(),

@@ -160,6 +160,25 @@ def test_resume_after_the_whole_process_group_is_killed(tmp_path: Path, referenc
     assert_same_as_reference(out, reference)
 
 
+def test_an_online_schedulers_state_is_resumed_too(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    kw: dict[str, Any] = {"job": {"iterations": 6, "failure_timeout_s": 20.0},
+                          "scheduler": {"name": "hps", "params": {"rebalance_every": 2}}}
+    crash = config(tmp_path, name="hps", runtime={"checkpoint_every": 2, "crash_after_iteration": 2}, **kw)
+    proc = hetsim_run(crash, out)
+    assert proc.returncode == 1
+    assert f"--resume continues from the checkpoint of iteration 2 in {out / 'checkpoint'}" in proc.stderr
+    proc = hetsim_run(config(tmp_path, name="hps", runtime={"checkpoint_every": 2}, **kw), out, "--resume")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert [r["from_iteration"] for r in summary["resumed"]] == [2]
+    assert [r["iteration"] for r in rows(out)] == [str(i) for i in range(6)]
+    assert len(summary["runtime"]["shares"]) == 6  # the first shares, then one per iteration but the last
+    final = checkpoint.read_manifest(str(out / "checkpoint"))
+    # rebalance ran after iterations 0 .. 4: twice before the crash, three times after it, on one object
+    assert final.version == 6 and checkpoint.load_coordinator(final)["scheduler"].calls == 5
+
+
 # --------------------------------------------------------------- bad resumes
 def one_line_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
     assert main(argv) == 2
