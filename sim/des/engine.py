@@ -385,12 +385,14 @@ class DataParallelSim:
         name = self.c.workers[w]
         ready = self.ready[w]
         slowed = w in self.slowed  # only these can have a compute interrupted by a slowdown
+        G, bsp, online, batch = self.G, self.sync == "bsp", self.online, self.batch
+        adopt_at_pull = self.adopting and bsp  # BSP takes a new share with its first parameters
         it = 0
         try:
-            while it < self.n_iter or self.sync != "bsp":
+            while it < self.n_iter or not bsp:
                 if self.finished.triggered:
                     break
-                if self.adopting and self.sync != "bsp":
+                if self.adopting and not bsp:
                     self._adopt(w)
                     while self.batch[w] == 0:  # idle until a rebalance gives it work
                         self.idle[w] = True
@@ -405,8 +407,9 @@ class DataParallelSim:
                 if self.sync == "ssp":
                     yield from self._ssp_gate(w, it)
                 spent = 0.0
-                for g in range(self.G):
-                    for c in groups[g]:
+                for g in range(G):
+                    chunks = groups[g]
+                    for c in chunks:
                         ev = ready[c]
                         if ev is None:
                             ev = ready[c] = env.event()
@@ -415,12 +418,12 @@ class DataParallelSim:
                             acct.state = _BLOCKED
                             yield ev
                         ready[c] = None
-                    if self.adopting and g == 0 and self.sync == "bsp":
+                    if adopt_at_pull and g == 0:
                         self._adopt(w)
                         fwd, bwd = self.fwd[w], self.bwd[w]
-                    if self.online:
-                        yield from self._top_up(w, it, groups[g])
-                    if self.batch[w] == 0:
+                    if online:
+                        yield from self._top_up(w, it, chunks)
+                    if batch[w] == 0:
                         continue
                     acct.advance(env.now)
                     acct.state = _COMPUTE
@@ -431,9 +434,9 @@ class DataParallelSim:
                         yield env.timeout(fwd[g])
                     spent += env.now - t0
                     if tr is not None:
-                        tr.span("workers", w, name, "fwd" if self.G == 1 else f"fwd g{g}", t0, env.now)
-                idle = self.batch[w] == 0
-                for g in range(self.G - 1, -1, -1):
+                        tr.span("workers", w, name, "fwd" if G == 1 else f"fwd g{g}", t0, env.now)
+                idle = batch[w] == 0
+                for g in range(G - 1, -1, -1):
                     if idle:
                         for c in groups[g]:
                             self._abstain(w, c)

@@ -150,7 +150,7 @@ class FlowNetwork:
         # Each pair has at most one current entry (the one with its ``ver``); the
         # rest are stale. Dropping them in bulk once they outnumber the pairs keeps
         # the heap small; (time, seq) keys are unique, so the pop order is unchanged.
-        if len(heap) > 4 * len(self._pairs) + 64:
+        if len(heap) > 2 * len(self._pairs) + 64:
             heap[:] = [e for e in heap if e[2] == e[3].ver]
             heapq.heapify(heap)
         self._schedule_wake()
@@ -179,6 +179,7 @@ class FlowNetwork:
             if ver == p.ver:
                 due.append(p)
         delivered: list[Callable[[], None]] = []
+        n, dirty, pop = self._n, self._dirty, heapq.heappop
         for p in due:
             p.ver += 1  # its entry is consumed; settle pushes the next one
             p.served += p.rate * (now - p.t)
@@ -186,22 +187,27 @@ class FlowNetwork:
             # The earliest flow is due by construction (its entry is current); others
             # whose target is reached to rounding go with it. Never judge the earliest
             # by bytes: rounding in `served` could leave it a hair short forever.
-            p.served = max(p.served, p.flows[0][0])
-            tol = 1e-9 * max(p.flows[0][0], 1.0)
-            while p.flows and p.flows[0][0] - p.served <= tol:
-                delivered.append(heapq.heappop(p.flows)[2])
-                self._n[p.src] -= 1
-                self._n[p.dst] -= 1
-            self._dirty.add(p.src)
-            self._dirty.add(p.dst)
+            flows = p.flows
+            first = flows[0][0]
+            if p.served < first:
+                p.served = first
+            served = p.served
+            tol = 1e-9 * (first if first > 1.0 else 1.0)
+            src, dst = p.src, p.dst
+            while flows and flows[0][0] - served <= tol:
+                delivered.append(pop(flows)[2])
+                n[src] -= 1
+                n[dst] -= 1
+            dirty.add(src)
+            dirty.add(dst)
             p.dirty = True
-            if not p.flows:
-                del self._pairs[(p.src, p.dst)]
-                del self._pairs_on[p.src][p]
-                del self._pairs_on[p.dst][p]
+            if not flows:
+                del self._pairs[(src, dst)]
+                del self._pairs_on[src][p]
+                del self._pairs_on[dst][p]
         for cb in delivered:
             self._deliver(cb)
-        if self._dirty:
+        if dirty:
             self._settle()
         else:
             self._schedule_wake()
