@@ -213,7 +213,7 @@ class Coordinator(Shard):
     # what a checkpoint keeps of the bookkeeping (BSP): enough to go on as if never stopped
     STATE = ("shares", "alive", "plan_now", "free_mem", "win_compute", "win_samples", "iter_end",
              "iter_samples", "iter_loss", "iter_worker_samples", "share_history", "failures", "push_log",
-             "bits", "bits_changes", "loss_hist", "rebalances", "apply_spans", "resumes")
+             "bits", "bits_changes", "loss_hist", "rebalances", "apply_spans", "checkpoint_spans", "resumes")
 
     def __init__(self, spec: RunSpec) -> None:
         super().__init__(spec, 0)
@@ -241,6 +241,7 @@ class Coordinator(Shard):
         self.loss_hist: list[float] = []
         self.rebalances = 0
         self.apply_spans: list[tuple[float, float]] = []
+        self.checkpoint_spans: list[tuple[float, float]] = []  # shard 0 writing its checkpoint files
         self.done = False
         self.t0 = time.time()
         # ASP/SSP window of the current global iteration
@@ -277,10 +278,13 @@ class Coordinator(Shard):
         if not self.checkpoint_due():
             return
         assert self.spec.checkpoint_dir is not None
+        a = self.now()
         state = {k: getattr(self, k) for k in self.STATE}
         state.update(scheduler=self.spec.scheduler, elapsed_s=self.now())
         for name, sha in (self.save(), checkpoint.save_coordinator(self.spec.checkpoint_dir, self.version, state)):
             self.saved[self.version][name] = sha
+        # the span is not in the file it times: a resumed trace lacks the checkpoint it resumed from
+        self.checkpoint_spans.append((a, self.now()))
         self.maybe_manifest(self.version)
 
     def on_saved(self, m: wire.Message) -> None:
@@ -545,6 +549,8 @@ class Coordinator(Shard):
             devices.append(DeviceUsage(sid, "ps", dev[2], dev[3], dev[4], busy_s=busy))
         for a, b in self.apply_spans[: spec.max_trace_spans]:
             trace.span("ps", 0, spec.shards[0], "apply", a, b)
+        for a, b in self.checkpoint_spans[: spec.max_trace_spans]:
+            trace.span("ps", 0, spec.shards[0], "checkpoint", a, b)
         extra: dict[str, Any] = {
             "runtime": {
                 "sync": spec.sync, "workers": [w.device for w in spec.workers], "shards": spec.shards,

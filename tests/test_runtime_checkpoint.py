@@ -122,6 +122,9 @@ def test_resume_after_a_crash_mid_checkpoint_loses_no_update(tmp_path: Path, ref
     assert summary["iterations"] == K and summary["failures"] == []
     assert [r["from_iteration"] for r in summary["resumed"]] == [4]
     assert_same_as_reference(out, reference)
+    trace = json.loads((out / "trace.json").read_text())["traceEvents"]
+    # shard 0 wrote checkpoints 8 and 12 in the resumed run (4's span is not in the file it times)
+    assert sum(e.get("name") == "checkpoint" for e in trace) == 2
     # the final checkpoint, and no other version left behind
     assert sorted(p.name for p in folder.iterdir()) == [
         "coordinator.v12.pkl", "manifest.json", "shard-0.v12.pt", "shard-1.v12.pt"]
