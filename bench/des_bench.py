@@ -69,8 +69,8 @@ def des_run(workers: int, shards: int, iterations: int, pipeline: bool,
     env = sim.env
     events = next(env._eid) - len(env._queue)  # scheduled minus still queued = processed
     return {"workers": workers, "shards": shards, "iterations": iterations, "pipeline": pipeline,
-            "sharing": sharing, "wall_s": wall, "events": events, "events_per_s": events / wall,
-            "sim_throughput_sps": result.throughput_sps}
+            "sharing": sharing, "wall_s": wall, "wall_s_per_iteration": wall / iterations, "events": events,
+            "events_per_s": events / wall, "sim_throughput_sps": result.throughput_sps}
 
 
 def analytic_run(workers: int, shards: int = 16, iterations: int = 20) -> dict[str, float]:
@@ -127,7 +127,7 @@ def print_report(f: dict[str, Any]) -> None:
     print(f"bare SimPy events/s            {f['simpy_events_per_s']:,.0f}")
     r = f["des_event_rate_run"]
     print(f"DES events/s ({r['workers']}w x {r['shards']}s, pipelined) {f['des_events_per_s']:,.0f}"
-          f"   ({r['events']:,} events in {r['wall_s']:.2f} s)")
+          f"   ({r['events']:,} events in {r['wall_s']:.2f} s, {r['wall_s_per_iteration']:.3f} s/iteration)")
     print(f"ratio                          {f['ratio']:.2f}   (target >= 0.3)")
     ref = f["des_event_rate_run_no_contention"]
     print(f"  same job, sharing: none      {ref['events_per_s']:,.0f} events/s, ratio "
