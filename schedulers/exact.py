@@ -43,6 +43,7 @@ than they are.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -64,6 +65,8 @@ INCUMBENT_GENERATIONS = 40
 PS_UNITS = 256
 #: Relative width below which a PS-bound interval of T is left open (its bound counts in the gap).
 PS_REL_TOL = 1e-6
+#: Placements the MILP with the PS row may cut off (each one PS-infeasible within HiGHS's tolerance).
+MILP_CUTS = 8
 #: Largest inventory state (product of count + 1 over binding types) the resource DP takes on.
 RC_DP_MAX_STATES = 50_000
 
@@ -137,90 +140,93 @@ def rc_dp_min_rate(space: PlacementSpace, allowed: np.ndarray, binding: list[int
     (units, budget)`` adds one more resource: ``units[s, k]`` (non-negative
     integers) of option (s, k), at most ``budget`` in all (the PS bound,
     discretised by the caller). For each (boundary i, type k) the segments
-    ending at i are grouped by their usage, so the shift is one array
-    operation per group.
+    ending at i are grouped by their replicas (the inventory shift is one
+    array operation per group); within a group each segment's own shift on
+    the extra axis is a strided read of a padded array, so no index arrays of
+    the state's size are built. The placement is recovered by searching each
+    stage's predecessor for the value it was computed from (the same float
+    sum, so equality is exact), which spares an argmin per group.
     """
     L, K = space.L, space.K
-    dims = [int(space.counts[k]) + 1 for k in binding] + ([int(extra[1]) + 1] if extra else [])
-    U = int(np.prod(dims)) if dims else 1
+    inv_dims = [int(space.counts[k]) + 1 for k in binding]
+    inv = int(np.prod(inv_dims)) if inv_dims else 1
+    g = int(extra[1]) + 1 if extra else 1
+    units = extra[0] if extra else np.zeros(space.rate.shape, dtype=int)
+    rate = np.where(allowed & (units < g), space.rate, np.inf)
+    finite = np.isfinite(rate)
+    pad = int(units[finite].max(initial=0))
     axis = {k: a for a, k in enumerate(binding)}
-    units = extra[0] if extra else None
-    rate = np.where(allowed, space.rate, np.inf)
-    best = np.full((L + 1, K, U), np.inf)
-    from_j = np.zeros((L + 1, K, U), dtype=np.int32)
-    excl = np.full((L + 1, K, U), np.inf)
-    excl_k = np.full((L + 1, K, U), -1, dtype=np.int32)
-    excl[0, :, 0] = 0.0
+    # excl[j, k, v, pad + u]: the least rate up to boundary j with inventory state v and
+    # u extra units used, its last stage's type not k (at j = 0: nothing placed). The
+    # first ``pad`` entries of the last axis stay inf: a stage of d units reads its
+    # predecessors at [pad - d, pad - d + g), and the part below zero is unreachable.
+    excl = np.full((L + 1, K, inv, pad + g), np.inf)
+    excl_k = np.full((L + 1, K, inv, g), -1, dtype=np.int8)
+    excl[0, :, 0, pad] = 0.0
+    best = np.full((K, inv, g), np.inf)
 
-    def shifts(k: int, n: int, unit: int) -> list[int]:
-        out = [0] * len(dims)
-        if k in axis:
-            out[axis[k]] = n
-        if extra:
-            out[-1] = unit
-        return out
-
-
-    def shift(x: np.ndarray, by: list[int]) -> np.ndarray:
-        if not any(by):
-            return x
-        if any(d >= n for d, n in zip(by, dims)):
-            return np.full(U, np.inf)
-        y = np.full(dims, np.inf)
-        src = x.reshape(dims)
-        y[tuple(slice(d, None) for d in by)] = src[tuple(slice(0, n - d) for d, n in zip(by, dims))]
-        return y.reshape(U)
+    def after(k: int, n: int, v: np.ndarray) -> np.ndarray:
+        """Inventory states ``v`` (inv, g) moved on by a stage of n replicas of type k."""
+        if k not in axis:
+            return v
+        a = axis[k]
+        y = np.full(inv_dims + [g], np.inf)
+        if n < inv_dims[a]:
+            src = v.reshape(inv_dims + [g])
+            y[(slice(None),) * a + (slice(n, None),)] = src[(slice(None),) * a + (slice(0, inv_dims[a] - n),)]
+        return y.reshape(inv, g)
 
     for i in range(1, L + 1):
-        js = np.arange(i)
-        segs = space.seg_index[js, i]
+        best.fill(np.inf)
+        segs = space.seg_index[np.arange(i), i]
         for k in range(K):
-            r = rate[segs, k]
-            ok = np.isfinite(r)
+            ok = finite[segs, k]
             if not ok.any():
                 continue
+            win = np.lib.stride_tricks.sliding_window_view(excl[:i, k], g, axis=-1)   # (i, inv, pad + 1, g)
             ns = space.n[segs, k]
             for n in np.unique(ns[ok]):
-                sel = js[ok & (ns == n)]
-                cand = excl[sel, k] + rate[segs[sel], k][:, None]       # (m, U)
-                if units is not None:                                   # per-row shift on the last axis
-                    g = dims[-1]
-                    c3 = cand.reshape(len(sel), -1, g)
-                    idx = np.arange(g)[None, :] - units[segs[sel], k][:, None]   # (m, g)
-                    take = np.take_along_axis(c3, np.broadcast_to(np.maximum(idx, 0)[:, None, :], c3.shape), axis=2)
-                    cand = np.where((idx >= 0)[:, None, :], take, np.inf).reshape(len(sel), U)
-                arg = np.argmin(cand, axis=0)
-                by = shifts(k, int(n), 0)
-                m = shift(cand[arg, np.arange(U)], by)
-                src_j = shift(sel[arg].astype(float), by)
-                better = m < best[i, k]
-                best[i, k][better] = m[better]
-                from_j[i, k][better] = src_j[better].astype(np.int32)
-        if i < L:
-            order = np.argsort(best[i], axis=0, kind="stable")           # (K, U)
+                js = np.flatnonzero(ok & (ns == n))
+                cand = win[js, :, pad - units[segs[js], k], :]         # (m, inv, g), a copy
+                cand += rate[segs[js], k][:, None, None]
+                np.minimum(best[k], after(k, int(n), cand.min(axis=0)), out=best[k])
+        if i < L:   # excl: the best over the other types, from the two best per state
+            order = np.argsort(best, axis=0, kind="stable")
             k1 = order[0]
-            k2 = order[1] if K > 1 else order[0]
-            us_ = np.arange(U)
+            m1 = np.take_along_axis(best, k1[None], axis=0)[0]
+            k2 = order[1] if K > 1 else np.full_like(k1, -1)
+            m2 = np.take_along_axis(best, k2[None], axis=0)[0] if K > 1 else np.full_like(m1, np.inf)
             for k in range(K):
                 use2 = k1 == k
-                excl[i, k] = np.where(use2, best[i, k2, us_] if K > 1 else np.inf, best[i, k1, us_])
-                excl_k[i, k] = np.where(use2, k2 if K > 1 else -1, k1)
-    flat = int(np.argmin(best[L].reshape(-1)))
-    k, u = divmod(flat, U)
-    if not np.isfinite(best[L, k, u]):
+                excl[i, k, :, pad:] = np.where(use2, m2, m1)
+                excl_k[i, k] = np.where(use2, k2, k1)
+    flat = int(np.argmin(best))
+    k, v, u = (int(x) for x in np.unravel_index(flat, best.shape))
+    val = float(best[k, v, u])
+    if not np.isfinite(val):
         return np.inf, None
     a_out = np.empty(L, dtype=int)
     i = L
     while i > 0:
-        j = int(from_j[i, k, u])
-        seg = space.seg_index[j, i]
+        for j in range(i):
+            seg = space.seg_index[j, i]
+            if not finite[seg, k]:
+                continue
+            vs = list(np.unravel_index(v, inv_dims)) if inv_dims else []
+            if k in axis:
+                vs[axis[k]] -= int(space.n[seg, k])
+            up = u - int(units[seg, k])
+            if up < 0 or any(x < 0 for x in vs):
+                continue
+            vp = int(np.ravel_multi_index(tuple(vs), inv_dims)) if inv_dims else 0
+            if excl[j, k, vp, pad + up] + rate[seg, k] == val:
+                break
+        else:   # unreachable: the value came from one of these sums
+            raise AssertionError("rc_dp_min_rate: no predecessor reproduces the DP value")
         a_out[j:i] = k
-        by = shifts(k, int(space.n[seg, k]), int(units[seg, k]) if units is not None else 0)
-        if any(by):  # usage before this stage
-            idx = np.array(np.unravel_index(u, dims)) - np.array(by)
-            u = int(np.ravel_multi_index(tuple(idx), dims))
-        i, k = j, int(excl_k[j, k, u]) if j > 0 else -1
-    return float(best[L].min()), a_out
+        val = float(excl[j, k, vp, pad + up])
+        i, k, v, u = j, int(excl_k[j, k, vp, up]), vp, up
+    return float(best.min()), a_out
 
 
 def resources(space: PlacementSpace, ps_threshold: float | None) -> tuple[np.ndarray, np.ndarray]:
@@ -279,8 +285,13 @@ def closed(lb: float, ub: float) -> bool:
 
 
 def milp_min_rate(space: PlacementSpace, allowed: np.ndarray, ps_threshold: float | None,
-                  time_limit_s: float) -> tuple[float, np.ndarray | None]:
-    """Least rate with the inventory (and, given ``ps_threshold``, PS bandwidth) enforced."""
+                  time_limit_s: float, exclude: Sequence[np.ndarray] = ()) -> tuple[float, np.ndarray | None]:
+    """Least rate with the inventory (and, given ``ps_threshold``, PS bandwidth) enforced.
+
+    ``exclude``: placements cut off (at most all but one of each one's stages chosen).
+    Returns (a lower bound, the placement found or None): the optimum's rate when
+    HiGHS proves it, its dual bound past the time limit, inf when infeasible.
+    """
     s_idx, k_idx = np.nonzero(allowed)
     nv = s_idx.size
     if nv == 0:
@@ -307,27 +318,38 @@ def milp_min_rate(space: PlacementSpace, allowed: np.ndarray, ps_threshold: floa
         add(np.where(k_idx == k, n, 0.0), 0, float(space.counts[k]))
     if ps_threshold is not None and space.ps_capacity > 0:
         add(space.ps[s_idx, k_idx], 0, space.ps_capacity / ps_threshold)
+    var = np.full(space.rate.shape, -1)
+    var[s_idx, k_idx] = np.arange(nv)
+    for a in exclude:
+        stages = [var[space.seg_index[j, i], k] for j, i, k in space.stages_of(a)]
+        add(np.isin(np.arange(nv), stages).astype(float), 0, len(stages) - 1)
     res = milp(space.rate[s_idx, k_idx], integrality=np.ones(nv), bounds=Bounds(0, 1),
                constraints=LinearConstraint(csr_array(np.array(rows)), lo, hi),
                options={"time_limit": time_limit_s, "mip_rel_gap": 1e-9})
-    if res.x is None:
+    if res.status == 2:
         return np.inf, None
-    # past the time limit HiGHS returns its incumbent; the dual bound is what stays a valid bound
-    bound = float(res.fun) if res.status == 0 else float(getattr(res, "mip_dual_bound", -np.inf))
-    a = np.empty(L, dtype=int)
+    # past the time limit HiGHS returns its incumbent (if any); its dual bound stays a valid bound
+    bound = float(res.fun) if res.status == 0 else float(getattr(res, "mip_dual_bound", None) or -np.inf)
+    if res.x is None:
+        return bound, None
+    out = np.empty(L, dtype=int)
     for v in np.flatnonzero(res.x > 0.5):
-        a[sj[v]:si[v]] = k_idx[v]
-    return bound, a
+        out[sj[v]:si[v]] = k_idx[v]
+    return bound, out
 
 
 def solve(space: PlacementSpace, time_limit_s: float = 60.0) -> ExactResult:
-    """Branch and bound over the bottleneck stage throughput (module docstring)."""
+    """Branch and bound over the plan's throughput T (module docstring)."""
     t0 = time.perf_counter()
     feas = space.n > 0
     V = np.unique(space.tput[feas])
     hours = space.samples / 3600.0
     memo: dict[int, tuple[float, np.ndarray | None]] = {}
+    ps_memo: dict[tuple[float, bool], tuple[float, np.ndarray | None]] = {}
     state: dict = {"best": np.inf, "a": None, "milp": 0, "rc_dp": 0}
+
+    def left_s() -> float:
+        return time_limit_s - (time.perf_counter() - t0)
 
     def consider(a: np.ndarray | None) -> None:
         if a is None:
@@ -342,17 +364,19 @@ def solve(space: PlacementSpace, time_limit_s: float = 60.0) -> ExactResult:
         if ev.feasible[i] and ev.cost_usd[i] < state["best"]:
             state["best"], state["a"] = float(ev.cost_usd[i]), A[i]
 
+    def allowed_at(idx: int) -> np.ndarray:
+        return feas & (space.tput >= V[idx])
+
     def rate_at(idx: int) -> float:
-        """A lower bound on R(V[idx]) under the inventory; records candidate placements."""
+        """A lower bound on R(V[idx]), the least rate with every T_s >= V[idx] under the
+        inventory (the PS row left out); records candidate placements."""
         if idx in memo:
             return memo[idx][0]
-        v = float(V[idx])
-        allowed = feas & (space.tput >= v)
+        allowed = allowed_at(idx)
         r, a = dp_min_rate(space, allowed)
         if a is not None:
-            ev = space.evaluate(a[None, :])
             consider(a)
-            if not ev.inventory_ok[0]:      # binding types into the DP state
+            if violated(space, a):          # binding types into the DP state
                 r, a = inventory_min_rate(allowed, a)
                 consider(a)
         memo[idx] = (r, a)
@@ -369,89 +393,77 @@ def solve(space: PlacementSpace, time_limit_s: float = 60.0) -> ExactResult:
         consider(a1)
         return polish(allowed, None, lb, ub), a1
 
-    def ps_q(t: float) -> tuple[float, np.ndarray | None, bool]:
+    def polish(allowed: np.ndarray, ps_v: float | None, lb: float, ub: float) -> float:
+        """Close a Lagrangian duality gap with a time-capped MILP; return the best bound."""
+        if closed(lb, ub) or left_s() <= 0:
+            return lb
+        state["milp"] += 1
+        r_m, a_m = milp_min_rate(space, allowed, ps_v, min(left_s(), MILP_CALL_LIMIT_S))
+        consider(a_m)
+        return max(lb, r_m)
+
+    def attains(a: np.ndarray | None, t: float, lb: float) -> float:
+        """T(a) when placement ``a`` is feasible, has T >= t and a rate within rounding of
+        the lower bound ``lb`` (so it is a least-rate placement with T >= t); else 0."""
+        if a is None:
+            return 0.0
+        ev = space.evaluate(a[None, :])
+        T = float(ev.throughput_sps[0])
+        ok = ev.feasible[0] and T >= t * (1 - 1e-12) and \
+            rate_of(space, a) <= lb * (1 + 1e-12)
+        return T if ok else 0.0
+
+    def ps_q(t: float, idx: int, milp: bool = False) -> tuple[float, np.ndarray | None]:
         """A lower bound on Q(t), the least rate with every T_s >= t, T_ps >= t and the
-        inventory; a placement found for it; whether the bound is Q(t) itself.
+        inventory, and a placement that attains it (None if none found does).
 
         The PS row is discretised into PS_UNITS units of ps_capacity / t: rounding
         each option's load down relaxes it (a lower bound), rounding up tightens it
-        (a feasible placement)."""
-        allowed = feas & (space.tput >= t)
-        _, a = dp_min_rate(space, allowed)
-        if a is None:
-            return np.inf, None, True
+        (a feasible placement). With ``milp`` (or past RC_DP_MAX_STATES states) a
+        time-capped MILP keeps the PS row exact instead. R(V[idx]) (no PS row)
+        bounds Q(t) from below too."""
+        if (t, milp) in ps_memo:
+            return ps_memo[t, milp]
+        allowed = allowed_at(idx)
         scale = PS_UNITS * t / space.ps_capacity
         down = np.floor(space.ps * scale + 1e-9).astype(int)
         up = np.ceil(space.ps * scale - 1e-9).astype(int)
-        binding = violated(space, a)
-        while True:
-            if np.prod([space.counts[k] + 1 for k in binding]) * (PS_UNITS + 1) > RC_DP_MAX_STATES:
-                left = time_limit_s - (time.perf_counter() - t0)   # too many states: a MILP
-                if left <= 0:                                      # with the PS row, capped
-                    return memo_floor(t), None, False
-                state["milp"] += 1
-                r_m, a_m = milp_min_rate(space, allowed, t, min(left, MILP_CALL_LIMIT_S))
-                consider(a_m)
-                return max(memo_floor(t), r_m), a_m, False
+        _, a = dp_min_rate(space, allowed)
+        binding = violated(space, a) if a is not None else []
+        r, found = memo[idx][0], []
+        while a is not None:
+            if milp or np.prod([space.counts[k] + 1 for k in binding]) * (PS_UNITS + 1) > RC_DP_MAX_STATES:
+                # HiGHS meets the PS row within its tolerance: a placement it returns whose
+                # T_ps falls short of t is cut off (keeping the bound valid) and it re-solves
+                cut: list[np.ndarray] = []
+                while left_s() > 0 and len(cut) < MILP_CUTS:
+                    state["milp"] += 1
+                    r_m, a_m = milp_min_rate(space, allowed, t, min(left_s(), MILP_CALL_LIMIT_S), cut)
+                    r = max(r, r_m)
+                    found.append(a_m)
+                    if a_m is None or attains(a_m, t, r) or \
+                            space.evaluate(a_m[None, :]).throughput_sps[0] >= t * (1 - 1e-12):
+                        break
+                    cut.append(a_m)
+                break
             state["rc_dp"] += 1
-            r, a = rc_dp_min_rate(space, allowed, binding, (down, PS_UNITS))
+            r_d, a = rc_dp_min_rate(space, allowed, binding, (down, PS_UNITS))
             if a is None:
-                return np.inf, None, True
+                r = np.inf
+                break
             more = [k for k in violated(space, a) if k not in binding]
-            if not more:
+            if not more:                        # the relaxed optimum; if it breaks the PS
+                r = max(r, r_d)                 # row, the rounded-up DP finds a feasible one
+                found.append(a)
+                if not attains(a, t, r):
+                    state["rc_dp"] += 1
+                    found.append(rc_dp_min_rate(space, allowed, binding, (up, PS_UNITS))[1])
                 break
             binding += more
-        consider(a)
-        if space.evaluate(a[None, :]).throughput_sps[0] >= t * (1 - 1e-12):
-            return r, a, True
-        state["rc_dp"] += 1
-        _, a_up = rc_dp_min_rate(space, allowed, binding, (up, PS_UNITS))
-        consider(a_up)
-        return r, a_up, False
-
-    def memo_floor(t: float) -> float:
-        """R at the largest solved threshold <= t (R without the PS row is a lower bound)."""
-        i = int(np.searchsorted(V, t, side="right")) - 1
-        return max((memo[j][0] for j in memo if j <= i), default=0.0)
-
-    def ps_pass(t_lo: float, t_hi: float) -> tuple[float, bool]:
-        """Branch and bound on T itself over [t_lo, t_hi] for placements the PS holds back."""
-        low = np.inf
-        todo = [(t_lo, t_hi)]
-        while todo:
-            if time.perf_counter() - t0 > time_limit_s:
-                for ta, tb in todo:
-                    low = min(low, (memo_floor(ta) + space.ps_rate) * hours / tb)
-                return low, True
-            ta, tb = todo.pop()
-            q, p, exact_q = ps_q(ta)
-            if not np.isfinite(q):
-                continue
-            bnd = (q + space.ps_rate) * hours / tb
-            if bnd >= state["best"] * (1 - 1e-12):
-                continue
-            if exact_q and p is not None:   # p is the least-rate placement with T >= ta
-                tp = float(space.evaluate(p[None, :]).throughput_sps[0])
-                if tp >= tb:
-                    continue
-                ta = max(ta, tp * (1 + 1e-12))
-            if tb / ta <= 1 + PS_REL_TOL:
-                low = min(low, bnd)
-                continue
-            mid = (ta * tb) ** 0.5
-            todo.append((mid, tb))
-            todo.append((ta, mid))
-        return low, False
-
-    def polish(allowed: np.ndarray, ps_v: float | None, lb: float, ub: float) -> float:
-        """Close a Lagrangian duality gap with a time-capped MILP; return the best bound."""
-        left = time_limit_s - (time.perf_counter() - t0)
-        if closed(lb, ub) or left <= 0:
-            return lb
-        state["milp"] += 1
-        r_m, a_m = milp_min_rate(space, allowed, ps_v, min(left, MILP_CALL_LIMIT_S))
-        consider(a_m)
-        return max(lb, r_m)
+        for a_f in found:
+            consider(a_f)
+        ps_memo[t, milp] = (r, next((a_f for a_f in found if attains(a_f, t, r)), None))
+        return ps_memo[t, milp]
 
     # incumbents from the heuristics: single-type plans, greedy and a short genetic run
     from schedulers.placement import Genetic, Greedy
@@ -462,59 +474,91 @@ def solve(space: PlacementSpace, time_limit_s: float = 60.0) -> ExactResult:
     with np.errstate(divide="ignore", invalid="ignore"):
         per_sample = np.where(feas, space.rate / space.tput, np.inf)   # $/h per (sample/s)
     sep_memo: dict[int, float] = {}
+    ps_min_memo: dict[int, float] = {}
 
     def sep_at(idx: int) -> float:
         """min over placements with every stage >= V[idx] of sum_s rate_s / T_s (inventory
         relaxed): since T <= T_s, cost >= hours * (this + R_ps / T)."""
         if idx not in sep_memo:
-            r, a = dp_min_rate(space, feas & (space.tput >= V[idx]), per_sample)
+            r, a = dp_min_rate(space, allowed_at(idx), per_sample)
             consider(a)
             sep_memo[idx] = r
         return sep_memo[idx]
 
-    # Branch and bound over intervals [V[a], V[b]] of the smallest stage throughput m.
-    # The least-rate placement p at V[a] closes [V[a], T(p)]: any placement with m in it
-    # has rate >= R(V[a]) and T <= m <= T(p). A placement held back by the PS
-    # (T(p) < V[a]) leaves those with T_ps < V[a] bounded by (R + R_ps) * hours / V[a].
+    def t_ps_max(idx: int) -> float:
+        """The highest T_ps of a placement with every stage >= V[idx] (inventory relaxed):
+        ps_capacity over the least PS load, by the same DP with the load as the rate."""
+        if idx not in ps_min_memo:
+            p, _ = dp_min_rate(space, allowed_at(idx), space.ps)
+            ps_min_memo[idx] = space.ps_capacity / p if p > 0 else np.inf
+        return ps_min_memo[idx]
+
+    def bound(idx: int, r: float, tb: float) -> float:
+        """Least cost of a placement with T <= tb, every stage >= V[idx] and rate >= r."""
+        t_hi = min(tb, t_ps_max(idx))
+        if t_hi <= 0:
+            return np.inf
+        return hours * max((r + space.ps_rate) / t_hi, sep_at(idx) + space.ps_rate / t_hi)
+
+    # Branch and bound over intervals [ta, tb] of T. Every placement with T in there
+    # has every stage >= ta (the first threshold V[idx] >= ta), T_ps >= ta and T <= tb.
+    # The least-rate placement p under those rows closes [ta, T(p)] at once: any
+    # placement with T in it has rate >= rate(p) and T <= T(p). Without the PS row
+    # (R(V[idx]), exact with the inventory DP) p may break it (T(p) < ta, the PS holds
+    # it back); then Q(ta) with the PS row discretised bounds the interval, and closes
+    # it when its placement attains the bound.
+    def t_star(r: float) -> float:
+        """T up to which a placement of rate >= r costs no less than the incumbent."""
+        return (r + space.ps_rate) * hours / (state["best"] * (1 - 1e-12)) if np.isfinite(state["best"]) else 0.0
+
     lower = np.inf
-    ps_hi = 0.0
-    stack = [(0, V.size - 1)] if V.size else []
+    # (ta, tb, r): r is a lower bound on the rate over [ta, tb], inherited from the node
+    # that split it (Q is non-decreasing in t, so a bound at a lower ta holds)
+    stack = [(max(space.target, float(V[0]) * 1e-6), float(V[-1]), 0.0)] if V.size else []
     timed_out = False
     while stack:
-        if time.perf_counter() - t0 > time_limit_s:
+        if left_s() <= 0:
             timed_out = True
             break
-        a_i, b_i = stack.pop()
-        if a_i > b_i:
+        ta, tb, r = stack.pop()
+        idx = int(np.searchsorted(V, ta, side="left"))
+        if idx >= V.size or t_ps_max(idx) < ta * (1 - 1e-12):
+            continue                            # no placement has every stage and T_ps >= ta
+        r = max(r, rate_at(idx))
+        if not np.isfinite(r) or bound(idx, r, tb) >= state["best"] * (1 - 1e-12):
             continue
-        r = rate_at(a_i)
-        if not np.isfinite(r):
-            continue                                   # no placement has every stage >= V[a_i]
-        lb_ab = hours * max((r + space.ps_rate) / V[b_i], sep_at(a_i) + space.ps_rate / V[b_i])
-        if lb_ab >= state["best"] * (1 - 1e-12):
+        t_closed = attains(memo[idx][1], ta, r)
+        if not t_closed:
+            # Held back by the PS: Q(ta) with the PS row discretised. When that bound is
+            # attained by no placement and prunes nothing above ta (t_star(r) <= ta), no
+            # split raises it at ta itself, so the MILP keeps the PS row exact.
+            for milp in (False, True):
+                q, p = ps_q(ta, idx, milp)
+                r = max(r, q)
+                t_closed = attains(p, ta, r)
+                if t_closed or t_star(r) > ta or bound(idx, r, tb) >= state["best"] * (1 - 1e-12):
+                    break
+            b = bound(idx, r, tb)
+            if b >= state["best"] * (1 - 1e-12):
+                continue
+            if not t_closed and tb <= ta * (1 + PS_REL_TOL):
+                lower = min(lower, b)           # too narrow to split: its bound counts in the gap
+                continue
+        # [ta, T(p)] is closed (attains() accepts T(p) a rounding error below ta, so step
+        # past the larger of them), and below t_star(r) nothing beats the incumbent
+        ta = max(ta * (1 + 1e-12) if t_closed else ta, t_closed * (1 + 1e-12), t_star(r))
+        if ta > tb:
             continue
-        p = memo[a_i][1]
-        t_p = float(space.evaluate(p[None, :]).throughput_sps[0]) if p is not None else 0.0
-        if t_p < V[a_i] * (1 - 1e-12):   # PS-bound: settled by the PS pass below
-            if ps_hi == 0.0:               # an incumbent that respects the PS, to prune with
-                ps_q(max(space.target, float(V[0]) * 1e-6))
-            ps_hi = max(ps_hi, float(V[a_i]))
-            t_p = float(V[a_i])
-        a_i = max(a_i + 1, int(np.searchsorted(V, t_p * (1 + 1e-12), side="right")))
-        if a_i > b_i:
-            continue
-        mid = (a_i + b_i) // 2
-        stack.append((mid + 1, b_i))
-        stack.append((a_i, mid))
+        ia = int(np.searchsorted(V, ta, side="left"))
+        ib = int(np.searchsorted(V, tb, side="right")) - 1
+        mid = float(V[(ia + ib) // 2]) if ib - ia >= 2 else (ta * tb) ** 0.5
+        stack.append((mid, tb, r))
+        stack.append((ta, mid, r))
     if timed_out:  # open intervals: R is non-decreasing, so the nearest solved threshold below bounds it
-        for a_i, b_i in stack:
-            ra = max((memo[i][0] for i in memo if i <= a_i), default=0.0)
-            sp = max((sep_memo[i] for i in sep_memo if i <= a_i), default=0.0)
-            lower = min(lower, hours * max((ra + space.ps_rate) / V[b_i], sp + space.ps_rate / V[b_i]))
-    if ps_hi > 0:
-        lo_ps, timed = ps_pass(max(space.target, float(V[0]) * 1e-6), ps_hi)
-        lower = min(lower, lo_ps)
-        timed_out = timed_out or timed
+        for ta, tb, r in stack:
+            i = min(int(np.searchsorted(V, ta, side="left")), V.size - 1)
+            ra = max([r] + [memo[j][0] for j in memo if j <= i])
+            lower = min(lower, bound(i, ra, tb))
     best = state["best"]
     lb = min(lower, best)
     if not np.isfinite(best):
@@ -570,6 +614,11 @@ def usage(space: PlacementSpace, a: np.ndarray) -> np.ndarray:
     for j, i, k in space.stages_of(a):
         used[k] += int(space.n[space.seg_index[j, i], k])
     return used
+
+
+def rate_of(space: PlacementSpace, a: np.ndarray) -> float:
+    """The provisioned devices' price per hour of placement ``a`` (the PS shards' left out)."""
+    return float(sum(space.rate[space.seg_index[j, i], k] for j, i, k in space.stages_of(a)))
 
 
 def violated(space: PlacementSpace, a: np.ndarray) -> list[int]:
