@@ -231,6 +231,29 @@ def cmd_run(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_validate(a: argparse.Namespace) -> int:
+    from experiments import runner, validate
+    from runtime.entry import read_config
+    from runtime.launch import RuntimeFailure
+
+    cfg, _ = read_config(a.config)  # a bad config fails here, before --out is created
+    out = runner.prepare_out(a.out or Path("results") / cfg.name / "validate")
+    try:
+        v = validate.validate(a.config, a.schedulers, a.iterations, out, timeout_s=a.timeout,
+                              on_step=lambda s: print(f"validate: {s}", file=sys.stderr))
+    except RuntimeFailure as e:
+        print(f"hetsim: run failed: {e}", file=sys.stderr)
+        return 1
+    rows = [{"scheduler": r.scheduler, "metric": k, "sim": m["sim"], "real": m["real"],
+             "error": validate.pct(m["rel_error"])} for r in v.runs for k, m in r.metrics.items()]
+    print_table(rows, ("scheduler", "metric", "sim", "real", "error"))
+    if v.ranking_preserved is not None:
+        print(f"ranking preserved: {'yes' if v.ranking_preserved else 'no'}")
+    print(f"wrote {out}/ (report.md, validation.csv, validation.json, sim_vs_real.png, "
+          "SCHEDULER/sim/ and SCHEDULER/real/)")
+    return 0
+
+
 def cmd_bench(a: argparse.Namespace) -> int:
     from bench import des_bench
 
@@ -427,6 +450,16 @@ def build_parser() -> argparse.ArgumentParser:
                     help="continue from the last complete checkpoint in OUT/checkpoint "
                          "(runtime.checkpoint_every), with the same config")
     ru.set_defaults(fn=cmd_run)
+
+    va = sub.add_parser("validate", help="simulate (calibrated DES) and run for real the same plans; "
+                        "report sim vs real per metric")
+    va.add_argument("config", help="a config, with a runtime: section for the real run")
+    va.add_argument("--schedulers", help="comma-separated names (default: the config's scheduler)")
+    va.add_argument("--iterations", type=int, help="override job.iterations on both sides")
+    va.add_argument("--timeout", type=float, default=600.0,
+                    help="wall-clock limit of each real run in seconds (default 600)")
+    va.add_argument("--out", help="output folder (default results/NAME/validate)")
+    va.set_defaults(fn=cmd_validate)
 
     b = sub.add_parser("bench", help="DES speed and scale benchmark")
     b.add_argument("--json", action="store_true", help="print the figures as JSON")

@@ -25,7 +25,7 @@ import schedulers
 from runtime import checkpoint
 from runtime.launch import run_local, run_rank
 from runtime.spec import RunSpec, build_spec, parse_options
-from sim.config import config_from_dict, read_yaml
+from sim.config import Config, config_from_dict, read_yaml
 from sim.errors import ConfigError
 from sim.plan import Plan, check_plan, load_plan
 from sim.problem import build_problem
@@ -38,6 +38,21 @@ class Prepared:
     plan: Plan
     config: dict[str, Any]  # the resolved config plus its runtime section
     source: str  # the config file, for error messages
+
+
+def read_config(path: str | Path) -> tuple[Config, Any]:
+    """A config YAML split into the simulator's validated config and its raw ``runtime:``
+    section (None when absent; :func:`runtime.spec.parse_options` validates it).
+
+    Raises:
+        ConfigError: unreadable YAML, not a mapping, or an invalid config (one line).
+    """
+    raw = read_yaml(path)
+    if not isinstance(raw, dict):
+        raise ConfigError(str(path), "", "a config must be a YAML mapping")
+    raw = dict(raw)
+    runtime_raw = raw.pop("runtime", None)
+    return config_from_dict(raw, str(path)), runtime_raw
 
 
 def prepare(path: str | Path, config: str | Path | None = None, iterations: int | None = None,
@@ -55,12 +70,7 @@ def prepare(path: str | Path, config: str | Path | None = None, iterations: int 
         plan_file, cfg_path = p, Path(config)
     else:
         cfg_path = p
-    raw = read_yaml(cfg_path)
-    if not isinstance(raw, dict):
-        raise ConfigError(str(cfg_path), "", "a config must be a YAML mapping")
-    raw = dict(raw)
-    runtime_raw = raw.pop("runtime", None)
-    cfg = config_from_dict(raw, str(cfg_path))
+    cfg, runtime_raw = read_config(cfg_path)
     problem = build_problem(cfg, cfg_path.resolve().parent, str(cfg_path))
     name = scheduler or cfg.scheduler.name
     params = cfg.scheduler.params if name == cfg.scheduler.name else {}

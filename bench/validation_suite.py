@@ -1,0 +1,172 @@
+"""The validation suite: `hetsim validate` over experiments/configs/validation/.
+
+    python -m bench.validation_suite [--out results/validation_suite] [--only v1,v3] [--iterations N]
+
+Each config is planned, simulated with the DES (the measured single-thread
+profile ``this_machine``) and run for real; the suite then reports the error
+of the mean iteration time per (config, scheduler), its median absolute value
+over all of them and separately over the configs whose worker threads fit the
+machine's cores and those that oversubscribe them (where the DES, which does
+not model a host's cores being shared, is expected to be optimistic), and
+whether each multi-scheduler config keeps its ranking. Writes OUT/report.md
+(the suite table, then every metric of every run), OUT/validation.csv,
+OUT/validation.json, OUT/sim_vs_real.png and OUT/CONFIG/SCHEDULER/{sim,real}/.
+
+Target (issue 6): median absolute error of the mean iteration time <= 10%
+on this CPU machine, ranking preserved.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from experiments import validate
+from experiments.plots import markdown_table
+
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "experiments" / "configs" / "validation"
+#: Schedulers compared per config (default: the config's own scheduler).
+SCHEDULERS = {"v3_mlp_2w_slow": "equal,hps", "v8_wide_deep_4w_slow": "equal,hps"}
+
+
+def suite_rows(results: Sequence[validate.Validation]) -> list[dict[str, Any]]:
+    """One row per (config, scheduler): the mean-iteration-time comparison and the host load."""
+    rows = []
+    for v in results:
+        for r in v.runs:
+            m = r.metrics["iteration_time_mean_s"]
+            rows.append({"config": v.name, "scheduler": r.scheduler, "workers": v.info.get("workers"),
+                         "worker threads / cores": f"{v.info.get('worker_threads')}/{v.info.get('cores')}",
+                         "sim_s": m["sim"], "real_s": m["real"],
+                         "error": validate.pct(m["rel_error"]),
+                         "ranking preserved": ("-" if v.ranking_preserved is None
+                                               else "yes" if v.ranking_preserved else "NO"),
+                         "load avg": r.diagnostics.get("loadavg_1min", [None])[0]})
+    return rows
+
+
+def _mean_over_workers(metrics: dict[str, dict[str, float | None]], kind: str, side: str) -> float | None:
+    vals = [x for k, m in metrics.items() if k.startswith(kind + ":") and (x := m[side]) is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+def _ms(x: float | None) -> float | None:
+    return None if x is None else 1e3 * x
+
+
+def _rest(it: float | None, compute: float | None, comm: float | None) -> float | None:
+    """The iteration less compute and transfers (overlaps make it smaller, not wrong)."""
+    return None if it is None or compute is None or comm is None else it - compute - comm
+
+
+def decomposition_rows(results: Sequence[validate.Validation]) -> list[dict[str, Any]]:
+    """Where the error comes from, per (config, scheduler), in ms per measured iteration
+    (means over workers): compute as simulated, as measured alone in one process with one
+    thread (CPU time: the cost model's own error, without contention), and in the run (wall:
+    with the other ranks and the machine's other jobs on the cores); the same for transfers;
+    the rest of the real iteration (barrier waits, the PS's turn on a core, wake-ups)."""
+    rows = []
+    for v in results:
+        for r in v.runs:
+            m = r.metrics
+            alone = r.diagnostics.get("standalone_compute_s", {})
+            shares = r.diagnostics.get("shares", {})
+            cpu = [alone[str(b)]["cpu_s"] for b in shares.values() if str(b) in alone]
+            wall = [alone[str(b)]["wall_s"] for b in shares.values() if str(b) in alone]
+            c_sim, c_real = _mean_over_workers(m, "compute_s", "sim"), _mean_over_workers(m, "compute_s", "real")
+            x_sim, x_real = _mean_over_workers(m, "comm_s", "sim"), _mean_over_workers(m, "comm_s", "real")
+            it_sim, it_real = m["iteration_time_mean_s"]["sim"], m["iteration_time_mean_s"]["real"]
+
+            rows.append({
+                "config": v.name, "scheduler": r.scheduler,
+                "iter sim": _ms(it_sim), "iter real": _ms(it_real),
+                "compute sim": _ms(c_sim), "compute alone (CPU)": _ms(sum(cpu) / len(cpu)) if cpu else None,
+                "alone wall/CPU": (sum(wall) / sum(cpu)) if cpu and sum(cpu) > 0 else None,
+                "compute real": _ms(c_real), "comm sim": _ms(x_sim), "comm real": _ms(x_real),
+                "rest sim": _ms(_rest(it_sim, c_sim, x_sim)), "rest real": _ms(_rest(it_real, c_real, x_real)),
+            })
+    return rows
+
+
+def summary_lines(results: Sequence[validate.Validation]) -> list[str]:
+    """Median absolute errors (all, fitting the cores, oversubscribed) and ranking counts."""
+    def med(vs: list[validate.Validation]) -> str:
+        errs = [abs(e) for v in vs for r in v.runs
+                if (e := r.metrics["iteration_time_mean_s"]["rel_error"]) is not None]
+        return f"{100 * statistics.median(errs):.1f}% over {len(errs)} runs" if errs else "-"
+
+    fit = [v for v in results if not v.info.get("oversubscribed")]
+    over = [v for v in results if v.info.get("oversubscribed")]
+    ranked = [v for v in results if v.ranking_preserved is not None]
+    kept = sum(1 for v in ranked if v.ranking_preserved)
+    return [f"- median |error| of the mean iteration time: {med(list(results))}",
+            f"- worker threads <= cores: {med(fit)}; more worker threads than cores: {med(over)}",
+            f"- ranking preserved: {kept} of {len(ranked)} multi-scheduler configs"]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.validation_suite", description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="results/validation_suite")
+    ap.add_argument("--only", help="comma-separated config stems or prefixes (default: all)")
+    ap.add_argument("--iterations", type=int, help="override job.iterations of every config")
+    ap.add_argument("--quiet", action="store_true", help="no progress bar")
+    ap.add_argument("--report-only", action="store_true",
+                    help="rebuild the reports from OUT/*/validation.json without running anything")
+    a = ap.parse_args(argv)
+    from tqdm import tqdm
+
+    configs = sorted(CONFIG_DIR.glob("*.yaml"))
+    if a.only:
+        keys = [k for k in a.only.split(",") if k]
+        configs = [c for c in configs if any(c.stem == k or c.stem.startswith(k + "_") for k in keys)]
+    if not configs:
+        print(f"no configs matched in {CONFIG_DIR}", file=sys.stderr)
+        return 2
+    out = Path(a.out)
+    results = []
+    t0 = time.monotonic()
+    steps = sum(len(SCHEDULERS.get(c.stem, "x").split(",")) * 2 for c in configs)
+    if a.report_only:
+        results = [validate.Validation.from_json(json.loads((out / c.stem / "validation.json").read_text()))
+                   for c in configs if (out / c.stem / "validation.json").is_file()]
+        configs = []
+    with tqdm(total=steps, desc="validation suite", unit="step", disable=a.quiet or None) as bar:
+        for c in configs:
+            def step(label: str, c: Path = c) -> None:
+                bar.set_postfix_str(f"{c.stem} {label}")
+                bar.update(1)
+
+            results.append(validate.validate(c, SCHEDULERS.get(c.stem), a.iterations, out / c.stem,
+                                             on_step=step))
+    wall = time.monotonic() - t0
+    validate.write_files(out, results, title="hetsim validation suite")
+    import pandas as pd
+
+    table = markdown_table(pd.DataFrame(suite_rows(results)))
+    decomp = markdown_table(pd.DataFrame(decomposition_rows(results)))
+    lines = summary_lines(results)
+    took = "" if a.report_only else f", {wall:.0f} s"
+    head = ["# hetsim validation suite", "", f"`python -m bench.validation_suite`: {len(results)} configs"
+            f"{took}.", "", *lines, "", table, "", "## Where the time goes (ms per iteration, "
+            "mean over workers)", "", decomposition_rows.__doc__.split("\n\n")[0].replace("\n    ", " ")
+            if decomposition_rows.__doc__ else "", "", decomp, ""]
+    body = (out / "report.md").read_text().split("\n", 2)[2]  # every metric, under the suite table
+    (out / "report.md").write_text("\n".join(head) + body)
+    (out / "suite.json").write_text(json.dumps({"wall_s": wall, "summary": lines, "rows": suite_rows(results),
+                                                 "decomposition": decomposition_rows(results)}, indent=2) + "\n")
+    print(table)
+    print()
+    print(decomp)
+    print("\n".join(lines))
+    print(f"wrote {out}/ (report.md, validation.csv, validation.json, sim_vs_real.png, one folder per config)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,566 @@
+"""`hetsim validate CONFIG`: the calibrated DES against a real run of the same plan.
+
+For each scheduler: plan once, simulate the plan with the DES and execute the
+same plan with the runtime (:mod:`runtime`), then compare metric by metric
+(:data:`METRICS`): simulated value, real value, relative error
+``(sim - real) / real``. With several schedulers, whether the DES ranks them
+as the real runs do (:func:`ranking_preserved`).
+
+What the simulator is given, so that it models what the runtime executes:
+
+* **The exact model.** The runtime trains ``sim.zoo.torch_module(name,
+  **runtime.model_kwargs)``; the zoo's committed layer list is the default
+  size. The simulated model is extracted with :func:`sim.torch_extract.from_torch`
+  from the very module the workers build (:func:`runtime.task.build`), with
+  embedding tables dense (the runtime moves whole tensors, not touched rows).
+* **The teacher.** Every real iteration a worker first labels its fresh batch
+  with a forward pass of the teacher (same architecture, no grad;
+  :class:`runtime.task.Teacher`). The simulated model gets a leading
+  parameter-free layer ``teacher`` whose forward time is the cost model's
+  forward time of the student on the same batch (the architectures are equal),
+  entered as a per-layer table of each worker's profile, and no backward.
+* **Emulated slowdowns.** ``runtime.workers[i].slowdown`` sleeps ``(f - 1) x``
+  the forward/backward time (not the teacher's); the DES gets a slowdown from
+  t = 0 of ``(T + f S) / (T + S)`` over its whole compute (T teacher, S
+  student at the worker's planned share), the same seconds.
+
+Warm-up: every metric leaves out the first ``job.warmup_iterations``
+iterations on both sides (RunResult's iteration statistics already do; the
+per-worker times are taken from the traces over the same window).
+
+Per-worker times, per measured iteration (seconds), from each side's trace:
+
+* ``compute_s``: drawing and labelling the batch plus forward and backward
+  (DES: the ``fwd``/``bwd`` spans; runtime: from the end of the last pull to
+  the end of the ``compute`` span, which covers the teacher's forward).
+* ``comm_s``: time during which the worker has a transfer of its own in
+  flight, the union of its pull and push intervals (DES: its network spans;
+  runtime: its ``pull`` and ``push`` spans and, pipelined, its sender
+  thread's spans). Waiting for others (the barrier) is in neither.
+
+``time_to_target_s`` (configs with ``job.target_loss``): DES from the
+convergence model; runtime: the end of the first iteration at which the mean
+measured loss of the last :data:`LOSS_WINDOW` iterations is at or below the
+target.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import schedulers
+from experiments import runner
+from experiments.plots import markdown_table
+from hardware_profiles.schema import LayerTable
+from runtime import entry
+from runtime.spec import RunSpec, RuntimeOptions, build_spec, parse_options
+from sim import costmodel, zoo
+from sim.cluster import Cluster, Device
+from sim.errors import ConfigError
+from sim.plan import Plan
+from sim.problem import Dynamic, Problem
+from sim.result import RunResult
+from sim.workload import Layer, Model
+
+#: Metrics compared for every scheduler; per-worker ones get ``:DEVICE`` appended.
+METRICS = ("iteration_time_mean_s", "iteration_time_p50_s", "throughput_sps", "compute_s",
+           "comm_s", "time_to_target_s")
+PER_WORKER = ("compute_s", "comm_s")
+#: Iterations averaged when reading the real time to target off the noisy measured loss.
+LOSS_WINDOW = 5
+#: Two values closer than this (relative) are a tie when ranking schedulers.
+TIE_REL = 0.05
+TEACHER = "teacher"
+VALIDATION_SCHEMA = 1
+
+
+# ------------------------------------------------------------------ arithmetic
+def rel_error(sim: float | None, real: float | None) -> float | None:
+    """``(sim - real) / real``; None when either is missing or not finite, or real is 0."""
+    if sim is None or real is None or not (math.isfinite(sim) and math.isfinite(real)) or real == 0:
+        return None
+    return (sim - real) / real
+
+
+def _tie(a: float, b: float, tol: float) -> bool:
+    return abs(a - b) <= tol * max(abs(a), abs(b))
+
+
+def ranking_preserved(sim: dict[str, float], real: dict[str, float], tie_rel: float = TIE_REL) -> bool | None:
+    """Whether the simulated values order the schedulers as the real ones do.
+
+    A pair of schedulers contradicts the ranking when both sides order it
+    strictly and in opposite ways; values within ``tie_rel`` of each other
+    (relative) are a tie on that side and contradict nothing, because a
+    difference below the measurement noise ranks nothing. None with fewer than
+    two schedulers present on both sides.
+    """
+    names = [n for n in sim if n in real]
+    if len(names) < 2:
+        return None
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            if _tie(sim[a], sim[b], tie_rel) or _tie(real[a], real[b], tie_rel):
+                continue
+            if (sim[a] < sim[b]) != (real[a] < real[b]):
+                return False
+    return True
+
+
+def compare(sim: dict[str, float | None], real: dict[str, float | None]) -> dict[str, dict[str, float | None]]:
+    """{metric: {sim, real, rel_error}} over the metrics either side has, in ``sim``'s order."""
+    keys = list(sim) + [k for k in real if k not in sim]
+    return {k: {"sim": sim.get(k), "real": real.get(k), "rel_error": rel_error(sim.get(k), real.get(k))}
+            for k in keys}
+
+
+# -------------------------------------------------------------- trace reading
+def _window(result: RunResult) -> tuple[float, float, int]:
+    """(start, end, iterations) of the measured (post-warm-up) iterations."""
+    ends = result.iter_end_s
+    n = len(ends)
+    w = result.warmup if n > result.warmup else 0
+    return (ends[w - 1] if w > 0 else 0.0), (ends[-1] if ends else 0.0), n - w
+
+
+def _union_in(intervals: list[tuple[float, float]], lo: float, hi: float) -> float:
+    """Length of the union of ``intervals`` clipped to [lo, hi]."""
+    total, cur_a, cur_b = 0.0, None, None
+    for a, b in sorted((max(a, lo), min(b, hi)) for a, b in intervals):
+        if b <= a:
+            continue
+        if cur_b is None or a > cur_b:
+            if cur_b is not None and cur_a is not None:
+                total += cur_b - cur_a
+            cur_a, cur_b = a, b
+        else:
+            cur_b = max(cur_b, b)
+    if cur_a is not None and cur_b is not None:
+        total += cur_b - cur_a
+    return total
+
+
+def worker_intervals(trace: list[dict[str, Any]]) -> dict[str, dict[str, list[tuple[float, float]]]]:
+    """{device: {"compute": [...], "comm": [...]}} in seconds, from a DES or runtime trace.
+
+    Both write the same tracks (:class:`sim.result.Trace`): ``workers`` (pid 0)
+    with one thread per worker named by its device, ``network`` (pid 1) with
+    the worker's messages (DES) or its sender thread ``DEVICE sender``
+    (runtime, pipelined).
+    """
+    names: dict[tuple[int, int], str] = {}
+    for e in trace:
+        if e.get("ph") == "M" and e.get("name") == "thread_name":
+            names[(e["pid"], e["tid"])] = str(e["args"]["name"]).removesuffix(" sender")
+    out: dict[str, dict[str, list[tuple[float, float]]]] = {}
+    per_thread: dict[tuple[int, int], list[tuple[float, float, str]]] = {}
+    opened: dict[tuple[int, int, int], float] = {}
+    for e in trace:
+        key = (e.get("pid", -1), e.get("tid", -1))
+        if e.get("ph") == "X":
+            per_thread.setdefault(key, []).append((e["ts"] * 1e-6, (e["ts"] + e["dur"]) * 1e-6, e["name"]))
+        elif e.get("ph") == "b":
+            opened[(*key, e["id"])] = e["ts"] * 1e-6
+        elif e.get("ph") == "e":
+            a = opened.pop((*key, e["id"]), None)
+            if a is not None:
+                per_thread.setdefault(key, []).append((a, e["ts"] * 1e-6, e["name"]))
+    for key, spans in per_thread.items():
+        dev = names.get(key)
+        if dev is None or key[0] not in (0, 1):
+            continue
+        d = out.setdefault(dev, {"compute": [], "comm": []})
+        spans.sort()
+        if key[0] == 1:  # network track: every span is a transfer of this worker
+            d["comm"] += [(a, b) for a, b, _ in spans]
+            continue
+        prev_end: float | None = None
+        prev_name = ""
+        for a, b, name in spans:
+            if name.startswith(("fwd", "bwd")):
+                d["compute"].append((a, b))
+            elif name == "compute":
+                # the runtime draws and labels the batch (teacher forward) between the last
+                # pull and the timed forward/backward; the DES models it as compute
+                start = prev_end if prev_name == "pull" and prev_end is not None else a
+                d["compute"].append((start, b))
+            elif name in ("pull", "push"):
+                d["comm"].append((a, b))
+            prev_end, prev_name = b, name
+    return out
+
+
+def measured_metrics(result: RunResult, target_loss: float | None = None) -> dict[str, float | None]:
+    """The compared metrics of one run (DES or runtime), warm-up excluded."""
+    s = result.summary()
+    m: dict[str, float | None] = {
+        "iteration_time_mean_s": s["iteration_time_s"]["mean"],
+        "iteration_time_p50_s": s["iteration_time_s"]["p50"],
+        "throughput_sps": s["throughput_sps"],
+    }
+    lo, hi, n = _window(result)
+    spans = worker_intervals(result.trace)
+    for kind in PER_WORKER:
+        for d in result.devices:
+            if d.role != "worker":
+                continue
+            iv = spans.get(d.id, {}).get(kind.removesuffix("_s"), [])
+            m[f"{kind}:{d.id}"] = _union_in(iv, lo, hi) / n if n > 0 else None
+    if target_loss is not None:
+        m["time_to_target_s"] = (result.time_to_target_s if result.evaluator != "runtime"
+                                 else real_time_to_target(result, target_loss))
+    return m
+
+
+def real_time_to_target(result: RunResult, target: float) -> float | None:
+    """End of the first iteration whose trailing mean loss (:data:`LOSS_WINDOW`) is <= target."""
+    loss = result.iter_loss or []
+    for i in range(len(loss)):
+        window = [x for x in loss[max(0, i - LOSS_WINDOW + 1): i + 1] if math.isfinite(x)]
+        if window and sum(window) / len(window) <= target:
+            return float(result.iter_end_s[i])
+    return None
+
+
+# ------------------------------------------------------- the simulated problem
+def exact_model(spec_model: str, seed: int, model_kwargs: dict[str, Any]) -> Model:
+    """The layer list of the module the runtime's workers train (same builder, sizes and seed).
+
+    Embedding tables are made dense: the runtime pulls and pushes whole tensors
+    (sparse, touched-rows-only transfers are not built there), so the DES must
+    move whole tables too.
+    """
+    from runtime import task
+    from sim.torch_extract import from_torch
+
+    module, example = task.build(spec_model, seed, model_kwargs)
+    model = from_torch(module.train(), example, name=spec_model)
+    return dataclasses.replace(model, layers=tuple(dataclasses.replace(ly, sparse=None) for ly in model.layers))
+
+
+def teacher_layer(model: Model) -> Layer:
+    """A parameter-free leading layer that stands for labelling the batch (priced by a table).
+
+    Its output size is the model's input size, so the first real layer's input
+    bytes are unchanged; its signature (a GEMM of 0 FLOPs) is one no real layer has.
+    """
+    return Layer(TEACHER, "gemm", 0.0, 0.0, 0.0, model.input_bytes, kernels=1)
+
+
+def with_teacher(model: Model) -> Model:
+    return dataclasses.replace(model, layers=(teacher_layer(model), *model.layers))
+
+
+def _teacher_profile(dev: Device, model: Model, dtype: str, max_batch: int) -> Device:
+    """``dev`` whose profile prices the teacher layer: the student's forward at every batch."""
+    sig = teacher_layer(model).signature
+    tables = dict(dev.type.layers or {})
+    if sig in tables:  # never silently reuse a measured table
+        raise ConfigError("<validate>", "job.model", f"layer signature {sig} already measured")
+    batch = list(range(1, max_batch + 1))
+    fwd = [float(costmodel.layer_times(model, dev.type, dtype, b)[0].sum()) for b in batch]
+    tables[sig] = LayerTable(batch=batch, fwd_s=fwd, bwd_s=[0.0] * len(batch))
+    return dataclasses.replace(dev, type=dev.type.model_copy(update={"layers": tables}))
+
+
+def simulated_problem(problem: Problem, plan: Plan, opts: RuntimeOptions) -> Problem:
+    """``problem`` (already holding the exact model) as the runtime executes it: the teacher's
+    forward added, and ``runtime.workers`` slowdowns as t = 0 slowdown events."""
+    job, model = problem.job, problem.job.model
+    B = job.global_batch
+    cl = problem.cluster
+    devices = tuple(_teacher_profile(d, model, job.dtype, B) for d in cl.devices)
+    cluster = Cluster(devices, cl.shards, cl.network)
+    index = {d.id: i for i, d in enumerate(cl.devices)}
+    shares = {r.device: r.batch for r in plan.replicas}
+    extra = []
+    for w, o in enumerate(opts.workers):
+        if o.slowdown == 1.0 or w >= len(plan.replicas):
+            continue
+        dev = cl.device(plan.replicas[w].device)
+        b = max(shares[dev.id], 1)
+        f, bw = costmodel.layer_times(model, dev.type, job.dtype, b)
+        student, teacher = float(f.sum() + bw.sum()), float(f.sum())
+        # the runtime sleeps (f - 1) x the student's compute only, not the teacher's
+        factor = (teacher + o.slowdown * student) / (teacher + student)
+        extra.append(Dynamic(index[dev.id], 0.0, slowdown=factor))
+    return dataclasses.replace(problem, cluster=cluster,
+                               job=dataclasses.replace(job, model=with_teacher(model)),
+                               dynamics=tuple(sorted((*problem.dynamics, *extra), key=lambda d: d.at_s)))
+
+
+# ------------------------------------------------------------------ one config
+@dataclass
+class SchedulerRun:
+    """Sim and real of one scheduler on one config."""
+
+    scheduler: str
+    metrics: dict[str, dict[str, float | None]]
+    diagnostics: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Validation:
+    """The outcome of :func:`validate` on one config."""
+
+    config: str
+    name: str
+    runs: list[SchedulerRun]
+    ranking_preserved: bool | None
+    info: dict[str, Any]
+
+    def rows(self) -> list[dict[str, Any]]:
+        """validation.csv rows: config, scheduler, metric, sim, real, rel_error."""
+        return [{"config": self.name, "scheduler": r.scheduler, "metric": k, **v}
+                for r in self.runs for k, v in r.metrics.items()]
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Validation:
+        """The inverse of :meth:`to_json` (to rebuild reports from validation.json)."""
+        runs = [SchedulerRun(n, r["metrics"], r.get("diagnostics", {})) for n, r in d["schedulers"].items()]
+        return cls(d["config"], d["name"], runs, d["ranking_preserved"], d.get("info", {}))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": VALIDATION_SCHEMA, "config": self.config, "name": self.name,
+                "ranking_preserved": self.ranking_preserved, "info": self.info,
+                "schedulers": {r.scheduler: {"metrics": r.metrics, "diagnostics": r.diagnostics}
+                               for r in self.runs}}
+
+
+def scheduler_names(arg: str | None, default: str, source: str = "<command line>") -> list[str]:
+    """``--schedulers a,b`` checked against the registry (default: the config's scheduler)."""
+    names = [n for n in (arg.split(",") if arg else [default]) if n]
+    known = schedulers.names()
+    for n in names:
+        if n not in known:
+            raise ConfigError(source, "--schedulers" if arg else "scheduler.name",
+                              f"unknown scheduler {n!r}; known: {', '.join(known)}")
+    if not names:
+        raise ConfigError(source, "--schedulers", "no scheduler given")
+    return names
+
+
+def standalone_compute_s(spec: RunSpec, share: int, repeats: int = 7) -> dict[str, float]:
+    """Median wall and thread-CPU seconds of the teacher labelling plus forward/backward on
+    ``share`` samples in this process, one torch thread, nothing else of the run going on:
+    what a worker's compute costs here without the other ranks sharing the cores."""
+    import torch
+
+    from runtime import task
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        module, _ = task.build(spec.model, spec.seed, spec.model_kwargs)
+        module.train()
+        teacher = task.Teacher(spec.model, spec.seed, spec.model_kwargs)
+        wall, cpu = [], []
+        for k in range(repeats + 2):
+            gen, _ = task.iteration_generators(spec.seed, 0, k)
+            a, c = time.perf_counter(), time.thread_time()
+            x, y = teacher.batch(share, gen)
+            module.zero_grad(set_to_none=False)
+            task.loss_fn(task.call(module, x), y).backward()
+            if k >= 2:  # the first passes allocate
+                wall.append(time.perf_counter() - a)
+                cpu.append(time.thread_time() - c)
+        return {"wall_s": float(np.median(wall)), "cpu_s": float(np.median(cpu))}
+    finally:
+        torch.set_num_threads(old)
+
+
+def _host_info(opts: RuntimeOptions, n_workers: int, n_shards: int) -> dict[str, Any]:
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    threads = [(o.threads if i < len(opts.workers) and (o := opts.workers[i]).threads else opts.threads)
+               for i in range(n_workers)]
+    return {"cores": cores, "workers": n_workers, "shards": n_shards,
+            "worker_threads": sum(threads), "processes": n_workers + n_shards,
+            "oversubscribed": sum(threads) > cores,
+            "affinity": [opts.workers[i].affinity if i < len(opts.workers) else None
+                         for i in range(n_workers)]}
+
+
+def validate(config: str | Path, scheduler_arg: str | None = None, iterations: int | None = None,
+             out: Path | None = None, timeout_s: float = 600.0,
+             on_step: Callable[[str], None] | None = None) -> Validation:
+    """Plan, simulate (DES) and run for real each scheduler of ``config``; compare.
+
+    Args:
+        config: a config YAML with a ``runtime:`` section (optional).
+        scheduler_arg: comma-separated scheduler names (default: the config's).
+        iterations: override ``job.iterations`` on both sides.
+        out: write DIR/SCHEDULER/{sim,real}/ (the usual run files), report.md,
+            validation.csv, validation.json and sim_vs_real.png here.
+        timeout_s: wall-clock limit of each real run.
+        on_step: called with a short label before each simulation and run (progress).
+
+    Raises:
+        ConfigError: bad config, runtime section or scheduler name (one line).
+        runtime.launch.RuntimeFailure: a real run failed.
+    """
+    from runtime.launch import run_local
+
+    source = str(config)
+    cfg, runtime_raw = entry.read_config(config)
+    loaded = runner.Loaded(cfg, Path(config).resolve().parent, source)
+    opts = parse_options(runtime_raw, source)
+    names = scheduler_names(scheduler_arg, cfg.scheduler.name)
+    if iterations is not None and iterations <= 0:
+        raise ConfigError("<command line>", "--iterations", f"must be > 0, got {iterations}")
+    base = runner.problem_of(loaded)
+    if iterations is not None:
+        base = dataclasses.replace(base, job=dataclasses.replace(
+            base.job, iterations=iterations,
+            warmup_iterations=min(base.job.warmup_iterations, max(iterations - 1, 0))))
+    if base.job.model.name not in zoo.names():
+        raise ConfigError(source, "job.model", f"the runtime trains zoo models only "
+                          f"({', '.join(zoo.names())}), not {base.job.model.name!r}")
+    model = exact_model(base.job.model.name, base.seed, opts.model_kwargs)
+    problem = dataclasses.replace(base, job=dataclasses.replace(base.job, model=model))
+    resolved = cfg.model_dump(mode="json")
+    resolved["runtime"] = opts.model_dump(mode="json")
+    runs: list[SchedulerRun] = []
+    info: dict[str, Any] = {}
+    for name in names:
+        # one plan for both sides, made on the exact model; each side its own scheduler object
+        # (an online scheduler keeps state while it rebalances)
+        sched_sim, plan = runner.schedule(loaded, problem, name)
+        sched_real, _ = runner.schedule(loaded, problem, name)
+        spec = build_spec(problem, plan, opts, sched_real, problem.job.iterations, timeout_s, source)
+        info = _host_info(opts, spec.n_workers, spec.n_shards)
+        sim_problem = simulated_problem(problem, plan, opts)
+        if on_step:
+            on_step(f"{name}: des")
+        sim = runner.evaluate(sim_problem, plan, "des", trace=True, scheduler=sched_sim)
+        shares = sorted({r.batch for r in plan.replicas})
+        standalone = {b: standalone_compute_s(spec, b) for b in shares}
+        if on_step:
+            on_step(f"{name}: runtime")
+        load_before = os.getloadavg()[0]
+        t0 = time.monotonic()
+        real = run_local(spec)
+        wall = time.monotonic() - t0
+        target = problem.job.target_loss
+        metrics = compare(measured_metrics(sim, target), measured_metrics(real, target))
+        diag = {"standalone_compute_s": {str(b): v for b, v in standalone.items()},
+                "shares": {r.device: r.batch for r in plan.replicas},
+                "loadavg_1min": [load_before, os.getloadavg()[0]], "real_wall_s": wall,
+                "real_workers": real.summary()["workers"], "sim_workers": sim.summary()["workers"]}
+        runs.append(SchedulerRun(name, metrics, diag))
+        if out is not None:
+            runner.write_run(out / name / "sim", sim, plan, loaded)
+            entry.write(out / name / "real", real, plan, resolved)
+    ranked = ranking_preserved(
+        {r.scheduler: v for r in runs if (v := r.metrics["iteration_time_mean_s"]["sim"]) is not None},
+        {r.scheduler: v for r in runs if (v := r.metrics["iteration_time_mean_s"]["real"]) is not None})
+    result = Validation(source, cfg.name, runs, ranked, info)
+    if out is not None:
+        write_files(out, [result])
+    return result
+
+
+# ---------------------------------------------------------------------- files
+def csv_rows(results: Sequence[Validation]) -> list[dict[str, Any]]:
+    return [row for v in results for row in v.rows()]
+
+
+def pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:+.1f}%"
+
+
+def report_md(results: Sequence[Validation], title: str = "hetsim validate") -> str:
+    """The markdown report: per config and scheduler, every metric's sim, real and error."""
+    import pandas as pd
+
+    lines = [f"# {title}", ""]
+    for v in results:
+        lines += [f"## {v.name} (`{v.config}`)", ""]
+        h = v.info
+        lines.append(f"{h.get('workers')} workers, {h.get('shards')} PS shard(s), "
+                     f"{h.get('worker_threads')} worker threads on {h.get('cores')} cores"
+                     f"{' (oversubscribed)' if h.get('oversubscribed') else ''}; ranking preserved: "
+                     f"{'-' if v.ranking_preserved is None else ('yes' if v.ranking_preserved else 'NO')}")
+        lines.append("")
+        for r in v.runs:
+            df = pd.DataFrame([{"metric": k, "sim": m["sim"], "real": m["real"], "error": pct(m["rel_error"])}
+                               for k, m in r.metrics.items()])
+            lines += [f"### {r.scheduler}", "", markdown_table(df), ""]
+            sc = r.diagnostics.get("standalone_compute_s")
+            if sc:
+                lines.append("Compute of one share measured alone in this process (1 thread, median): " + ", ".join(
+                    f"batch {b}: {1e3 * x['wall_s']:.3g} ms wall, {1e3 * x['cpu_s']:.3g} ms CPU"
+                    for b, x in sc.items()) + f"; load average during the run "
+                    f"{r.diagnostics['loadavg_1min'][0]:.2f} -> {r.diagnostics['loadavg_1min'][1]:.2f}.")
+                lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def scatter(results: Sequence[Validation], path: Path, title: str = "sim vs real") -> None:
+    """Simulated against real mean iteration time, one point per (config, scheduler), y = x line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 5))
+    pts = []
+    for v in results:
+        for r in v.runs:
+            m = r.metrics["iteration_time_mean_s"]
+            if m["sim"] is None or m["real"] is None:
+                continue
+            pts.append((m["real"], m["sim"]))
+            marker = "s" if v.info.get("oversubscribed") else "o"
+            ax.scatter([m["real"]], [m["sim"]], marker=marker, s=36)
+            ax.annotate(f"{v.name}/{r.scheduler}", (m["real"], m["sim"]), fontsize=6,
+                        xytext=(3, 3), textcoords="offset points")
+    if pts:
+        lo = min(min(p) for p in pts) * 0.8
+        hi = max(max(p) for p in pts) * 1.25
+        ax.plot([lo, hi], [lo, hi], "k--", lw=0.8, label="y = x")
+        ax.fill_between([lo, hi], [lo * 0.9, hi * 0.9], [lo * 1.1, hi * 1.1], color="0.9", label="+-10%")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlim(lo, hi)
+        ax.set_ylim(lo, hi)
+    ax.set_xlabel("real mean iteration time (s)")
+    ax.set_ylabel("simulated mean iteration time (s)")
+    ax.set_title(f"{title} (squares: more worker threads than cores)", fontsize=8)
+    ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+
+
+def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    import csv
+
+    cols = ["config", "scheduler", "metric", "sim", "real", "rel_error"]
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=cols, lineterminator="\n")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: ("" if r.get(k) is None else r[k]) for k in cols})
+
+
+def write_files(out: Path, results: Sequence[Validation], title: str = "hetsim validate") -> None:
+    """report.md, validation.csv, validation.json and sim_vs_real.png in ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.md").write_text(report_md(results, title))
+    write_csv(out / "validation.csv", csv_rows(results))
+    data = [v.to_json() for v in results]
+    (out / "validation.json").write_text(json.dumps(data[0] if len(data) == 1 else data, indent=2) + "\n")
+    scatter(results, out / "sim_vs_real.png", title)

@@ -1,0 +1,214 @@
+"""hetsim validate: the error arithmetic, the ranking rule, the simulated problem, one-line
+errors, and one small end-to-end run (2 workers, a tiny mlp, 6 iterations)."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from experiments import cli, runner, validate
+from runtime.spec import parse_options
+from sim import costmodel
+from sim.result import DeviceUsage, RunResult, Trace
+
+TINY = """\
+name: tiny_validate
+seed: 0
+cluster:
+  devices:
+    - {type: this_machine, count: 2}
+  ps: {shards: 1, type: this_machine}
+  network: {bandwidth_gbps: 13, latency_us: 65}
+job:
+  model: mlp
+  global_batch: 16
+  iterations: 6
+  warmup_iterations: 2
+  sync: bsp
+scheduler: {name: equal}
+runtime:
+  model_kwargs: {in_features: 16, hidden: [32], classes: 4}
+  threads: 1
+  workers:
+    - {affinity: [0]}
+    - {slowdown: 2.0}
+"""
+
+
+def _write(tmp_path: Path, text: str = TINY, name: str = "tiny.yaml") -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+# ------------------------------------------------------------------ arithmetic
+def test_rel_error_exact_and_missing() -> None:
+    assert validate.rel_error(1.1, 1.0) == pytest.approx(0.1)
+    assert validate.rel_error(0.5, 2.0) == -0.75
+    assert validate.rel_error(None, 1.0) is None
+    assert validate.rel_error(1.0, None) is None
+    assert validate.rel_error(1.0, 0.0) is None
+    assert validate.rel_error(float("nan"), 1.0) is None
+
+
+def _result(evaluator: str, ends: list[float], trace: list[dict[str, object]],
+            loss: list[float] | None = None) -> RunResult:
+    dev = DeviceUsage("cpu:0", "worker", 0.0, 0.0, 0.0)
+    return RunResult("x", evaluator, "equal", 0, ends, [10] * len(ends), [dev], warmup=1,
+                     trace=trace, iter_loss=loss)
+
+
+def test_metrics_and_errors_on_hand_made_runs() -> None:
+    # sim: iterations of 1 s; worker computes 0.5 s (fwd 0.2 + bwd 0.3) and transfers 0.2 s
+    # (pull 0.1 + push 0.1, two messages of the push overlapping) in each
+    ts = Trace()
+    for i in range(4):
+        t = float(i)
+        ts.async_span("network", 0, "cpu:0", "pull c0", t, t + 0.1)
+        ts.span("workers", 0, "cpu:0", "fwd", t + 0.1, t + 0.3)
+        ts.span("workers", 0, "cpu:0", "bwd", t + 0.3, t + 0.6)
+        ts.async_span("network", 0, "cpu:0", "push c0", t + 0.6, t + 0.7)
+        ts.async_span("network", 0, "cpu:0", "push c1", t + 0.65, t + 0.7)
+    sim = _result("des", [1.0, 2.0, 3.0, 4.0], ts.events)
+    # real: a 2 s warm-up, then iterations of 1.5 s: wait 0.2, pull 0.1, [teacher 0.2],
+    # compute 0.6, push 0.3; compute counts from the end of the pull (0.8 s)
+    tr = Trace()
+    starts = [0.0, 2.0, 3.5, 5.0]
+    for t in starts:
+        tr.span("workers", 0, "cpu:0", "wait", t, t + 0.2)
+        tr.span("workers", 0, "cpu:0", "pull", t + 0.2, t + 0.3)
+        tr.span("workers", 0, "cpu:0", "compute", t + 0.5, t + 1.1)
+        tr.span("workers", 0, "cpu:0", "push", t + 1.1, t + 1.4)
+    real = _result("runtime", [2.0, 3.5, 5.0, 6.5], tr.events)
+    m = validate.compare(validate.measured_metrics(sim), validate.measured_metrics(real))
+    assert m["iteration_time_mean_s"]["sim"] == pytest.approx(1.0)
+    assert m["iteration_time_mean_s"]["real"] == pytest.approx(1.5)
+    assert m["iteration_time_mean_s"]["rel_error"] == pytest.approx(-1 / 3)
+    assert m["iteration_time_p50_s"]["rel_error"] == pytest.approx(-1 / 3)
+    assert m["throughput_sps"]["sim"] == pytest.approx(10.0)
+    assert m["throughput_sps"]["real"] == pytest.approx(30 / 4.5)
+    assert m["throughput_sps"]["rel_error"] == pytest.approx(0.5)
+    assert m["compute_s:cpu:0"]["sim"] == pytest.approx(0.5)
+    assert m["compute_s:cpu:0"]["real"] == pytest.approx(0.8)
+    assert m["compute_s:cpu:0"]["rel_error"] == pytest.approx(-0.375)
+    assert m["comm_s:cpu:0"]["sim"] == pytest.approx(0.2)
+    assert m["comm_s:cpu:0"]["real"] == pytest.approx(0.4)
+    assert m["comm_s:cpu:0"]["rel_error"] == pytest.approx(-0.5)
+    assert "time_to_target_s" not in m
+
+
+def test_real_time_to_target_uses_the_trailing_mean() -> None:
+    r = _result("runtime", [1.0, 2.0, 3.0, 4.0, 5.0, 6.0], [], loss=[1.0, 0.1, 1.0, 0.5, 0.4, 0.3])
+    # trailing means (window 5): 1.0, 0.55, 0.7, 0.65, 0.6, 0.46
+    assert validate.real_time_to_target(r, 0.6) == 5.0
+    assert validate.real_time_to_target(r, 0.55) == 2.0
+    assert validate.real_time_to_target(r, 0.1) is None
+
+
+@pytest.mark.parametrize("sim, real, expected", [
+    ({"a": 1.0, "b": 2.0}, {"a": 1.5, "b": 3.0}, True),            # same order
+    ({"a": 1.0, "b": 2.0}, {"a": 3.0, "b": 1.5}, False),           # swapped
+    ({"a": 1.0, "b": 1.01}, {"a": 3.0, "b": 1.5}, True),           # sim tie (within 5%)
+    ({"a": 1.0, "b": 2.0}, {"a": 2.0, "b": 1.96}, True),           # real tie
+    ({"a": 1.0, "b": 2.0, "c": 3.0}, {"a": 1.0, "b": 2.0, "c": 1.5}, False),  # b/c swapped
+    ({"a": 1.0}, {"a": 2.0}, None),                                # one scheduler
+    ({"a": 1.0, "b": 2.0}, {"a": 1.0}, None),                      # one on both sides
+])
+def test_ranking_preserved(sim: dict[str, float], real: dict[str, float], expected: bool | None) -> None:
+    assert validate.ranking_preserved(sim, real) is expected
+
+
+def test_ranking_tie_tolerance_is_a_parameter() -> None:
+    assert validate.ranking_preserved({"a": 1.0, "b": 1.01}, {"a": 3.0, "b": 1.5}, tie_rel=0.0) is False
+
+
+# --------------------------------------------------- what the DES is given
+def test_simulated_problem_has_exact_model_teacher_and_slowdown(tmp_path: Path) -> None:
+    from runtime.entry import read_config
+
+    path = _write(tmp_path)
+    cfg, rt = read_config(path)
+    opts = parse_options(rt, str(path))
+    loaded = runner.Loaded(cfg, tmp_path, str(path))
+    base = runner.problem_of(loaded)
+    model = validate.exact_model("mlp", 0, opts.model_kwargs)
+    # 16-32-4: two Linear layers and a ReLU, not the zoo's 784-1024-1024-10
+    assert model.param_bytes == 4 * (16 * 32 + 32 + 32 * 4 + 4)
+    import dataclasses
+
+    problem = dataclasses.replace(base, job=dataclasses.replace(base.job, model=model))
+    plan = runner.plan_for(loaded, problem, "equal")
+    sp = validate.simulated_problem(problem, plan, opts)
+    assert sp.job.model.layers[0].name == validate.TEACHER
+    assert sp.job.model.layers[1:] == model.layers
+    dev = sp.cluster.devices[0]
+    f, b = costmodel.layer_times(sp.job.model, dev.type, "fp32", 8)
+    sf, sb = costmodel.layer_times(model, problem.cluster.devices[0].type, "fp32", 8)
+    assert f[0] == pytest.approx(sf.sum()) and b[0] == 0.0  # the teacher: one forward, no backward
+    assert list(f[1:]) == pytest.approx(list(sf)) and list(b[1:]) == pytest.approx(list(sb))
+    (ev,) = sp.dynamics  # worker 1's 2x sleep covers the student's compute, not the teacher's
+    T, S = sf.sum(), sf.sum() + sb.sum()
+    assert ev.worker == 1 and ev.at_s == 0.0
+    assert ev.slowdown == pytest.approx((T + 2 * S) / (T + S))
+
+
+# ------------------------------------------------------------------- errors
+def test_unknown_scheduler_is_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _write(tmp_path)
+    assert cli.main(["validate", str(path), "--schedulers", "equal,nope", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "--schedulers" in err and "'nope'" in err
+
+
+@pytest.mark.parametrize("old, new, field", [
+    ("global_batch: 16", "global_batch: -1", "job.global_batch"),
+    ("- {slowdown: 2.0}", "- {slowdown: 0.5}", "runtime.workers.1.slowdown"),
+    ("model: mlp", "model: {file: nowhere.yaml}", "nowhere.yaml"),
+])
+def test_bad_config_is_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                       old: str, new: str, field: str) -> None:
+    path = _write(tmp_path, TINY.replace(old, new))
+    assert cli.main(["validate", str(path), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith("hetsim: error:") and field in err
+    if "nowhere" not in field:
+        assert str(path) in err
+
+
+# -------------------------------------------------------------- end to end
+def test_validate_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import psutil
+
+    path = _write(tmp_path)
+    out = tmp_path / "out"
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    assert cli.main(["validate", str(path), "--out", str(out)]) == 0
+    left = {p.pid for p in psutil.Process().children(recursive=True)} - before
+    assert not left, f"processes left behind: {left}"
+    for f in ("report.md", "validation.csv", "validation.json", "sim_vs_real.png",
+              "equal/sim/summary.json", "equal/real/summary.json", "equal/real/trace.json"):
+        assert (out / f).is_file(), f
+    report = (out / "report.md").read_text()
+    assert "| metric | sim | real | error |" in report
+    metrics = ["iteration_time_mean_s", "iteration_time_p50_s", "throughput_sps",
+               "compute_s:this_machine:0", "compute_s:this_machine:1",
+               "comm_s:this_machine:0", "comm_s:this_machine:1"]
+    for m in metrics:
+        row = next(line for line in report.splitlines() if line.startswith(f"| {m} |"))
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert len(cells) == 4 and all(c not in ("", "-") for c in cells), row
+    rows = list(csv.DictReader((out / "validation.csv").open()))
+    assert [r["metric"] for r in rows] == metrics
+    assert all(r["sim"] and r["real"] and r["rel_error"] for r in rows)
+    for r in rows:
+        assert float(r["rel_error"]) == pytest.approx((float(r["sim"]) - float(r["real"])) / float(r["real"]))
+    data = json.loads((out / "validation.json").read_text())
+    assert data["schema"] == 1 and data["ranking_preserved"] is None
+    real = json.loads((out / "equal/real/summary.json").read_text())
+    sim = json.loads((out / "equal/sim/summary.json").read_text())
+    assert real["evaluator"] == "runtime" and sim["evaluator"] == "des"
+    assert real["iterations"] == sim["iterations"] == 6
+    assert "iteration_time_mean_s" in capsys.readouterr().out
