@@ -8,6 +8,10 @@ learnt about one type transfers to every slot and to clusters with a
 different number or order of types. The value function is an MLP over the
 whole observation. Masks are applied to the logits by sb3-contrib's
 distribution as usual.
+
+The layout of the observation (where the context and the slots lie) defaults
+to the placement environment's; another environment (the DAG one, units as
+slots) passes its own ``slot_layout``.
 """
 
 from __future__ import annotations
@@ -21,18 +25,29 @@ from torch import nn
 from schedulers.rl.env import GLOBAL_FEATURES, LAYER_FEATURES, SUMMARY_FEATURES, TYPE_FEATURES
 
 
+def placement_layout(max_types: int) -> tuple[int, int, int]:
+    """(context features, offset of the first slot, features per slot) of hetsim/Placement-v0."""
+    ctx = GLOBAL_FEATURES + 2 * LAYER_FEATURES + SUMMARY_FEATURES
+    return ctx, ctx + max_types + 1, TYPE_FEATURES
+
+
 class SlotExtractor(nn.Module):
-    """Actor: per-slot logits (latent_dim_pi = max_types); critic: an MLP's last hidden layer."""
+    """Actor: per-slot logits (latent_dim_pi = max_types); critic: an MLP's last hidden layer.
+
+    The observation holds a context vector at ``[0, ctx)`` and ``max_types``
+    slots of ``slot_features`` each from ``per_at`` on (``layout``; default
+    :func:`placement_layout`); a slot's first feature is 1 when it holds a
+    real type (pooling skips the others).
+    """
 
     def __init__(self, feature_dim: int, max_types: int, hidden: int = 64,
-                 vf_arch: tuple[int, ...] = (128, 128)) -> None:
+                 vf_arch: tuple[int, ...] = (128, 128), layout: tuple[int, int, int] | None = None) -> None:
         super().__init__()
         self.max_types = max_types
-        self.ctx = GLOBAL_FEATURES + 2 * LAYER_FEATURES + SUMMARY_FEATURES
-        self.per_at = self.ctx + max_types + 1
+        self.ctx, self.per_at, self.slot_features = layout or placement_layout(max_types)
         self.latent_dim_pi = max_types
         self.latent_dim_vf = vf_arch[-1]
-        self.slot = nn.Sequential(nn.Linear(self.ctx + 3 * TYPE_FEATURES, hidden), nn.Tanh(),
+        self.slot = nn.Sequential(nn.Linear(self.ctx + 3 * self.slot_features, hidden), nn.Tanh(),
                                   nn.Linear(hidden, hidden), nn.Tanh(), nn.Linear(hidden, 1))
         layers: list[nn.Module] = []
         d = feature_dim
@@ -47,7 +62,7 @@ class SlotExtractor(nn.Module):
     def forward_actor(self, features: torch.Tensor) -> torch.Tensor:
         B, M = features.shape[0], self.max_types
         ctx = features[:, : self.ctx]
-        per = features[:, self.per_at:].reshape(B, M, TYPE_FEATURES)
+        per = features[:, self.per_at:self.per_at + M * self.slot_features].reshape(B, M, self.slot_features)
         present = per[:, :, :1]                          # slot holds a real type
         big = torch.finfo(per.dtype).max
         mx = torch.where(present > 0, per, -big).amax(dim=1)
@@ -61,15 +76,22 @@ class SlotExtractor(nn.Module):
 
 
 class SlotPolicy(MaskableActorCriticPolicy):
-    """MaskableActorCriticPolicy whose logits come straight from :class:`SlotExtractor`."""
+    """MaskableActorCriticPolicy whose logits come straight from :class:`SlotExtractor`.
 
-    def __init__(self, *args: Any, slot_hidden: int = 64, **kwargs: Any) -> None:
+    ``slot_layout``: the observation's (context features, first slot offset,
+    features per slot); None is the placement environment's.
+    """
+
+    def __init__(self, *args: Any, slot_hidden: int = 64, slot_layout: tuple[int, int, int] | None = None,
+                 **kwargs: Any) -> None:
         self.slot_hidden = slot_hidden
+        self.slot_layout = tuple(slot_layout) if slot_layout is not None else None
         super().__init__(*args, **kwargs)
 
     def _build_mlp_extractor(self) -> None:
         n_types = int(self.action_space.n)  # type: ignore[attr-defined]
-        self.mlp_extractor = SlotExtractor(self.features_dim, n_types, self.slot_hidden)  # type: ignore[assignment]
+        self.mlp_extractor = SlotExtractor(self.features_dim, n_types, self.slot_hidden,  # type: ignore[assignment]
+                                           layout=self.slot_layout)  # type: ignore[arg-type]
 
     def _build(self, lr_schedule: Any) -> None:
         super()._build(lr_schedule)
@@ -83,4 +105,6 @@ class SlotPolicy(MaskableActorCriticPolicy):
     def _get_constructor_parameters(self) -> dict[str, Any]:
         data = super()._get_constructor_parameters()
         data["slot_hidden"] = self.slot_hidden
+        if self.slot_layout is not None:  # placement policies saved before the option load unchanged
+            data["slot_layout"] = self.slot_layout
         return data

@@ -18,9 +18,10 @@ If every placement the policy makes is infeasible, the plan falls back to
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
@@ -44,24 +45,36 @@ def load_policy(path: str) -> Any:
     return MaskablePPO.load(path, device="cpu")
 
 
-def rollout(model: Any, inst: Instance, samples: int = 0, seed: int = 0) -> np.ndarray:
-    """Assignments of ``1 + samples`` episodes on one instance, shape (1 + samples, L).
+class Stepper(Protocol):
+    """What :func:`run_episodes` drives: an episode of a masked, discrete-action environment."""
 
-    Row 0 is the deterministic decode; the others sample the masked policy
-    with ``np.random.default_rng(seed)``. All episodes advance together, one
-    batched forward pass per layer.
+    @property
+    def done(self) -> bool: ...
+
+    def observation(self) -> np.ndarray: ...
+
+    def action_mask(self) -> np.ndarray: ...
+
+    def step(self, action: int) -> None: ...
+
+
+def run_episodes(model: Any, eps: Sequence[Stepper], key: Callable[[Any], bytes], seed: int = 0) -> None:
+    """Advance episodes of equal length to their end with a saved policy.
+
+    Episode 0 takes the most probable valid action at every step; the others
+    sample the masked policy with ``np.random.default_rng(seed)``. All advance
+    together, one batched forward pass per step. ``key(episode)`` names an
+    episode's state (its actions so far): episodes that agree on it share one
+    observation and one forward pass.
     """
     import torch
 
     rng = np.random.default_rng(seed)
-    eps = [Episode(inst) for _ in range(1 + samples)]
     policy = model.policy
     with torch.no_grad():
         while not eps[0].done:
-            # an episode's state is a function of its assignment so far: episodes that
-            # agree on it share one observation and one forward pass
             where: dict[bytes, int] = {}
-            row = [where.setdefault(e.assignment[: e.i].tobytes(), len(where)) for e in eps]
+            row = [where.setdefault(key(e), len(where)) for e in eps]
             first = {r: n for n, r in reversed(list(enumerate(row)))}
             uniq = [eps[first[r]] for r in range(len(where))]
             obs = torch.as_tensor(np.stack([e.observation() for e in uniq]))
@@ -76,6 +89,16 @@ def rollout(model: Any, inst: Instance, samples: int = 0, seed: int = 0) -> np.n
                 acts.append(int(rng.choice(probs.shape[1], p=probs[r] / probs[r].sum())))
             for e, a in zip(eps, acts):
                 e.step(a)
+
+
+def rollout(model: Any, inst: Instance, samples: int = 0, seed: int = 0) -> np.ndarray:
+    """Assignments of ``1 + samples`` episodes on one instance, shape (1 + samples, L).
+
+    Row 0 is the deterministic decode; the others sample the masked policy
+    with ``np.random.default_rng(seed)`` (:func:`run_episodes`).
+    """
+    eps = [Episode(inst) for _ in range(1 + samples)]
+    run_episodes(model, eps, lambda e: e.assignment[: e.i].tobytes(), seed)
     return np.stack([e.assignment for e in eps])
 
 

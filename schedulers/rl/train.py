@@ -138,14 +138,18 @@ def warm_start(model: Any, obs: np.ndarray, masks: np.ndarray, acts: np.ndarray,
 
 
 class EpisodeStats(BaseCallback):
-    """Logs finished episodes' feasible share and cost / reference (rollout/ keys); stops
-    training at ``deadline`` (a ``time.perf_counter()`` value)."""
+    """Logs finished episodes' feasible share and, over the feasible ones, the mean of
+    ``info[ratio_key]`` (the plan's objective over its reference) as ``ratio_tag``;
+    stops training at ``deadline`` (a ``time.perf_counter()`` value)."""
 
-    def __init__(self, deadline: float | None = None) -> None:
+    def __init__(self, deadline: float | None = None, ratio_key: str = "cost_ratio",
+                 ratio_tag: str = "rollout/cost_over_reference") -> None:
         super().__init__()
         self.ratios: list[float] = []
         self.feasible: list[bool] = []
         self.deadline = deadline
+        self.ratio_key = ratio_key
+        self.ratio_tag = ratio_tag
 
     def _on_step(self) -> bool:
         if self.deadline is not None and time.perf_counter() > self.deadline:
@@ -154,15 +158,30 @@ class EpisodeStats(BaseCallback):
             if "feasible" in info:
                 self.feasible.append(bool(info["feasible"]))
                 if info["feasible"]:
-                    self.ratios.append(float(info["cost_ratio"]))
+                    self.ratios.append(float(info[self.ratio_key]))
         return True
 
     def _on_rollout_end(self) -> None:
         if self.feasible:
             self.logger.record("rollout/feasible_share", float(np.mean(self.feasible)))
         if self.ratios:
-            self.logger.record("rollout/cost_over_reference", float(np.mean(self.ratios)))
+            self.logger.record(self.ratio_tag, float(np.mean(self.ratios)))
         self.ratios, self.feasible = [], []
+
+
+def learn_logged(model: Any, timesteps: int, log_dir: Path, callback: BaseCallback, progress: bool,
+                 verbose: int = 0, reset_num_timesteps: bool = True) -> Path:
+    """``model.learn`` with SB3's progress.csv and a TensorBoard event file in ``log_dir``
+    (plus stdout with ``verbose``); returns the event file's path."""
+    logger = configure(str(log_dir), ["csv"] + (["stdout"] if verbose else []))
+    tb = TensorBoardEvents(log_dir)
+    logger.output_formats.append(tb)
+    model.set_logger(logger)
+    try:
+        model.learn(timesteps, callback=callback, progress_bar=progress, reset_num_timesteps=reset_num_timesteps)
+    finally:
+        tb.close()
+    return tb.path
 
 
 def train(out: str | Path, cfg: TrainConfig, problem: Problem | None = None, init: str | Path | None = None,
@@ -218,21 +237,14 @@ def train(out: str | Path, cfg: TrainConfig, problem: Problem | None = None, ini
         obs, masks, acts = expert_steps(pool[: cfg.bc_instances], cfg.bc_exact_limit_s, progress)
         loss = warm_start(model, obs, masks, acts, cfg.bc_epochs, cfg.bc_learning_rate, cfg.seed)
         bc = {"steps": int(len(acts)), "loss": round(loss, 4), "seconds": round(time.perf_counter() - t, 1)}
-    logger = configure(str(log), ["csv"] + (["stdout"] if verbose else []))
-    tb = TensorBoardEvents(log)
-    logger.output_formats.append(tb)
-    model.set_logger(logger)
-    try:
-        model.learn(cfg.timesteps, callback=EpisodeStats(t0 + cfg.max_wall_s if cfg.max_wall_s else None), progress_bar=progress,
-                    reset_num_timesteps=init is None)
-    finally:
-        tb.close()
+    events = learn_logged(model, cfg.timesteps, log, EpisodeStats(t0 + cfg.max_wall_s if cfg.max_wall_s else None),
+                          progress, verbose, reset_num_timesteps=init is None)
     model.save(str(out))
     meta = {"mode": "fine-tune" if problem is not None else "random", "problem": problem.name if problem else None,
             "init": str(init) if init else None, "config": asdict(cfg),
             "timesteps": int(model.num_timesteps), "wall_s": round(time.perf_counter() - t0, 1),
             "pool_s": round(pool_s, 1), "warm_start": bc, "torch": torch.__version__, "log_dir": str(log),
-            "tensorboard_events": str(tb.path)}
+            "tensorboard_events": str(events)}
     out.with_suffix(".json").write_text(json.dumps(meta, indent=2) + "\n")
     return meta
 
