@@ -14,6 +14,7 @@ from schedulers.base import (
 
 # torch and stable-baselines3 load only when `rl` is chosen
 register_lazy("rl", "schedulers.rl.scheduler:RL")
+register_lazy("rl-dag", "schedulers.rl.dag_scheduler:RLDag", kind="dag")
 
 __all__ = ["OnlineScheduler", "Scheduler", "capped_largest_remainder", "largest_remainder", "make", "names",
            "register", "register_lazy"]
