@@ -136,16 +136,20 @@ class FlowNetwork:
             b = share[p.dst]
             if b <= r:
                 r = b
-            if r != p.rate or p.dirty:
-                if p.rate > 0.0:
-                    p.served += p.rate * (now - p.t)
+            old = p.rate
+            if r != old or p.dirty:
+                served = p.served
+                if old > 0.0:
+                    served += old * (now - p.t)
+                    p.served = served
                 p.t = now
                 p.rate = r
                 p.dirty = False
-                p.ver += 1
+                ver = p.ver + 1
+                p.ver = ver
                 seq += 1
-                left = p.flows[0][0] - p.served
-                push(heap, (now + (left if left > 0.0 else 0.0) / r, seq, p.ver, p))
+                left = p.flows[0][0] - served
+                push(heap, (now + (left if left > 0.0 else 0.0) / r, seq, ver, p))
         self._seq = seq
         # Each pair has at most one current entry (the one with its ``ver``); the
         # rest are stale. Dropping them in bulk once they outnumber the pairs keeps
