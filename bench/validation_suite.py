@@ -70,7 +70,9 @@ def decomposition_rows(results: Sequence[validate.Validation]) -> list[dict[str,
     (means over workers): compute as simulated, as measured alone in one process with one
     thread (CPU time: the cost model's own error, without contention), and in the run (wall:
     with the other ranks and the machine's other jobs on the cores); the same for transfers;
-    the rest of the real iteration (barrier waits, the PS's turn on a core, wake-ups)."""
+    the rest of the iteration (barrier waits, the PS's turn on a core, wake-ups); and the DES
+    rerun with each worker's compute scaled to the real one (what is left is transfers,
+    PS work and waits)."""
     rows = []
     for v in results:
         for r in v.runs:
@@ -82,6 +84,7 @@ def decomposition_rows(results: Sequence[validate.Validation]) -> list[dict[str,
             c_sim, c_real = _mean_over_workers(m, "compute_s", "sim"), _mean_over_workers(m, "compute_s", "real")
             x_sim, x_real = _mean_over_workers(m, "comm_s", "sim"), _mean_over_workers(m, "comm_s", "real")
             it_sim, it_real = m["iteration_time_mean_s"]["sim"], m["iteration_time_mean_s"]["real"]
+            oracle = r.diagnostics.get("sim_with_real_compute", {}).get("iteration_time_mean_s")
 
             rows.append({
                 "config": v.name, "scheduler": r.scheduler,
@@ -90,6 +93,8 @@ def decomposition_rows(results: Sequence[validate.Validation]) -> list[dict[str,
                 "alone wall/CPU": (sum(wall) / sum(cpu)) if cpu and sum(cpu) > 0 else None,
                 "compute real": _ms(c_real), "comm sim": _ms(x_sim), "comm real": _ms(x_real),
                 "rest sim": _ms(_rest(it_sim, c_sim, x_sim)), "rest real": _ms(_rest(it_real, c_real, x_real)),
+                "iter sim, real compute": _ms(oracle),
+                "its error": validate.pct(validate.rel_error(oracle, it_real)),
             })
     return rows
 

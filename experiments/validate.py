@@ -223,10 +223,11 @@ def measured_metrics(result: RunResult, target_loss: float | None = None) -> dic
 
 
 def real_time_to_target(result: RunResult, target: float) -> float | None:
-    """End of the first iteration whose trailing mean loss (:data:`LOSS_WINDOW`) is <= target."""
+    """End of the first iteration whose mean loss over the last :data:`LOSS_WINDOW` iterations
+    (a full window: one lucky early batch is not the target reached) is <= target."""
     loss = result.iter_loss or []
-    for i in range(len(loss)):
-        window = [x for x in loss[max(0, i - LOSS_WINDOW + 1): i + 1] if math.isfinite(x)]
+    for i in range(LOSS_WINDOW - 1, len(loss)):
+        window = [x for x in loss[i - LOSS_WINDOW + 1: i + 1] if math.isfinite(x)]
         if window and sum(window) / len(window) <= target:
             return float(result.iter_end_s[i])
     return None
@@ -297,6 +298,22 @@ def simulated_problem(problem: Problem, plan: Plan, opts: RuntimeOptions) -> Pro
     return dataclasses.replace(problem, cluster=cluster,
                                job=dataclasses.replace(job, model=with_teacher(model)),
                                dynamics=tuple(sorted((*problem.dynamics, *extra), key=lambda d: d.at_s)))
+
+
+def with_compute_scaled(problem: Problem, factors: dict[str, float]) -> Problem:
+    """``problem`` with each worker's compute from t = 0 multiplied by ``factors[device]``
+    (on top of a t = 0 slowdown it already has; later events are kept as they are).
+
+    A diagnostic, not a model: given the compute times measured in the real run, what
+    is left of the error is the transfers, the PS and the waits.
+    """
+    ids = [d.id for d in problem.cluster.devices]
+    start = {d.worker: d.slowdown for d in problem.dynamics if d.at_s == 0.0 and d.slowdown is not None}
+    keep = [d for d in problem.dynamics if not (d.at_s == 0.0 and d.slowdown is not None
+                                                 and ids[d.worker] in factors)]
+    new = [Dynamic(ids.index(dev), 0.0, slowdown=f * (start.get(ids.index(dev)) or 1.0))
+           for dev, f in factors.items()]
+    return dataclasses.replace(problem, dynamics=tuple(sorted((*new, *keep), key=lambda d: d.at_s)))
 
 
 # ------------------------------------------------------------------ one config
@@ -455,7 +472,19 @@ def validate(config: str | Path, scheduler_arg: str | None = None, iterations: i
         wall = time.monotonic() - t0
         target = problem.job.target_loss
         metrics = compare(measured_metrics(sim, target), measured_metrics(real, target))
+        # diagnostic: the DES given the real run's compute times (see with_compute_scaled)
+        factors = {}
+        for d in plan.replicas:
+            c = metrics.get(f"compute_s:{d.device}", {})
+            c_sim, c_real = c.get("sim"), c.get("real")
+            if c_sim and c_real:
+                factors[d.device] = c_real / c_sim
+        scaled, _ = runner.schedule(loaded, problem, name)
+        oracle = runner.evaluate(with_compute_scaled(sim_problem, factors), plan, "des", trace=False,
+                                 scheduler=scaled)
         diag = {"standalone_compute_s": {str(b): v for b, v in standalone.items()},
+                "sim_with_real_compute": {"iteration_time_mean_s": oracle.summary()["iteration_time_s"]["mean"],
+                                          "compute_factors": factors},
                 "shares": {r.device: r.batch for r in plan.replicas},
                 "loadavg_1min": [load_before, os.getloadavg()[0]], "real_wall_s": wall,
                 "real_workers": real.summary()["workers"], "sim_workers": sim.summary()["workers"]}
