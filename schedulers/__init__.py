@@ -12,7 +12,7 @@ from schedulers.base import (
     register_lazy,
 )
 
-# torch and stable-baselines3 load only when `rl` is chosen
+# torch and stable-baselines3 load only when `rl` or `rl-dag` is chosen
 register_lazy("rl", "schedulers.rl.scheduler:RL")
 register_lazy("rl-dag", "schedulers.rl.dag_scheduler:RLDag", kind="dag")
 

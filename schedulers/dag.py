@@ -145,7 +145,7 @@ def energy_schedule(c: DagCosts) -> DagPlan:
     return list_schedule(c, rank_order(c), choose, "energy")
 
 
-def _best(cands: list[tuple[DagPlan, DagCosts]]) -> tuple[DagPlan, DagCosts]:
+def best_plan(cands: list[tuple[DagPlan, DagCosts]]) -> tuple[DagPlan, DagCosts]:
     """Least energy among feasible plans; with none feasible, the shortest makespan."""
     ok = [pc for pc in cands if pc[0].feasible(pc[1])]
     if ok:
@@ -198,16 +198,16 @@ class EnergyAware:
         self.used_exact = False
         if self.margin > 0:
             tight = [dataclasses.replace(c, deadline_s=c.deadline_s * (1.0 - self.margin)) for c in costs]
-            best, c = _best([(p, c) for c in tight for p in (energy_schedule(c), heft_schedule(c))])
+            best, c = best_plan([(p, c) for c in tight for p in (energy_schedule(c), heft_schedule(c))])
             if best.feasible(c):
                 return _relabel(best, self.name, proven=False)
-        best, c = _best([(p, c) for c in costs for p in (energy_schedule(c), heft_schedule(c))])
+        best, c = best_plan([(p, c) for c in costs for p in (energy_schedule(c), heft_schedule(c))])
         if not best.feasible(c) and len(problem.graph) <= self.exact_max_tasks:
             # Is the deadline reachable at all? The exact minimum-energy schedule answers.
             ex = [(p, cc) for cc in costs if (p := solve_milp(cc, "energy", self.time_limit_s)) is not None]
             if ex:
                 self.used_exact = True
-                best, c = _best(ex)
+                best, c = best_plan(ex)
         return _relabel(best, self.name, proven=False)
 
 
@@ -380,5 +380,5 @@ class Milp:
         if self.objective == "makespan" or not any(p.feasible(c) for p, c in cands):
             best, _ = min(cands, key=lambda pc: (pc[0].makespan_s(pc[1]), pc[0].energy_j(pc[1])))
         else:
-            best, _ = _best(cands)
+            best, _ = best_plan(cands)
         return _relabel(best, self.name, proven=all(p.proven for p, _ in cands))

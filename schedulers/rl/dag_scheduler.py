@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, ClassVar
 
-from schedulers.dag import _best
+from schedulers.dag import best_plan
 from schedulers.rl.dag_env import DagEpisode, DagInstance
 from schedulers.rl.scheduler import load_policy, run_episodes
 from sim.dag import DagCosts, DagPlan, DagProblem, dag_costs
@@ -85,7 +85,7 @@ class RLDag:
         model = self._model()
         with one_torch_thread():
             plans = dag_rollout(model, DagInstance(c, int(model.action_space.n)), self.samples, self.seed)
-        return _best([(p, c) for p in plans])[0]
+        return best_plan([(p, c) for p in plans])[0]
 
     def plan(self, problem: DagProblem) -> DagPlan:
         model = self._model()
@@ -96,7 +96,7 @@ class RLDag:
                 c = dag_costs(problem, m)
                 inst = DagInstance(c, int(model.action_space.n))
                 cands += [(p, c) for p in dag_rollout(model, inst, self.samples, self.seed)]
-        best, _ = _best(cands)
+        best, _ = best_plan(cands)
         self.seconds = time.perf_counter() - t0
         self.info = {"episodes": len(cands), "feasible_episodes": sum(p.feasible(c) for p, c in cands),
                      "seconds": round(self.seconds, 4)}
