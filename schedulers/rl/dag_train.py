@@ -32,7 +32,7 @@ import torch
 from sb3_contrib import MaskablePPO
 from stable_baselines3.common.vec_env import DummyVecEnv
 
-from schedulers.dag import _best, heft_schedule, solve_milp
+from schedulers.dag import best_plan, heft_schedule, solve_milp
 from schedulers.rl.dag_env import (
     MAX_UNITS,
     DagEpisode,
@@ -91,7 +91,7 @@ def expert_plan(inst: DagInstance, milp_max_tasks: int, milp_limit_s: float) -> 
         m = solve_milp(c, "energy", milp_limit_s)
         if m is not None:
             units.append(m.unit)
-    return _best([(replay(c, u, inst.order), c) for u in units])[0]
+    return best_plan([(replay(c, u, inst.order), c) for u in units])[0]
 
 
 def expert_steps(pool: Sequence[DagInstance], cfg: DagTrainConfig, progress: bool = False
