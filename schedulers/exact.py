@@ -2,42 +2,45 @@
 
 The cost of a placement is ``(R + R_ps) * samples / T / 3600`` where R is the
 provisioned devices' price per hour and T the plan's throughput, the minimum
-of its stages' throughputs ``T_s`` and the PS bound. Provisioning fixes each
-stage's (segment, type) replicas, so every stage option has a fixed rate and
-throughput (:class:`sim.placement.PlacementSpace`). The ratio makes the cost
-non-separable; it is minimised by a search over the bottleneck throughput:
+of its stages' throughputs ``T_s`` and the PS bound ``T_ps = ps_capacity /
+P`` (P: the stages' PS bytes per sample, summed). Provisioning fixes each
+stage's (segment, type) replicas, so every stage option has a fixed rate,
+throughput and PS load (:class:`sim.placement.PlacementSpace`). The ratio
+makes the cost non-separable, and the PS couples every stage; the cost is
+minimised by a branch and bound over T itself:
 
-* For a threshold V, ``R(V)`` = the least rate of a placement whose stages all
-  have ``T_s >= V``: a dynamic programme over layer boundaries with the last
-  stage's type as state (consecutive stages differ in type: one type's
-  consecutive layers form one stage), O(L^2 K) per threshold. When its
-  placement uses more devices of a type than the inventory holds, the
+* ``R(V)``, the least rate of a placement whose stages all have ``T_s >= V``
+  under the inventory, is a dynamic programme over layer boundaries with the
+  last stage's type as state (consecutive stages differ in type), O(L^2 K).
+  When its placement uses more devices of a type than the inventory holds, the
   violated types' usage joins the DP state (a resource-constrained shortest
   path, exact; :func:`rc_dp_min_rate`) until no type is violated. Only past
   ``RC_DP_MAX_STATES`` states does a Lagrangian bound plus a time-capped MILP
   (scipy.optimize.milp, HiGHS) over stage options x[segment, type] with flow,
   no-repeated-type and inventory rows take over.
-* Branch and bound over intervals [V_a, V_b] of the sorted distinct stage
-  throughputs. A placement whose smallest stage throughput m is in the
-  interval costs at least ``hours * max((R(V_a) + R_ps) / V_b,
-  S(V_a) + R_ps / V_b)``, where S(V) is the least sum of per-stage
-  ``rate_s / T_s`` (T never exceeds any T_s). The least-rate placement p at
-  V_a closes [V_a, T(p)] at once: any placement with m there has rate >=
-  R(V_a) and T <= m <= T(p).
+* ``Q(t)``, the least rate with every ``T_s >= t``, ``T_ps >= t`` and the
+  inventory, is at least ``R(t)``, and equal when R's placement meets the PS.
+  Otherwise the same DP takes the PS load as one more resource, discretised
+  into ``PS_UNITS`` units of ``ps_capacity / t`` (loads rounded down: a lower
+  bound; rounded up: a feasible placement).
+* A node is an interval [ta, tb] of T. Every placement in it costs at least
+  ``hours * max((Q + R_ps) / T_hi, S + R_ps / T_hi)`` with ``T_hi = min(tb,
+  ps_capacity / P_min)``, P_min the least PS load and S the least sum of
+  per-stage ``rate_s / T_s`` with every stage >= ta (T never exceeds any
+  T_s). The least-rate placement p with T >= ta closes [ta, T(p)] at once: any
+  placement with T there has rate >= rate(p) and T <= T(p). Below ``t_star(r)
+  = (r + R_ps) * hours / best`` a rate >= r cannot beat the incumbent, so ta
+  moves there; the rest is split (at the median stage throughput inside, or
+  geometrically).
+* When the discretised Q(ta) is attained by no placement and prunes nothing
+  above ta, no split raises it at ta itself; the MILP with the exact PS row
+  decides. Intervals narrower than ``PS_REL_TOL`` still open then (the MILP
+  past its time cap) count their bound in the gap.
 
-The PS bound can hold a placement's T below its smallest stage throughput
-(T = T_ps, off the grid of stage throughputs). When the least-rate placement
-at some threshold is PS-bound, a second branch and bound runs on T itself
-over [throughput_min, highest such threshold]: Q(t), the least rate with
-every T_s >= t, T_ps >= t and the inventory, comes from the same DP with the
-PS load as one more resource, discretised into ``PS_UNITS`` units of
-``ps_capacity / t`` (loads rounded down: a lower bound; rounded up: a
-feasible placement). Intervals of T narrower than ``PS_REL_TOL`` stay open
-and their bound counts in the gap. The result is proven optimal when no
-interval stays open (gap 0); otherwise ``gap = (best - lower_bound) / best``
-says how far from proven it is. The incumbent starts from the heuristics
-(single-type plans, greedy, a short genetic run), so exact is never worse
-than they are.
+The result is proven optimal when no interval stays open (gap 0); otherwise
+``gap = (best - lower_bound) / best`` says how far from proven it is. The
+incumbent starts from the heuristics (single-type plans, greedy, a short
+genetic run), so exact is never worse than they are.
 """
 
 from __future__ import annotations
@@ -63,7 +66,7 @@ MILP_CALL_LIMIT_S = 5.0
 INCUMBENT_GENERATIONS = 40
 #: Units the PS bound is discretised into (per threshold) in the DP.
 PS_UNITS = 256
-#: Relative width below which a PS-bound interval of T is left open (its bound counts in the gap).
+#: Relative width below which an interval of T the PS holds back is left open (its bound counts in the gap).
 PS_REL_TOL = 1e-6
 #: Placements the MILP with the PS row may cut off (each one PS-infeasible within HiGHS's tolerance).
 MILP_CUTS = 8
@@ -562,7 +565,8 @@ def solve(space: PlacementSpace, time_limit_s: float = 60.0) -> ExactResult:
     best = state["best"]
     lb = min(lower, best)
     if not np.isfinite(best):
-        gap = np.inf if timed_out else 0.0     # nothing found in time / proven infeasible
+        # nothing found: proven infeasible only when no interval was left open
+        gap = np.inf if timed_out or np.isfinite(lower) else 0.0
     else:
         gap = 0.0 if lb >= best else (best - lb) / best
     return ExactResult(state["a"], best, lb, gap, int(V.size), len(memo),
@@ -571,7 +575,7 @@ def solve(space: PlacementSpace, time_limit_s: float = 60.0) -> ExactResult:
 
 @register("exact")
 class Exact(PlacementScheduler):
-    """The cost-optimal placement (DP over layer segments; MILP when the inventory binds).
+    """The cost-optimal placement (branch and bound over T with DPs over layer segments; see the module).
 
     Args:
         time_limit_s: wall-clock budget; past it the best placement found is
