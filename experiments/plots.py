@@ -22,6 +22,8 @@ from sim.result import HEADLINE_KEYS  # noqa: E402
 
 _PALETTE = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C"]
 _KNOWN = ["equal", "proportional", "lbbsp", "hps", "greedy", "genetic", "exact", "rl"]
+# DAG schedulers never share a figure with training ones: their own palette order
+_KNOWN_DAG = ["heft", "energy", "milp", "rl-dag", "energy-m20"]
 
 # (row key, y-axis label with unit) of comparison_chart, top to bottom
 _COMPARISON_METRICS = (("throughput_sps", "throughput (samples/s)"), ("cost_usd", "cost of the run (USD)"))
@@ -42,8 +44,9 @@ def markdown_table(df: Any) -> str:
 
 def scheduler_color(name: str) -> str:
     """A stable colour per scheduler name across every figure."""
-    if name in _KNOWN:
-        return _PALETTE[_KNOWN.index(name) % len(_PALETTE)]
+    for known in (_KNOWN, _KNOWN_DAG):
+        if name in known:
+            return _PALETTE[known.index(name) % len(_PALETTE)]
     return _PALETTE[sum(map(ord, name)) % len(_PALETTE)]
 
 
