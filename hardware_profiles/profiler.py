@@ -936,7 +936,7 @@ def measure(device: str = "cpu", quick: bool = False, threads: int | None = None
         raise ConfigError("<command line>", "--models", f"unknown zoo model {unknown[0]!r}")
     dev, host = setup_host(device, threads)
     dtypes = ["fp32"] + (["bf16", "fp16"] if dev.type == "cuda" else [])
-    steps = (len(spec.gemm) * len(dtypes) + 2 + len(spec.micro)
+    steps = (len(spec.gemm) * len(dtypes) + 3 + len(spec.micro)
              + sum(len(b) for b in chosen.values()) + int(network) + int(dev.type == "cuda"))
     bar = _Progress(steps, progress)
     timer = _OpTimer(dev, spec)
@@ -973,6 +973,8 @@ def measure(device: str = "cpu", quick: bool = False, threads: int | None = None
         med, iqr = _median_iqr(timer.time(functools.partial(one.add, one), "dispatch"))
         raw["dispatch_s"], raw["dispatch_rel_iqr"] = _r(med), _r(iqr)
         bar.step("dispatch")
+        raw["quant"] = quant_bench(timer, 1 << (18 if quick else 20))
+        bar.step("quantization")
         if dev.type == "cuda":
             raw["host_device"] = _host_device(timer, dev)
             bar.step("host-device copies")
@@ -1012,6 +1014,34 @@ def measure(device: str = "cpu", quick: bool = False, threads: int | None = None
         bar.close()
     raw["wall_s"] = round(time.perf_counter() - started, 1)
     return raw
+
+
+def quant_bench(timer: _OpTimer, n: int) -> list[dict[str, Any]]:
+    """The runtime's gradient pack and unpack (``runtime.quant``, on the host CPU where the
+    runtime runs them) of ``n`` fp32 values at each bit width below 32."""
+    import torch
+
+    from runtime import quant
+
+    x = torch.randn(n)
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for bits in (2, 4, 8, 16):
+        buf = quant.pack(x, bits, gen)
+        pk = _median_iqr(timer.time(functools.partial(quant.pack, x, bits, gen), f"pack{bits}"))
+        up = _median_iqr(timer.time(functools.partial(quant.unpack, buf, n, bits), f"unpack{bits}"))
+        rows.append({"bits": bits, "values": n, "pack_s": _r(pk[0]), "pack_rel_iqr": _r(pk[1]),
+                     "unpack_s": _r(up[0]), "unpack_rel_iqr": _r(up[1])})
+    return rows
+
+
+def quant_costs(raw: dict[str, Any]) -> dict[str, dict[str, float]] | None:
+    """The profile's ``quant`` entry (seconds per value by bit width) from :func:`quant_bench` rows."""
+    rows = raw.get("quant")
+    if not rows:
+        return None
+    return {str(r["bits"]): {"pack_s_per_value": _r(r["pack_s"] / r["values"]),
+                             "unpack_s_per_value": _r(r["unpack_s"] / r["values"])} for r in rows}
 
 
 def _host_device(timer: _OpTimer, dev: Any) -> dict[str, Any]:
@@ -1114,6 +1144,8 @@ def build_profile(raw: dict[str, Any], name: str, fit: bool = True) -> DevicePro
     }
     if net:
         data["network"] = {k: v for k, v in net.items()}
+    if quant_costs(raw):
+        data["quant"] = quant_costs(raw)
     profile = DeviceProfile.model_validate(data)
     if fit:
         profile = calibrate.calibrate(profile).profile

@@ -183,6 +183,16 @@ class Power(_Strict):
         return self
 
 
+class QuantCost(_Strict):
+    """Measured cost of the runtime's gradient (de)quantization at one bit width."""
+
+    pack_s_per_value: float = Field(ge=0, description="sender: seconds per fp32 value packed")
+    unpack_s_per_value: float = Field(ge=0, description="PS shard: seconds per value unpacked")
+
+
+QUANT_BITS = ("2", "4", "8", "16")
+
+
 class Source(BaseModel):
     """Provenance of the figures: datasheet or measured (device, torch version, date)."""
 
@@ -232,6 +242,9 @@ class DeviceProfile(_Strict):
     dense_sparse_grad: bool = Field(
         default=False, description="the backward of a sparse (embedding) layer writes a dense "
         "gradient of its whole table (torch's nn.Embedding default): adds param_bytes to its bytes")
+    quant: dict[str, QuantCost] | None = Field(
+        default=None, description="measured (de)quantization cost per bit width ('2', '4', '8', '16'); "
+        "missing: one memory pass over the fp32 and packed bytes")
     network: NetworkMeasurement | None = None
     spread: dict[str, Any] | None = Field(default=None, description="measurement spread (measured only)")
     raw: dict[str, Any] | None = Field(default=None, description="raw measurements (measured only)")
@@ -247,6 +260,21 @@ class DeviceProfile(_Strict):
             if not x > 0:
                 raise ValueError(f"{k} must be > 0")
         return v
+
+    @field_validator("quant")
+    @classmethod
+    def _quant_bits(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        for k in v or {}:
+            if k not in QUANT_BITS:
+                raise ValueError(f"unknown bit width {k!r} (known: {', '.join(QUANT_BITS)})")
+        return v
+
+    def quant_s_per_value(self, bits: int, side: str) -> float | None:
+        """Measured seconds per value to pack (``side='pack'``) or unpack at ``bits``, or None."""
+        q = (self.quant or {}).get(str(bits))
+        if q is None:
+            return None
+        return q.pack_s_per_value if side == "pack" else q.unpack_s_per_value
 
     @field_validator("mem_efficiency", "mem_efficiency_bwd")
     @classmethod

@@ -19,13 +19,17 @@ Quantization (``job.quant_bits`` < 32). A push carries
 i.e. per message piece; a chunk with nothing to send sends nothing). Pulls
 stay fp32. The pack/unpack work is charged as memory passes:
 
-- the sender quantizes: it reads the fp32 gradient and writes the packed one,
+- the sender quantizes: where its profile has a measured cost (``quant``, from
+  ``hetsim profile``: the runtime's own pack and unpack, per value and bit width),
+  ``fp32_bytes / 4`` values at that cost; otherwise one pass reading the fp32
+  gradient and writing the packed one,
   ``quantize_time_s = (fp32_bytes + packed_bytes) / worker mem_bw``. This is
   added, per (worker, chunk), to the backward compute of the group that
   produces the chunk (``bwd_s[w, chunk_group[c]]``), so the push leaves after
   it and slowdowns stretch it like any compute; it shows in ``compute_s``.
-- the shard dequantizes each arriving gradient: it reads the packed bytes and
-  writes fp32, ``dequantize_time_s = (packed_bytes + fp32_bytes) / shard mem_bw``,
+- the shard dequantizes each arriving gradient: the measured unpack cost per value
+  where it has one, else reading the packed bytes and writing fp32,
+  ``dequantize_time_s = (packed_bytes + fp32_bytes) / shard mem_bw``,
   added per (worker, chunk) to ``agg_s`` (the shard's FIFO work per arrival).
 
 No kernel-launch overhead is charged for either pass. At 32 bits both are 0
@@ -189,26 +193,39 @@ def quantized_bytes(fp32_bytes: float, bits: int) -> float:
     return float(packed_bytes_array(np.asarray(float(fp32_bytes)), bits))
 
 
-def _pass_time(fp32_bytes: np.ndarray, bits: int, mem_bw: np.ndarray | float) -> np.ndarray:
-    """(fp32 + packed) bytes over ``mem_bw``; 0 at 32 bits and where nothing is sent."""
+def _pass_time(fp32_bytes: np.ndarray, bits: int, mem_bw: np.ndarray | float,
+               per_value_s: np.ndarray | float = np.nan) -> np.ndarray:
+    """Seconds to (de)quantize: ``fp32_bytes / 4 * per_value_s`` where a measured cost is
+    given (not NaN), else one memory pass, (fp32 + packed) bytes over ``mem_bw``; 0 at
+    32 bits and where nothing is sent."""
     fp32 = np.asarray(fp32_bytes, dtype=float)
     if bits >= 32:
         return np.zeros_like(fp32)
-    return np.where(fp32 > 0, (fp32 + packed_bytes_array(fp32, bits)) / mem_bw, 0.0)
+    passes = (fp32 + packed_bytes_array(fp32, bits)) / mem_bw
+    measured = fp32 / 4.0 * np.nan_to_num(per_value_s)
+    return np.where(fp32 > 0, np.where(np.isnan(per_value_s), passes, measured), 0.0)
+
+
+def _per_value(dev: DeviceProfile, bits: int, side: str) -> float:
+    v = dev.quant_s_per_value(bits, side) if bits < 32 else None
+    return np.nan if v is None else v
 
 
 def quantize_time_s(fp32_bytes: float, bits: int, dev: DeviceProfile) -> float:
     """Seconds the sender ``dev`` spends quantizing ``fp32_bytes`` of gradient to ``bits``:
-    one pass reading fp32 and writing the packed bytes, ``(fp32 + packed) / mem_bw``;
-    0 at 32 bits."""
-    return float(_pass_time(np.asarray(float(fp32_bytes)), bits, dev.mem_bw_Bps))
+    the profile's measured pack cost per value where it has one, else one pass reading
+    fp32 and writing the packed bytes, ``(fp32 + packed) / mem_bw``; 0 at 32 bits."""
+    return float(_pass_time(np.asarray(float(fp32_bytes)), bits, dev.mem_bw_Bps,
+                            _per_value(dev, bits, "pack")))
 
 
 def dequantize_time_s(fp32_bytes: float, bits: int, dev: DeviceProfile) -> float:
     """Seconds a PS shard ``dev`` spends dequantizing one arriving gradient of ``fp32_bytes``
-    (fp32 size) sent at ``bits``: reading the packed bytes and writing fp32,
-    ``(packed + fp32) / mem_bw``; 0 at 32 bits."""
-    return float(_pass_time(np.asarray(float(fp32_bytes)), bits, dev.mem_bw_Bps))
+    (fp32 size) sent at ``bits``: the measured unpack cost per value where the profile has
+    one, else reading the packed bytes and writing fp32, ``(packed + fp32) / mem_bw``; 0 at
+    32 bits."""
+    return float(_pass_time(np.asarray(float(fp32_bytes)), bits, dev.mem_bw_Bps,
+                            _per_value(dev, bits, "unpack")))
 
 
 def shard_partition(model: Model, n_shards: int) -> np.ndarray:
@@ -357,8 +374,10 @@ def plan_costs(problem: Problem, plan: Plan) -> PlanCosts:
     shard_mbw = np.array([shards[s].type.mem_bw_Bps for s in chunk_shard]) if len(chunk_shard) else np.zeros(0)
     agg = AGG_PASSES * fp32 / shard_mbw[None, :] if fp32.size else fp32
     worker_mbw = np.array([d.type.mem_bw_Bps for d in devs], dtype=float)
-    quant = _pass_time(fp32, bits, worker_mbw[:, None])
-    dequant = _pass_time(fp32, bits, shard_mbw[None, :])
+    worker_pv = np.array([_per_value(d.type, bits, "pack") for d in devs], dtype=float)
+    shard_pv = np.array([_per_value(shards[s].type, bits, "unpack") for s in chunk_shard], dtype=float)
+    quant = _pass_time(fp32, bits, worker_mbw[:, None], worker_pv[:, None])
+    dequant = _pass_time(fp32, bits, shard_mbw[None, :], shard_pv[None, :])
     if bits < 32 and fp32.size:
         # the sender's pack pass joins the backward of the group producing the chunk
         onehot = np.zeros((len(chunk_group), bwd_s.shape[1]))
