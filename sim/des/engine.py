@@ -253,23 +253,25 @@ class DataParallelSim:
         a = self.acct[w]
         a.advance(t0)
         a.inflight += 1
+        slot = self.ready[w]
         if ev is None:
-            slot = self.ready[w]
-            ev = slot[c]
-            if ev is None:
-                ev = slot[c] = env.event()
             nbytes = self.next_pull[w][c]
             if self.online:
                 self.issued[(w, it, c)] = nbytes
         assert nbytes is not None
-        done = ev  # a name the closure sees as non-None
+        done = ev
 
         def delivered() -> None:
             a.advance(env.now)
             a.inflight -= 1
             if self.trace is not None:
                 self.trace.async_span("network", w, self.c.workers[w], self.pull_label[c], t0, env.now)
-            done.succeed()
+            if done is not None:  # a top-up
+                done.succeed()
+            elif (waiting := slot[c]) is None:  # no one waits yet: no event needed
+                slot[c] = True
+            else:
+                waiting.succeed()
 
         self.net.transfer(self.chunk_up[c], self.N + w, nbytes, delivered)
 
@@ -436,10 +438,8 @@ class DataParallelSim:
                 for g in range(G):
                     chunks = groups[g]
                     for c in chunks:
-                        ev = ready[c]
-                        if ev is None:
+                        if ready[c] is None:  # not arrived: wait for it
                             ev = ready[c] = env.event()
-                        if not ev.triggered:
                             acct.advance(env.now)
                             acct.state = _BLOCKED
                             yield ev

@@ -209,8 +209,15 @@ class FlowNetwork:
                 del self._pairs[(src, dst)]
                 del self._pairs_on[src][p]
                 del self._pairs_on[dst][p]
-        for cb in delivered:
-            self._deliver(cb)
+        # One latency timer for every message this wake delivers: the per-message timers
+        # would fire back to back at the same instant (consecutive event ids), and a
+        # delivery callback schedules nothing urgent that could run between them.
+        if delivered:
+            if self.latency_s > 0:
+                self.env.timeout(self.latency_s).callbacks.append(lambda _e: [cb() for cb in delivered])
+            else:
+                for cb in delivered:
+                    cb()
         if dirty:
             self._settle()
         else:
