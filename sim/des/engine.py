@@ -164,12 +164,13 @@ class DataParallelSim:
         self.member = [True] * N  # in the BSP barrier group (false once a failure is detected)
         self.computing = [False] * N
         self.acct = [_Acct() for _ in range(N)]
-        # ready[w][c]: the event of chunk c's parameters reaching worker w for the next
-        # iteration w runs, created by whichever comes first (the pull or the worker
-        # asking for it), cleared when the worker takes it. One slot per (w, c) is
-        # enough: a chunk's next pull to w is issued only after w's gradient of that
-        # chunk (or its abstention) reached the shard, i.e. after w took the slot.
-        self.ready: list[list[simpy.Event | None]] = [[None] * C for _ in range(N)]
+        # ready[w][c]: chunk c's parameters for the next iteration w runs: True when they
+        # arrived before w asked (no event needed), the event w waits on when it asked
+        # first, None when neither happened yet; cleared when the worker takes it. One
+        # slot per (w, c) is enough: a chunk's next pull to w is issued only after w's
+        # gradient of that chunk (or its abstention) reached the shard, i.e. after w
+        # took the slot.
+        self.ready: list[list[simpy.Event | bool | None]] = [[None] * C for _ in range(N)]
         # trace labels, built once
         self.pull_label = [f"pull c{c}" for c in range(C)]
         self.push_label = [f"push c{c}" for c in range(C)]
@@ -270,8 +271,8 @@ class DataParallelSim:
                 done.succeed()
             elif (waiting := slot[c]) is None:  # no one waits yet: no event needed
                 slot[c] = True
-            else:
-                waiting.succeed()
+            else:  # the worker asked first and waits on this event (never True: one pull per slot)
+                waiting.succeed()  # type: ignore[union-attr]
 
         self.net.transfer(self.chunk_up[c], self.N + w, nbytes, delivered)
 

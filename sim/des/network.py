@@ -214,7 +214,11 @@ class FlowNetwork:
         # delivery callback schedules nothing urgent that could run between them.
         if delivered:
             if self.latency_s > 0:
-                self.env.timeout(self.latency_s).callbacks.append(lambda _e: [cb() for cb in delivered])
+                def deliver_all(_e: simpy.Event) -> None:
+                    for cb in delivered:
+                        cb()
+
+                self.env.timeout(self.latency_s).callbacks.append(deliver_all)
             else:
                 for cb in delivered:
                     cb()
