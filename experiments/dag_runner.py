@@ -26,9 +26,14 @@ from sim.errors import ConfigError
 TRACE_FRAMES = 3
 
 
-def run_one(problem: DagProblem, opts: FrameOptions, name: str, params: dict[str, Any], out: Path,
-            source: str) -> dict[str, Any]:
-    """Plan with one scheduler, simulate, write its folder; its comparison row."""
+#: The comparison / sweep columns of one DAG run, in order.
+DAG_KEYS = ("mode", "plan_feasible", "plan_frame_ms", "deadline_ms", "plan_energy_mj", "plan_s",
+            "des_miss_rate", "des_latency_p99_ms", "des_energy_mj")
+
+
+def plan_and_simulate(problem: DagProblem, opts: FrameOptions, name: str, params: dict[str, Any],
+                      source: str, trace_frames: int = TRACE_FRAMES) -> tuple[dict[str, Any], dict[str, str]]:
+    """Plan with one DAG scheduler and run the frames DES: (row, files name -> text)."""
     sched = make_dag(name, params, source)
     t0 = time.perf_counter()
     try:
@@ -37,27 +42,36 @@ def run_one(problem: DagProblem, opts: FrameOptions, name: str, params: dict[str
     except ValueError as e:
         raise ConfigError(source, "pipeline", str(e)) from None
     plan_s = time.perf_counter() - t0
-    res = simulate_frames(c, plan, FrameOptions(**{**opts.__dict__, "trace_frames": TRACE_FRAMES}))
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "plan.json").write_text(json.dumps(plan.to_dict(c), indent=1) + "\n")
+    res = simulate_frames(c, plan, FrameOptions(**{**opts.__dict__, "trace_frames": trace_frames}))
+    des = res.summary()
     row = {"scheduler": name, "mode": plan.mode, "plan_feasible": plan.feasible(c),
            "plan_frame_ms": 1e3 * plan.makespan_s(c), "deadline_ms": 1e3 * problem.deadline_s,
-           "plan_energy_mj": 1e3 * plan.energy_j(c), "plan_s": plan_s}
-    des = res.summary()
-    row.update({"des_miss_rate": des["deadline_miss_rate"], "des_latency_p99_ms": 1e3 * des["latency_p99_s"],
-                "des_energy_mj": 1e3 * des["energy_per_frame_j"]})
-    (out / "summary.json").write_text(json.dumps({**row, "des": des}, indent=1, sort_keys=True) + "\n")
+           "plan_energy_mj": 1e3 * plan.energy_j(c), "plan_s": plan_s,
+           "des_miss_rate": des["deadline_miss_rate"], "des_latency_p99_ms": 1e3 * des["latency_p99_s"],
+           "des_energy_mj": 1e3 * des["energy_per_frame_j"]}
     lines = ["frame,release_s,finish_s,latency_s,missed"]
     lines += [f"{f},{r!r},{e!r},{lat!r},{int(lat > problem.deadline_s * (1 + 1e-9))}"
               for f, (r, e, lat) in enumerate(zip(res.release_s.tolist(), res.finish_s.tolist(),
                                                   res.latency_s.tolist()))]
-    (out / "frames.csv").write_text("\n".join(lines) + "\n")
-    trace_path = out / "trace.json"
-    trace_path.write_text(json.dumps({"traceEvents": res.trace, "displayTimeUnit": "ms"}) + "\n")
+    files = {"plan.json": json.dumps(plan.to_dict(c), indent=1) + "\n",
+             "summary.json": json.dumps({**row, "des": des}, indent=1, sort_keys=True) + "\n",
+             "frames.csv": "\n".join(lines) + "\n"}
+    if trace_frames:
+        files["trace.json"] = json.dumps({"traceEvents": res.trace, "displayTimeUnit": "ms"}) + "\n"
+    return row, files
+
+
+def run_one(problem: DagProblem, opts: FrameOptions, name: str, params: dict[str, Any], out: Path,
+            source: str) -> dict[str, Any]:
+    """Plan with one scheduler, simulate, write its folder (and a Gantt chart); its row."""
+    row, files = plan_and_simulate(problem, opts, name, params, source)
+    out.mkdir(parents=True, exist_ok=True)
+    for fname, text in files.items():
+        (out / fname).write_text(text)
     from experiments import plots
 
-    plots.gantt(trace_path, out / "gantt.png", iterations=10**9,
-                title=f"{problem.graph.name} on {problem.board.name} ({name}, {plan.mode}): "
+    plots.gantt(out / "trace.json", out / "gantt.png", iterations=10**9,
+                title=f"{problem.graph.name} on {problem.board.name} ({name}, {row['mode']}): "
                       f"first {TRACE_FRAMES} frames")
     return row
 

@@ -17,7 +17,7 @@ import pandas as pd  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
-from experiments.sweep import FIXED_COLUMNS  # noqa: E402
+from experiments.sweep import DAG_HEADLINE, FIXED_COLUMNS  # noqa: E402
 from sim.result import HEADLINE_KEYS  # noqa: E402
 
 _PALETTE = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C"]
@@ -128,9 +128,14 @@ SCHED = "_scheduler"  # column added by load_sweep: the scheduler of each point
 SEED = "seed"
 THROUGHPUT_MIN = "objective.throughput_min"
 HEADLINE = HEADLINE_KEYS
-_NOT_SWEPT = {*FIXED_COLUMNS, *HEADLINE}
+_NOT_SWEPT = {*FIXED_COLUMNS, *HEADLINE, *DAG_HEADLINE}
+#: metrics of a robotics (DAG) sweep drawn against each numeric swept field
+DAG_METRICS = ("plan_energy_mj", "des_miss_rate", "plan_frame_ms")
 _METRIC_LABELS = {
     "throughput_sps": "throughput (samples/s)",
+    "plan_energy_mj": "energy per frame (mJ)",
+    "des_miss_rate": "deadline misses (DES, fraction)",
+    "plan_frame_ms": "planned frame time (ms)",
     "cost_usd": "cost of the run (USD)",
     "time_to_target_s": "time to target (s)",
     "iteration_time_mean_s": "mean iteration time (s)",
@@ -231,18 +236,22 @@ class Sweep:
             ok_mask = pd.Series(True, index=df.index)
         self.n_error = int((~ok_mask).sum())
         ok = df[ok_mask].copy()
-        for m in HEADLINE:
-            if m in ok.columns:
+        self.kind = "dag" if "plan_energy_mj" in df.columns else "training"
+        for m in (*HEADLINE, *DAG_HEADLINE):
+            if m in ok.columns and m not in ("scheduler", "mode"):
                 ok[m] = pd.to_numeric(ok[m], errors="coerce")
         if "scheduler.name" in ok.columns:
             ok[SCHED] = ok["scheduler.name"].astype(str)
+            if "scheduler.params" in ok.columns:  # one scheduler under several parameter sets
+                params = ok["scheduler.params"].fillna("").astype(str)
+                ok[SCHED] = [n if p in ("", "{}") else f"{n} {p}" for n, p in zip(ok[SCHED], params)]
         else:
             ok[SCHED] = [self._scheduler_of(pid) for pid in ok["point_id"]]
         self.ok = ok.reset_index(drop=True)
         self.numeric: list[str] = []
         self.facets: list[str] = []
         for c in self.swept:
-            if c in (SEED, "scheduler.name"):
+            if c in (SEED, "scheduler.name", "scheduler.params"):
                 continue
             col = ok[c]
             if pd.api.types.is_bool_dtype(col) or not pd.api.types.is_numeric_dtype(col):
@@ -891,6 +900,21 @@ def _stem(field: str) -> str:
     return "".join(ch if ch.isalnum() else "_" for ch in field)
 
 
+def _plot_dag_sweep(sweep: Sweep, out: Path) -> list[Path]:
+    """A robotics sweep: energy per frame, DES deadline misses and frame time against
+    each numeric swept field (one line per scheduler, panels per other swept field)."""
+    written: list[Path] = []
+    if not sweep.numeric:
+        print("plot_sweep: skipped metrics_vs_FIELD: no numeric swept column with several values")
+    for f in sweep.numeric:
+        fig = _fig_lines(sweep, f, list(DAG_METRICS), f"energy, deadline misses and frame time vs {f}")
+        if isinstance(fig, str):
+            print(f"plot_sweep: skipped metrics_vs_{_stem(f)}: {fig}")
+            continue
+        written += _save(fig, out, f"metrics_vs_{_stem(f)}")
+    return written
+
+
 def plot_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None) -> list[Path]:
     """Draw the figures a sweep folder's data supports; return the files written.
 
@@ -927,6 +951,8 @@ def plot_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None) -> list
     if sweep.ok.empty:
         print("plot_sweep: skipped every figure: no ok row in results.csv")
         return []
+    if sweep.kind == "dag":
+        return _plot_dag_sweep(sweep, out)
     figures: list[tuple[str, Any]] = [("throughput_vs_cost", lambda: _fig_throughput_vs_cost(sweep))]
     if THROUGHPUT_MIN in sweep.numeric:
         figures.append(("cost_vs_throughput_min", lambda: _fig_lines(

@@ -3,7 +3,7 @@
 A sweep file (YAML; paths relative to it)::
 
     base: ../configs/demo.yaml        # a config file, or an inline config mapping
-    evaluator: analytic               # analytic | des
+    evaluator: analytic               # analytic | des (frames for a robotics base config)
     trace: false                      # write trace.json into each run folder
     grid:                             # every combination
       cluster.network.bandwidth_gbps: [1, 10, 40]
@@ -27,6 +27,12 @@ folder as the folder relative paths start from. A point's id is the first 12
 hex digits of the SHA-256 of the canonical JSON of its resolved config (every
 default filled in; the raw mapping when it does not validate) plus the
 evaluator; points with the same id run once.
+
+A base config that names a ``board`` is a robotics config (``hetsim dag``,
+sim/dag_config.py): its points are planned by the config's DAG scheduler and
+run through the frames DES (evaluator ``frames``, the default and only one),
+and results.csv carries the DAG metrics (DAG_HEADLINE) instead of the
+training ones.
 
 Python API::
 
@@ -66,6 +72,7 @@ from pydantic import BaseModel, ValidationError
 
 from experiments.runner import EVALUATORS
 from sim.config import Config, read_yaml
+from sim.dag_config import DagConfig, dag_config_from_dict, is_dag_config
 from sim.errors import ConfigError, HetsimError
 from sim.result import HEADLINE_KEYS
 
@@ -78,6 +85,12 @@ BACKENDS = ("local", "dask")
 RESULTS = "results.csv"
 FIXED_COLUMNS = ("point_id", "status", "error")
 _SWEEP_KEYS = ("base", "evaluator", "trace", "grid", "zip", "random")
+#: The evaluator of robotics sweeps (a base config naming a `board`): plan, then the frames DES.
+FRAMES = "frames"
+#: results.csv metric columns of a robotics sweep (experiments.dag_runner's rows).
+#: (The deadline is the config's ``deadline_ms``: a column when swept, not repeated here.)
+DAG_HEADLINE = ("scheduler", "mode", "plan_feasible", "plan_frame_ms", "plan_energy_mj", "plan_s",
+                "des_miss_rate", "des_latency_p99_ms", "des_energy_mj")
 _SEGMENT = re.compile(r"([^.\[\]]+)((?:\[\d+\])*)")
 _INDEX = re.compile(r"\[(\d+)\]")
 
@@ -256,11 +269,19 @@ class Sweep:
     source: str = "<sweep>"
     name: str = "sweep"
 
+    @property
+    def kind(self) -> str:
+        """'dag' for a robotics sweep (its base config names a board), else 'training'."""
+        return "dag" if is_dag_config(self.base) else "training"
+
     def __post_init__(self) -> None:
         self.base_dir = Path(self.base_dir)
-        if self.evaluator not in EVALUATORS:
+        allowed = (FRAMES,) if self.kind == "dag" else EVALUATORS
+        if self.evaluator not in allowed:
             raise ConfigError(self.source, "evaluator",
-                              f"unknown evaluator {self.evaluator!r}; use {' or '.join(EVALUATORS)}")
+                              f"unknown evaluator {self.evaluator!r} for this base config; "
+                              f"use {' or '.join(allowed)}")
+        schema = DagConfig if self.kind == "dag" else Config
         seen: set[str] = set()
         lengths: dict[str, int] = {}
         sections: list[tuple[str, dict[str, Any]]] = [
@@ -268,7 +289,7 @@ class Sweep:
         for section, axes in sections:
             for axis, values in axes.items():
                 try:
-                    _check_schema(Config, parse_path(axis))
+                    _check_schema(schema, parse_path(axis))
                 except ValueError as e:
                     raise ConfigError(self.source, f"{section}: {axis}", str(e)) from None
                 if format_path(parse_path(axis)) in seen:
@@ -294,7 +315,7 @@ class Sweep:
     def columns(self) -> list[str]:
         """The columns of results.csv."""
         first, *rest = FIXED_COLUMNS
-        return [first, *self.axes(), *rest, *HEADLINE_KEYS]
+        return [first, *self.axes(), *rest, *(DAG_HEADLINE if self.kind == "dag" else HEADLINE_KEYS)]
 
     def points(self) -> list[Point]:
         """Every point, in order; a point whose id repeats an earlier one is dropped.
@@ -359,7 +380,8 @@ def point_id(config: dict[str, Any], evaluator: str) -> str:
     (defaults filled in, the ``runtime`` section left out; the mapping as given when it
     does not validate) and the evaluator."""
     try:
-        resolved: Any = Config.model_validate(config).model_dump(mode="json")
+        schema = DagConfig if is_dag_config(config) else Config
+        resolved: Any = schema.model_validate(config).model_dump(mode="json")
         resolved.pop("runtime", None)  # real-runtime options do not change a simulated point
     except ValidationError:
         resolved = config
@@ -395,7 +417,7 @@ def sweep_from_dict(data: Any, source: str = "<sweep>", folder: str | Path = "."
     trace = data.get("trace", False)
     if not isinstance(trace, bool):
         raise ConfigError(source, "trace", "must be true or false")
-    evaluator = data.get("evaluator", "analytic")
+    evaluator = data.get("evaluator", FRAMES if is_dag_config(base_data) else "analytic")
     return Sweep(base=base_data, base_dir=base_dir, evaluator=evaluator,
                  grid=dict(data.get("grid") or {}), zip=dict(data.get("zip") or {}),
                  random=_random_from(data.get("random"), source), trace=trace,
@@ -461,6 +483,8 @@ def run_point(task: Task) -> PointResult:
     from experiments import runner
 
     try:
+        if task.evaluator == FRAMES:
+            return _run_dag_point(task)
         loaded = runner.from_dict(task.config, Path(task.base_dir), task.source)
         problem = runner.problem_of(loaded)
         sched, plan = runner.schedule(loaded, problem)
@@ -476,6 +500,17 @@ def run_point(task: Task) -> PointResult:
         else:
             msg = f"{type(e).__name__}: {e}"
         return PointResult(task.point_id, "error", " ".join(msg.split()), {}, {})
+
+
+def _run_dag_point(task: Task) -> PointResult:
+    """A robotics point: plan with the config's DAG scheduler, run the frames DES."""
+    from experiments.dag_runner import plan_and_simulate
+
+    cfg, problem, opts = dag_config_from_dict(task.config, Path(task.base_dir), task.source)
+    row, files = plan_and_simulate(problem, opts, cfg.scheduler.name, cfg.scheduler.params, task.source,
+                                   trace_frames=3 if task.trace else 0)
+    files["config.json"] = cfg.model_dump_json(indent=1) + "\n"
+    return PointResult(task.point_id, "ok", "", {k: _plain(v) for k, v in row.items()}, files)
 
 
 def _plain(v: Any) -> Any:

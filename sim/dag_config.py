@@ -116,17 +116,24 @@ def load_graph_file(path: str | Path) -> TaskGraph:
         raise ConfigError(str(path), "tasks", str(e)) from None
 
 
+def is_dag_config(data: Any) -> bool:
+    """A mapping is a robotics config (not a training one) when it names a board."""
+    return isinstance(data, dict) and "board" in data
+
+
 def load_dag_config(path: str | Path) -> tuple[DagConfig, DagProblem, FrameOptions]:
     """Read a robotics config: the validated config, its problem and its DES options."""
-    source = str(path)
-    data = read_yaml(path)
+    return dag_config_from_dict(read_yaml(path), Path(path).resolve().parent, str(path))
+
+
+def dag_config_from_dict(data: Any, base: Path, source: str) -> tuple[DagConfig, DagProblem, FrameOptions]:
+    """A robotics config from a parsed mapping; relative paths start at ``base``."""
     if not isinstance(data, dict):
         raise ConfigError(source, "", "a config must be a YAML mapping")
     try:
         cfg = DagConfig.model_validate(data)
     except ValidationError as e:
         raise _validation_error(source, e) from None
-    base = Path(path).resolve().parent
     board = _board(cfg, base, source)
     graph = _graph(cfg, base, source)
     period = 1.0 / cfg.frame_rate_hz

@@ -84,3 +84,35 @@ def test_bad_robotics_input_is_one_line_naming_the_field(tmp_path: Path, capsys:
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("hetsim: error: ")
     assert f": {field}: " in err if field else "g.yaml: file not found" in err
+
+
+def test_robotics_sweep_runs_points_and_plots(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _write(tmp_path, {**BASE, "des": {"frames": 10}})
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text(yaml.safe_dump({"base": "c.yaml", "grid": {"deadline_ms": [30, 60],
+                                                                "scheduler.name": ["heft", "milp"]}}))
+    assert main(["sweep", str(sweep), "--jobs", "1", "--out", str(tmp_path / "sw"), "--quiet"]) == 0
+    import pandas as pd
+
+    df = pd.read_csv(tmp_path / "sw" / "results.csv")
+    assert list(df.columns[:5]) == ["point_id", "deadline_ms", "scheduler.name", "status", "error"]
+    assert (df.status == "ok").all() and len(df) == 4
+    assert {"plan_energy_mj", "des_miss_rate", "mode"} <= set(df.columns)
+    # the exact solver's energy bounds HEFT's wherever HEFT meets the deadline
+    for d, g in df.groupby("deadline_ms"):
+        h, m = g[g["scheduler.name"] == "heft"].iloc[0], g[g["scheduler.name"] == "milp"].iloc[0]
+        if h.plan_feasible:
+            assert m.plan_energy_mj <= h.plan_energy_mj * (1 + 1e-9), d
+    run = tmp_path / "sw" / "runs" / df.point_id[0]
+    assert {"plan.json", "summary.json", "frames.csv", "config.json", "point.json"} <= {p.name for p in run.iterdir()}
+    assert main(["plot", str(tmp_path / "sw")]) == 0
+    assert (tmp_path / "sw" / "figures" / "metrics_vs_deadline_ms.png").is_file()
+
+
+def test_robotics_sweep_refuses_a_training_evaluator(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _write(tmp_path, BASE)
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text(yaml.safe_dump({"base": "c.yaml", "evaluator": "des", "grid": {"deadline_ms": [30]}}))
+    assert main(["sweep", str(sweep), "--out", str(tmp_path / "sw")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and ": evaluator: unknown evaluator 'des' for this base config" in err
