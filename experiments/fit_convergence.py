@@ -54,6 +54,7 @@ hand-derives numbers from it, so it was not refitted.
 from __future__ import annotations
 
 import argparse
+import math
 import time
 from collections import deque
 from pathlib import Path
@@ -64,7 +65,16 @@ import torch
 from torch import nn
 
 from sim import zoo
-from sim.convergence import FITS_DIR, ConvergenceModel, Curve, Fit, fit, save, typical_tensor_elems
+from sim.convergence import (
+    FITS_DIR,
+    ConvergenceModel,
+    Curve,
+    Fit,
+    fit,
+    load,
+    save,
+    typical_tensor_elems,
+)
 
 #: builder arguments of each small instance; ``width`` multiplies every hidden width
 SIZES: dict[str, dict[str, Any]] = {
@@ -74,12 +84,15 @@ SIZES: dict[str, dict[str, Any]] = {
     "vgg16": {"classes": 10, "size": 32, "width": 1 / 8},
 }
 #: SGD learning rate at batch >= LR_REF_BATCH; smaller batches take it scaled by batch / LR_REF_BATCH
-LR = {"mlp": 0.2, "ctr_dnn": 0.3, "resnet18": 0.05, "vgg16": 0.03}
+LR = {"mlp": 0.2, "ctr_dnn": 0.3, "resnet18": 0.05, "vgg16": 0.003}
 LR_REF_BATCH = 32
 #: samples per run (``--samples`` overrides)
-SAMPLES = {"mlp": 65536, "ctr_dnn": 524288, "resnet18": 49152, "vgg16": 32768}
+SAMPLES = {"mlp": 65536, "ctr_dnn": 524288, "resnet18": 49152, "vgg16": 65536}
 #: Adam steps that train an image teacher on a hidden rule before it labels anything
 TEACHER_STEPS = {"resnet18": 300, "vgg16": 400}
+#: weight init where PyTorch's default is not used (see build)
+INIT = {"vgg16": "looks-linear (Balduzzi et al. 2017), hidden layers scaled to unit output std "
+                 "on 256 inputs (LSUV's data-dependent step)"}
 #: teacher logit scale: larger is less label noise (a lower attainable loss)
 SHARPNESS = {"ctr_dnn": 4.0, "resnet18": 3.0, "vgg16": 3.0}
 #: (batch, staleness, bits) of each run
@@ -141,14 +154,65 @@ def build(name: str, seed: int) -> nn.Module:
         torch.manual_seed(seed)
         narrow(m, width)
         if name == "vgg16":
-            # torchvision's VGG convolution init: PyTorch's default one shrinks the signal
-            # through 13 convolutions without normalisation, and nothing trains
-            for x in m.modules():
-                if isinstance(x, nn.Conv2d):
-                    nn.init.kaiming_normal_(x.weight, mode="fan_out", nonlinearity="relu")
-                    nn.init.zeros_(x.bias)  # type: ignore[arg-type]
+            # 16 ReLU layers without normalisation or skips: under any independent init (PyTorch's,
+            # He fan-in or fan-out, LSUV) the last convolution's output is 95% the same for every
+            # input and the logits 99.8%, so SGD sits on a plateau; see init_looks_linear
+            init_looks_linear(m, torch.Generator().manual_seed(10_000 + seed))
+            scale_to_unit_output(m, data(name, 256, torch.Generator().manual_seed(1_000 + seed)))
     assert not any(t.is_meta for t in [*m.parameters(), *m.buffers()])
     return m
+
+
+def _weighted(m: nn.Module) -> list[nn.Conv2d | nn.Linear]:
+    return [x for x in m.modules() if isinstance(x, (nn.Conv2d, nn.Linear))]
+
+
+def init_looks_linear(m: nn.Module, gen: torch.Generator) -> None:
+    """Looks-linear init (Balduzzi et al. 2017, "The shattered gradients problem") of a plain
+    chain of convolutions and Linears with ReLUs, in place; biases 0.
+
+    Every hidden layer's channels come in mirrored pairs (c, c + C/2) and its weight is
+    [[W, -W], [-W, W]] on them, W Gaussian with variance 1 / fan-in; the first layer takes the
+    raw input ([W; -W]), the last gives the outputs ([W, -W]). Since relu(u) - relu(-u) = u,
+    the network computes a linear map of its input at init, so a deep net's output still
+    depends on its input (max pooling and dropout bend this only a little), where with
+    independent weights the ReLUs make different inputs' representations ever more alike
+    with depth. A Linear after a convolution sees the convolution's C channels each repeated
+    in_features / C times (VGG's adaptive pooling), flattened channel-major.
+    """
+    layers = _weighted(m)
+    channels = 0  # output channels of the previous layer (0: the raw input, not mirrored)
+    for i, layer in enumerate(layers):
+        w = layer.weight
+        out, c_in = w.shape[0], (w.shape[1] if channels == 0 else channels)
+        mirror_out = i < len(layers) - 1
+        if (mirror_out and out % 2) or (channels and c_in % 2):
+            raise ValueError(f"looks-linear needs even widths, layer {i} has {out}x{c_in}")
+        per_channel = w[0].numel() // c_in  # kernel positions, or repeats of a flattened channel
+        rows, cols = (out // 2 if mirror_out else out), (c_in // 2 if channels else c_in)
+        half = torch.randn(rows, cols, per_channel, generator=gen) / math.sqrt(cols * per_channel)
+        top = torch.cat([half, -half], 1) if channels else half
+        full = torch.cat([top, -top], 0) if mirror_out else top
+        with torch.no_grad():
+            w.copy_(full.reshape(w.shape))
+            if layer.bias is not None:
+                layer.bias.zero_()
+        channels = out
+
+
+def scale_to_unit_output(m: nn.Module, x: torch.Tensor) -> None:
+    """Scale each hidden layer's weight so that its output has standard deviation 1 on ``x``,
+    first layer first (the data-dependent step of LSUV, Mishkin & Matas 2016). The output
+    layer keeps its 1 / fan-in variance (vgg16: logits of std ~1.8, a first loss ~3.5)."""
+    m.eval()
+    seen: list[torch.Tensor] = []
+    for layer in _weighted(m)[:-1]:
+        seen.clear()
+        hook = layer.register_forward_hook(lambda _m, _i, o: seen.append(o))
+        with torch.no_grad():
+            m(x)
+            layer.weight.mul_(1.0 / seen[0].std())
+        hook.remove()
 
 
 def data(name: str, n: int, gen: torch.Generator) -> Any:
@@ -314,7 +378,7 @@ def curve_rmse(model: ConvergenceModel, cv: Curve, min_samples: float) -> float:
     """RMSE of log-loss of ``model`` on the points of ``cv`` that the fit used."""
     n = np.asarray(cv.samples)
     keep = n >= min_samples
-    pred = model.loss(model.effective_samples(n[keep], cv.batch, cv.staleness, cv.bits, cv.tensor_elems))
+    pred = model.loss(n[keep] * model.discount(cv.batch, cv.staleness, cv.bits, cv.tensor_elems))
     err = np.log(pred) - np.log(np.asarray(cv.loss)[keep])
     return float(np.sqrt(np.mean(err**2)))
 
@@ -325,6 +389,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--models", nargs="*", default=list(SIZES))
     ap.add_argument("--min-samples", type=float, default=2048.0, help="fit points from here on")
     ap.add_argument("--out", type=Path, default=FITS_DIR, help="where <model>.json goes")
+    ap.add_argument("--refit", action="store_true",
+                    help="no training: refit the curves stored in <out>/<model>.json (or unusable/) "
+                         "with the asymptote bounded below by their meta's teacher_loss")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -332,25 +399,35 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for name in args.models:
         t0 = time.perf_counter()
-        total = args.samples or SAMPLES[name]
-        task = Task(name)
-        curves = [train(task, b, s, q, total) for b, s, q in RUNS]
-        floor = task.floor(task.eval_targets(data(name, EVAL_N, torch.Generator().manual_seed(3)),
-                                             torch.Generator().manual_seed(4)))
-        model, rmse = fit(curves, min_samples=args.min_samples)
+        if args.refit:
+            stored = args.out / f"{name}.json"
+            old = load(stored if stored.is_file() else args.out / "unusable" / f"{name}.json")
+            curves, floor, meta = list(old.curves), float(old.meta["teacher_loss"]), dict(old.meta)
+        else:
+            total = args.samples or SAMPLES[name]
+            task = Task(name)
+            curves = [train(task, b, s, q, total) for b, s, q in RUNS]
+            floor = task.floor(task.eval_targets(data(name, EVAL_N, torch.Generator().manual_seed(3)),
+                                                 torch.Generator().manual_seed(4)))
+            meta = {"script": "experiments/fit_convergence.py", "sizes": SIZES[name], "lr": LR[name],
+                    "lr_ref_batch": LR_REF_BATCH, "teacher_adam_steps": TEACHER_STEPS.get(name),
+                    "teacher_sharpness": SHARPNESS.get(name), "teacher_loss": floor,
+                    "samples_per_run": total, "eval_samples": EVAL_N, "runs_batch_staleness_bits": RUNS,
+                    "init": INIT.get(name, "pytorch default"), "train_s": time.perf_counter() - t0,
+                    "note": "small instances of the zoo architecture (sizes), plain SGD, synthetic "
+                            "inputs, labels from a random teacher of the same architecture with noise"}
+        # the held-out loss is a cross-entropy to the teacher's probabilities (or mse to noisy
+        # targets, floor 0), never below the teacher's own loss: the asymptote may not be either
+        model, rmse = fit(curves, min_samples=args.min_samples, L_inf_min=floor)
         per_curve = [curve_rmse(model, cv, args.min_samples) for cv in curves]
         usable = model.alpha >= MIN_ALPHA and model.L_inf > 1e-6 * min(min(cv.loss) for cv in curves)
-        meta = {"script": "experiments/fit_convergence.py", "sizes": SIZES[name], "lr": LR[name],
-                "lr_ref_batch": LR_REF_BATCH, "teacher_adam_steps": TEACHER_STEPS.get(name),
-                "teacher_sharpness": SHARPNESS.get(name), "teacher_loss": floor,
-                "samples_per_run": total, "min_samples": args.min_samples, "eval_samples": EVAL_N,
-                "runs_batch_staleness_bits": RUNS, "rmse_log_loss_per_curve": per_curve,
-                "usable": usable,
-                "note": "small instances of the zoo architecture (sizes), plain SGD, synthetic "
-                        "inputs, labels from a random teacher of the same architecture with noise"}
+        meta.update({"min_samples": args.min_samples, "L_inf_min": floor,
+                     "rmse_log_loss_per_curve": per_curve, "usable": usable})
         out = args.out if usable else args.out / "unusable"
         out.mkdir(parents=True, exist_ok=True)
         save(out / f"{name}.json", Fit(model, rmse, tuple(curves), meta))
+        # the new fit supersedes the model's fit on the other side (usable / unusable)
+        (args.out / "unusable" / f"{name}.json" if usable else args.out / f"{name}.json").unlink(missing_ok=True)
         rows.append((name if usable else f"{name}*", model, rmse, per_curve, floor, time.perf_counter() - t0))
     print(f"{'model':9} {'L_inf':>7} {'teacher':>7} {'a':>9} {'alpha':>6} {'B_crit':>8} {'k_stale':>8} "
           f"{'c_quant':>9} {'rmse_log':>8} {'s':>6}")

@@ -19,7 +19,7 @@ contributes ``samples`` times three discounts, each 1 for the ideal case
   quantization (q = 0).
 
 ``fit`` estimates all six constants jointly from measured loss curves (least
-squares on log-loss); ``save``/``load`` keep a fit as JSON together with the
+squares on log-loss), optionally with a known lower bound on L_inf; ``save``/``load`` keep a fit as JSON together with the
 curves it came from (sim/convergence_fits/<model>.json, written by
 experiments/fit_convergence.py).
 """
@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -175,7 +175,8 @@ def _unpack(p: np.ndarray, free: tuple[bool, bool, bool]) -> ConvergenceModel:
     return ConvergenceModel(math.exp(p[0]), math.exp(p[1]), math.exp(p[2]), cb, k, c)
 
 
-def fit(curves: Sequence[Curve], min_samples: float = 0.0) -> tuple[ConvergenceModel, float]:
+def fit(curves: Sequence[Curve], min_samples: float = 0.0,
+        L_inf_min: float = 0.0) -> tuple[ConvergenceModel, float]:
     """Fit L_inf, a, alpha and the discounts jointly to ``curves``.
 
     Least squares on log(loss) (every decade of the curve weighs alike) with
@@ -186,8 +187,23 @@ def fit(curves: Sequence[Curve], min_samples: float = 0.0) -> tuple[ConvergenceM
     ``min_samples`` samples are skipped (the power law describes the tail, not
     the first steps).
 
+    Args:
+        curves: measured loss curves.
+        min_samples: fit only points with at least this many samples.
+        L_inf_min: a known lower bound of the loss, which the asymptote may
+            not undercut: the fit takes ``L_inf = L_inf_min + exp(p)``. For a
+            student learning a teacher's noisy labels under cross-entropy,
+            the held-out loss is the cross-entropy to the teacher's
+            probabilities, which is never below their entropy (Gibbs'
+            inequality), so the teacher's own loss is such a bound. 0 (the
+            default) leaves L_inf merely positive, as before.
+
     Returns:
         (model, rmse of log-loss over the fitted points).
+
+    Raises:
+        ValueError: fewer than 3 usable points, a measured loss at or below
+            ``L_inf_min``, or no start converged.
     """
     from scipy.optimize import least_squares
 
@@ -204,9 +220,12 @@ def fit(curves: Sequence[Curve], min_samples: float = 0.0) -> tuple[ConvergenceM
     n, logy, b, st, q = R.T
     free = (len(set(b.tolist())) > 1, bool((st > 0).any()), bool((q > 0).any()))
     ymin = float(np.exp(logy).min())
+    if not 0.0 <= L_inf_min < ymin:
+        raise ValueError(f"L_inf_min {L_inf_min} must lie in [0, the lowest fitted loss {ymin:.6g})")
 
     def model_logloss(p: np.ndarray) -> np.ndarray:
-        L_inf, a, alpha = np.exp(p[:3])
+        L_inf_excess, a, alpha = np.exp(p[:3])
+        L_inf = L_inf_min + L_inf_excess
         i = 3
         f = np.ones_like(n)
         if free[0]:
@@ -227,10 +246,10 @@ def fit(curves: Sequence[Curve], min_samples: float = 0.0) -> tuple[ConvergenceM
         + ([math.log(0.1)] if free[2] else [])
     for linf_frac in (0.1, 0.5, 0.9):  # a few starts for L_inf; keep the best
         for alpha0 in (0.3, 1.0):
-            L0 = linf_frac * ymin
+            L0 = L_inf_min + linf_frac * (ymin - L_inf_min)
             nmed = float(np.median(n))
             a0 = max(float(np.exp(np.median(logy))) - L0, 1e-6 * ymin) * nmed**alpha0
-            p0 = np.array([math.log(L0), math.log(a0), math.log(alpha0), *extra0])
+            p0 = np.array([math.log(L0 - L_inf_min), math.log(a0), math.log(alpha0), *extra0])
             try:
                 r = least_squares(resid, p0, method="trf", x_scale="jac", max_nfev=4000,
                                   xtol=1e-12, ftol=1e-12, gtol=1e-12)
@@ -241,7 +260,8 @@ def fit(curves: Sequence[Curve], min_samples: float = 0.0) -> tuple[ConvergenceM
     if best is None:
         raise ValueError("the fit did not converge")
     rmse = float(np.sqrt(np.mean(best.fun**2)))
-    return _unpack(best.x, free), rmse
+    m = _unpack(best.x, free)
+    return replace(m, L_inf=L_inf_min + m.L_inf), rmse
 
 
 def save(path: str | Path, f: Fit) -> None:

@@ -30,7 +30,7 @@ def _curves(m: ConvergenceModel, noise: float, seed: int = 0) -> list[Curve]:
     out = []
     for batch, st, bits in [(8, 0, 32), (32, 0, 32), (128, 0, 32), (512, 0, 32),
                             (32, 2, 32), (32, 8, 32), (32, 0, 8), (32, 0, 4)]:
-        eff = m.effective_samples(n, batch, st, bits, 4096.0)
+        eff = n * m.discount(batch, st, bits, 4096.0)
         y = m.loss(eff) * np.exp(noise * rng.standard_normal(n.size))
         out.append(Curve(tuple(n), tuple(y), batch, st, bits, 4096.0))
     return out
@@ -55,6 +55,36 @@ def test_fit_leaves_unvaried_discounts_neutral() -> None:
     got, _ = fit([Curve(tuple(n), tuple(m.loss(n)), batch=16)])
     assert got.critical_batch == math.inf and got.staleness_penalty == 0.0 and got.quant_penalty == 0.0
     assert (got.L_inf, got.a, got.alpha) == pytest.approx((0.1, 2.0, 0.7), rel=1e-6)
+
+
+def test_fit_with_a_slack_lower_bound_recovers_known_parameters() -> None:
+    """A bound below the true asymptote changes nothing: the same parameters come back."""
+    got, rmse = fit(_curves(TRUE, noise=0.0), L_inf_min=0.04)
+    for name in ("L_inf", "a", "alpha", "critical_batch", "staleness_penalty", "quant_penalty"):
+        assert getattr(got, name) == pytest.approx(getattr(TRUE, name), rel=1e-4), name
+    assert rmse < 1e-6
+
+
+def test_fit_lower_bound_binds() -> None:
+    """Curves whose tail falls to 0.1 but a floor of 0.3 the fit must respect: the asymptote
+    sits on the floor (not below it, where the unbounded fit puts it)."""
+    m = ConvergenceModel(L_inf=0.1, a=5.0, alpha=0.4)
+    n = np.geomspace(1e2, 1e6, 30)
+    # the measured tail stops at loss 0.35 (> the bound) although its asymptote is 0.1
+    n = n[m.loss(n) > 0.35]
+    cv = [Curve(tuple(n), tuple(m.loss(n)), batch=16)]
+    free, _ = fit(cv)
+    assert free.L_inf == pytest.approx(0.1, rel=1e-4)
+    bound, rmse = fit(cv, L_inf_min=0.3)
+    assert 0.3 <= bound.L_inf < 0.3 + 1e-3
+    assert rmse > 1e-3  # the floor costs residual: the curve really goes below it
+
+
+def test_fit_rejects_a_bound_at_or_above_the_measured_loss() -> None:
+    m = ConvergenceModel(0.1, 2.0, 0.7)
+    n = np.geomspace(10, 1e5, 30)
+    with pytest.raises(ValueError, match="L_inf_min"):
+        fit([Curve(tuple(n), tuple(m.loss(n)), batch=16)], L_inf_min=float(m.loss(1e5)))
 
 
 def test_batch_discount() -> None:
@@ -193,7 +223,7 @@ def _rmse_log(m: ConvergenceModel, curves: list[Curve], min_samples: float) -> f
     for cv in curves:
         n = np.asarray(cv.samples)
         keep = n >= min_samples
-        pred = m.loss(m.effective_samples(n[keep], cv.batch, cv.staleness, cv.bits, cv.tensor_elems))
+        pred = m.loss(n[keep] * m.discount(cv.batch, cv.staleness, cv.bits, cv.tensor_elems))
         err.append(np.log(pred) - np.log(np.asarray(cv.loss)[keep]))
     return float(np.sqrt(np.mean(np.concatenate(err) ** 2)))
 
@@ -241,7 +271,8 @@ def test_small_instances_keep_the_zoo_structure(name: str, shrink: int) -> None:
         full = zoo.torch_module(name, classes=10, size=32)[0]
     small = build(name, seed=0)
     assert [type(x).__name__ for x in small.modules()] == [type(x).__name__ for x in full.modules()]
-    convs = [(x, y) for x, y in zip(full.modules(), small.modules()) if isinstance(x, torch.nn.Conv2d)]
+    convs = [(x, y) for x, y in zip(full.modules(), small.modules())
+             if isinstance(x, torch.nn.Conv2d) and isinstance(y, torch.nn.Conv2d)]
     assert convs[0][1].in_channels == 3
     assert all(y.out_channels * shrink == x.out_channels for x, y in convs)
     assert small(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
