@@ -22,7 +22,17 @@ What the simulator is given, so that it models what the runtime executes:
 * **Emulated slowdowns.** ``runtime.workers[i].slowdown`` sleeps ``(f - 1) x``
   the forward/backward time (not the teacher's); the DES gets a slowdown from
   t = 0 of ``(T + f S) / (T + S)`` over its whole compute (T teacher, S
-  student at the worker's planned share), the same seconds.
+  student at the worker's planned share), the same seconds (on a host, a sleep
+  of ``(factor - 1) x`` the elapsed compute, as the runtime does it).
+* **The host.** Every rank runs on this machine, so (unless the config has its
+  own ``cluster.hosts``) the DES gets one host, :func:`measure_host`: the
+  cores this process may use, and as background the load of other jobs
+  measured by a 1-second probe just before the run (:func:`background_threads`); each worker
+  is a process on it with ``runtime.workers[i].threads`` (default
+  ``runtime.threads``) and ``affinity``, each PS shard one with
+  ``runtime.threads`` and no affinity (the runtime pins no shard). The report
+  records what was assumed (``info["host"]``) and, per scheduler, the DES's
+  prediction without the host (``diagnostics["sim_without_host"]``).
 
 Warm-up: every metric leaves out the first ``job.warmup_iterations``
 iterations on both sides (RunResult's iteration statistics already do; the
@@ -65,7 +75,7 @@ from hardware_profiles.schema import LayerTable
 from runtime import entry
 from runtime.spec import RunSpec, RuntimeOptions, build_spec, parse_options
 from sim import costmodel, zoo
-from sim.cluster import Cluster, Device
+from sim.cluster import Device, Host, Placement
 from sim.errors import ConfigError
 from sim.plan import Plan
 from sim.problem import Dynamic, Problem
@@ -274,14 +284,71 @@ def _teacher_profile(dev: Device, model: Model, dtype: str, max_batch: int) -> D
     return dataclasses.replace(dev, type=dev.type.model_copy(update={"layers": tables}))
 
 
-def simulated_problem(problem: Problem, plan: Plan, opts: RuntimeOptions) -> Problem:
+def _spin(seconds: float) -> float:
+    """Busy-loop for ``seconds`` of wall time; the fraction of a core this process got."""
+    c0, t0 = time.process_time(), time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        pass
+    return (time.process_time() - c0) / (time.perf_counter() - t0)
+
+
+def background_threads(cores: int, probe_s: float = 1.0) -> float:
+    """The load of other jobs as runnable threads competing fairly on every core, measured
+    as what threads of ours get: ``cores`` busy processes run ``probe_s`` seconds, each gets
+    a fraction r of a core, and fair sharing gives r = cores / (cores + B), so
+    B = cores (1 / r - 1).
+
+    Neither the load average nor a count of runnable threads: the first decays over a
+    minute, so right after a run (the suite runs configs back to back) it still counts
+    that run's ranks; the second counted 1.5-2.5 threads more than the compute of the
+    runs showed here (other jobs' threads are not all equal competitors: priorities,
+    cgroup weights), and this probe sees what the ranks will see.
+    """
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else None)
+    with ctx.Pool(cores) as pool:
+        got = pool.map(_spin, [probe_s] * cores)
+    r = min(1.0, max(1e-3, float(np.mean(got))))
+    return cores * (1.0 / r - 1.0)
+
+
+def measure_host(name: str = "local") -> Host:
+    """This machine as a :class:`~sim.cluster.Host`: the cores this process may run on
+    and the background load now (:func:`background_threads`)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    return Host(name, cores, round(background_threads(cores), 3))
+
+
+def with_host(problem: Problem, plan: Plan, opts: RuntimeOptions, host: Host) -> Problem:
+    """``problem`` with every rank of the real run on ``host``: each worker of ``plan`` a
+    process with its ``runtime.workers`` threads and affinity, each shard one with
+    ``runtime.threads``. A problem that has hosts already is returned as it is."""
+    cl = problem.cluster
+    if cl.hosts:
+        return problem
+    placement = []
+    for w, r in enumerate(plan.replicas):
+        o = opts.workers[w] if w < len(opts.workers) else None
+        threads = (o.threads if o is not None and o.threads else opts.threads)
+        aff = tuple(o.affinity) if o is not None and o.affinity is not None else None
+        placement.append((r.device, Placement(0, threads, aff)))
+    placement += [(s, Placement(0, opts.threads, None)) for s in plan.ps_shards]
+    return dataclasses.replace(problem, cluster=dataclasses.replace(cl, hosts=(host,), placement=tuple(placement)))
+
+
+def simulated_problem(problem: Problem, plan: Plan, opts: RuntimeOptions, host: Host | None = None) -> Problem:
     """``problem`` (already holding the exact model) as the runtime executes it: the teacher's
-    forward added, and ``runtime.workers`` slowdowns as t = 0 slowdown events."""
+    forward added, ``runtime.workers`` slowdowns as t = 0 slowdown events, and with ``host``
+    every rank placed on it (:func:`with_host`)."""
     job, model = problem.job, problem.job.model
     B = job.global_batch
     cl = problem.cluster
     devices = tuple(_teacher_profile(d, model, job.dtype, B) for d in cl.devices)
-    cluster = Cluster(devices, cl.shards, cl.network)
+    cluster = dataclasses.replace(cl, devices=devices)
     index = {d.id: i for i, d in enumerate(cl.devices)}
     shares = {r.device: r.batch for r in plan.replicas}
     extra = []
@@ -295,9 +362,10 @@ def simulated_problem(problem: Problem, plan: Plan, opts: RuntimeOptions) -> Pro
         # the runtime sleeps (f - 1) x the student's compute only, not the teacher's
         factor = (teacher + o.slowdown * student) / (teacher + student)
         extra.append(Dynamic(index[dev.id], 0.0, slowdown=factor))
-    return dataclasses.replace(problem, cluster=cluster,
-                               job=dataclasses.replace(job, model=with_teacher(model)),
-                               dynamics=tuple(sorted((*problem.dynamics, *extra), key=lambda d: d.at_s)))
+    out = dataclasses.replace(problem, cluster=cluster,
+                              job=dataclasses.replace(job, model=with_teacher(model)),
+                              dynamics=tuple(sorted((*problem.dynamics, *extra), key=lambda d: d.at_s)))
+    return with_host(out, plan, opts, host) if host is not None else out
 
 
 def with_compute_scaled(problem: Problem, factors: dict[str, float]) -> Problem:
@@ -396,18 +464,20 @@ def standalone_compute_s(spec: RunSpec, share: int, repeats: int = 7) -> dict[st
         torch.set_num_threads(old)
 
 
-def _host_info(opts: RuntimeOptions, n_workers: int, n_shards: int) -> dict[str, Any]:
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = os.cpu_count() or 1
-    threads = [(o.threads if i < len(opts.workers) and (o := opts.workers[i]).threads else opts.threads)
-               for i in range(n_workers)]
-    return {"cores": cores, "workers": n_workers, "shards": n_shards,
+def _host_info(problem: Problem, plan: Plan, n_workers: int, n_shards: int) -> dict[str, Any]:
+    """What the DES assumed about the machine (``problem`` as simulated)."""
+    cl = problem.cluster
+    host = cl.hosts[0] if cl.hosts else measure_host()
+    placed = [cl.placed(r.device) for r in plan.replicas]
+    threads = [pl.threads if pl is not None else 1 for pl in placed]
+    return {"cores": host.cores, "workers": n_workers, "shards": n_shards,
             "worker_threads": sum(threads), "processes": n_workers + n_shards,
-            "oversubscribed": sum(threads) > cores,
-            "affinity": [opts.workers[i].affinity if i < len(opts.workers) else None
-                         for i in range(n_workers)]}
+            "oversubscribed": sum(threads) > host.cores,
+            "affinity": [list(pl.affinity) if pl is not None and pl.affinity is not None else None
+                         for pl in placed],
+            "host": {"name": host.name, "cores": host.cores, "background_threads": host.background_threads,
+                     "loadavg_1min": os.getloadavg()[0], "hosts": len(cl.hosts),
+                     "placement": {dev: dataclasses.asdict(pl) for dev, pl in cl.placement}}}
 
 
 def validate(config: str | Path, scheduler_arg: str | None = None, iterations: int | None = None,
@@ -457,11 +527,15 @@ def validate(config: str | Path, scheduler_arg: str | None = None, iterations: i
         sched_sim, plan = runner.schedule(loaded, problem, name)
         sched_real, _ = runner.schedule(loaded, problem, name)
         spec = build_spec(problem, plan, opts, sched_real, problem.job.iterations, timeout_s, source)
-        info = _host_info(opts, spec.n_workers, spec.n_shards)
-        sim_problem = simulated_problem(problem, plan, opts)
+        sim_problem = simulated_problem(problem, plan, opts, measure_host())
+        info = _host_info(sim_problem, plan, spec.n_workers, spec.n_shards)
         if on_step:
             on_step(f"{name}: des")
         sim = runner.evaluate(sim_problem, plan, "des", trace=True, scheduler=sched_sim)
+        # the DES as it was before hosts: every device computing on its own
+        unhosted, _ = runner.schedule(loaded, problem, name)
+        no_host = runner.evaluate(simulated_problem(problem, plan, opts), plan, "des", trace=False,
+                                  scheduler=unhosted)
         shares = sorted({r.batch for r in plan.replicas})
         standalone = {b: standalone_compute_s(spec, b) for b in shares}
         if on_step:
@@ -485,6 +559,8 @@ def validate(config: str | Path, scheduler_arg: str | None = None, iterations: i
         diag = {"standalone_compute_s": {str(b): v for b, v in standalone.items()},
                 "sim_with_real_compute": {"iteration_time_mean_s": oracle.summary()["iteration_time_s"]["mean"],
                                           "compute_factors": factors},
+                "sim_without_host": {"iteration_time_mean_s": no_host.summary()["iteration_time_s"]["mean"]},
+                "host": info["host"],
                 "shares": {r.device: r.batch for r in plan.replicas},
                 "loadavg_1min": [load_before, os.getloadavg()[0]], "real_wall_s": wall,
                 "real_workers": real.summary()["workers"], "sim_workers": sim.summary()["workers"]}
@@ -524,6 +600,14 @@ def report_md(results: Sequence[Validation], title: str = "hetsim validate") -> 
                      f"{'-' if v.ranking_preserved is None else ('yes' if v.ranking_preserved else 'NO')}")
         lines.append("")
         for r in v.runs:
+            hd = r.diagnostics.get("host")
+            if hd:
+                pl = hd.get("placement", {})
+                lines += [f"DES host `{hd['name']}`: {hd['cores']} cores, {hd['background_threads']:.2f} "
+                          "background threads (other jobs' load, probed just before the run; 1-min "
+                          f"load average {hd['loadavg_1min']:.2f}); processes (threads, affinity): " + ", ".join(
+                              f"{d} ({x['threads']}, {x['affinity'] if x['affinity'] is not None else 'any'})"
+                              for d, x in pl.items()) + ".", ""]
             df = pd.DataFrame([{"metric": k, "sim": m["sim"], "real": m["real"], "error": pct(m["rel_error"])}
                                for k, m in r.metrics.items()])
             lines += [f"### {r.scheduler}", "", markdown_table(df), ""]
@@ -533,6 +617,11 @@ def report_md(results: Sequence[Validation], title: str = "hetsim validate") -> 
                     f"batch {b}: {1e3 * x['wall_s']:.3g} ms wall, {1e3 * x['cpu_s']:.3g} ms CPU"
                     for b, x in sc.items()) + f"; load average during the run "
                     f"{r.diagnostics['loadavg_1min'][0]:.2f} -> {r.diagnostics['loadavg_1min'][1]:.2f}.")
+                nh = r.diagnostics.get("sim_without_host", {}).get("iteration_time_mean_s")
+                if nh is not None:
+                    real = r.metrics["iteration_time_mean_s"]["real"]
+                    lines.append(f"The DES without the host (every device computing on its own): mean "
+                                 f"iteration {nh:.4g} s ({pct(rel_error(nh, real))}).")
                 lines.append("")
     return "\n".join(lines) + "\n"
 

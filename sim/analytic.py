@@ -23,6 +23,16 @@ ceil(n_target / (B * discount)). ASP/SSP: each worker's updates arrive at
 b_w / cycle_w samples/s with a mean staleness of N - 1 (the other workers'
 updates applied in between, one each).
 
+Hosts (``cluster.hosts``): a steady-state approximation of the DES's core
+sharing (:mod:`sim.des.hosts`), :func:`host_costs`: every process on a host
+is taken to be runnable at once, so each one's compute (a worker's forward
+and backward, a shard's aggregation and update) is stretched by 1 / its
+threads' fair share of the cores with all of them and the background load
+competing (``max(1, runnable threads / cores)`` without affinity). That is
+exact while all compute together (BSP workers of equal speed) and
+pessimistic where processes take turns (a shard working while the workers
+wait); the DES tracks who is runnable when.
+
 Adaptive quantization (``job.quantization: adaptive``): the policy is run over
 the modelled loss one global iteration at a time, each iteration taking the
 steady time and effective samples of the plan evaluated at its width; see
@@ -31,10 +41,12 @@ steady time and effective samples of the plan evaluated at its width; see
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
 
+from sim.cluster import thread_rates
 from sim.convergence import effective_to_target_iterations, model_tensor_elems
 from sim.costmodel import PlanCosts, plan_costs
 from sim.observation import Observation, WorkerStatus, accepted_shares, full_membership, rate_sps
@@ -258,10 +270,31 @@ def evaluate(problem: Problem, plan: Plan, scheduler: Any = None) -> RunResult:
 def _evaluate(problem: Problem, plan: Plan) -> RunResult:
     if problem.job.quant_adaptive is not None:
         return _evaluate_adaptive(problem, plan)
-    c = plan_costs(problem, plan)
+    c = host_costs(problem, plan_costs(problem, plan))
     if problem.job.sync == "bsp":
         return _evaluate_bsp(problem, plan, c)
     return _async_steady(problem, plan, c)[0]
+
+
+def host_costs(problem: Problem, c: PlanCosts) -> PlanCosts:
+    """``c`` with each hosted process's compute stretched by its steady-state share of
+    its host's cores, every process of the plan on that host runnable at once (see the
+    module docstring); ``c`` itself when no process of the plan is on a host."""
+    cl = problem.cluster
+    procs = [(k, pl) for k, dev in enumerate((*c.workers, *c.shards)) if (pl := cl.placed(dev)) is not None]
+    if not procs:
+        return c
+    stretch = np.ones(len(c.workers) + len(c.shards))
+    for h, host in enumerate(cl.hosts):
+        mine = [(k, pl) for k, pl in procs if pl.host == h]
+        if mine:
+            rates = thread_rates(host.cores, host.background_threads, [(pl.affinity, pl.threads) for _, pl in mine])
+            for (k, _), r in zip(mine, rates):
+                stretch[k] = 1.0 / r
+    w, s = stretch[: len(c.workers)], stretch[len(c.workers):][c.chunk_shard]
+    return dataclasses.replace(c, fwd_s=c.fwd_s * w[:, None], bwd_s=c.bwd_s * w[:, None],
+                               agg_s=c.agg_s * s[None, :], apply_s=c.apply_s * s,
+                               apply_one_s=c.apply_one_s * s[None, :])
 
 
 def _bsp_time_to_target(problem: Problem, ends: list[float], batch: int) -> float | None:
@@ -284,7 +317,7 @@ def _working(plan: Plan) -> Plan:
 def _observation(problem: Problem, plan: Plan, iteration: int, t_s: float) -> Observation:
     """What a steady-state iteration of ``plan`` shows: each worker's modelled compute
     per iteration at its share, its free memory at t = 0, everyone alive."""
-    c = plan_costs(problem, _working(plan))
+    c = host_costs(problem, plan_costs(problem, _working(plan)))
     compute = dict(zip(c.workers, (c.fwd_s.sum(axis=1) + c.bwd_s.sum(axis=1)).tolist()))
     free = initial_free_memory_bytes(problem)
     ws = []
@@ -511,7 +544,7 @@ def _evaluate_adaptive(problem: Problem, plan: Plan) -> RunResult:
                 B = r.iter_samples[-1]
                 e = conv.effective_samples(B, B, 0.0, bits, d_el)
             else:
-                r, e = _async_steady(sub, plan, plan_costs(sub, plan))
+                r, e = _async_steady(sub, plan, host_costs(sub, plan_costs(sub, plan)))
             per[bits] = (r, e)
         return per[bits]
 

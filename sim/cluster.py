@@ -1,7 +1,8 @@
-"""Clusters: device instances (from profiles), PS shards and the network."""
+"""Clusters: device instances (from profiles), PS shards, the network and the hosts."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from hardware_profiles import DeviceProfile
@@ -34,15 +35,59 @@ class Network:
 
 
 @dataclass(frozen=True)
+class Host:
+    """A machine whose cores the processes placed on it share (``cluster.hosts``).
+
+    Attributes:
+        name: the name placements refer to.
+        cores: cores the processes may run on (indices 0 .. cores - 1).
+        background_threads: runnable threads of other jobs, always competing on
+            every core (a load average; may be fractional).
+    """
+
+    name: str
+    cores: int
+    background_threads: float = 0.0
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one process (a worker's or a PS shard's) runs.
+
+    Attributes:
+        host: index into :attr:`Cluster.hosts`.
+        threads: compute threads of the process (torch intra-op threads): the
+            runnable threads it adds while it computes, and the most cores it can use.
+        affinity: core indices it may run on (None: every core of the host).
+    """
+
+    host: int
+    threads: int = 1
+    affinity: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
 class Cluster:
-    """The inventory: every worker-capable device, the PS shards, the network."""
+    """The inventory: every worker-capable device, the PS shards, the network.
+
+    ``hosts`` and ``placement`` (device id -> :class:`Placement`) are empty unless
+    the config has ``cluster.hosts``; a device without a placement has its
+    compute to itself, as every device has without hosts.
+    """
 
     devices: tuple[Device, ...]
     shards: tuple[Device, ...]
     network: Network
+    hosts: tuple[Host, ...] = ()
+    placement: tuple[tuple[str, Placement], ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_by_id", {d.id: d for d in self.devices + self.shards})
+        object.__setattr__(self, "_placed", dict(self.placement))
+
+    def placed(self, device_id: str) -> Placement | None:
+        """The host placement of a device's process, None when it has none."""
+        return self._placed.get(device_id)  # type: ignore[attr-defined, no-any-return]
 
     def device(self, device_id: str) -> Device:
         return self._by_id[device_id]  # type: ignore[attr-defined]
@@ -57,3 +102,55 @@ class Cluster:
         for d in self.devices:
             out.setdefault(d.type.name, d.type)
         return out
+
+
+def thread_rates(cores: int, background_threads: float,
+                 groups: Sequence[tuple[tuple[int, ...] | None, float]]) -> list[float]:
+    """Max-min fair CPU share per runnable thread on one host, per group.
+
+    Each group is ``(affinity, threads)``: that many runnable threads allowed on
+    those cores (None: all). ``background_threads`` more run anywhere. Cores are
+    processor-sharing servers and a thread migrates freely within its affinity
+    (a fluid model of the kernel's fair scheduler with load balancing), so the
+    fair allocation is found by progressive filling: the set of cores S with the
+    smallest ``|S| / (threads allowed only on S)`` saturates first; its threads
+    get that ratio (at most 1: a thread uses one core at most), S and its threads
+    leave, repeat. Candidate sets are the unions of the groups' affinities, so the
+    cost grows as 2^(distinct affinities); a host has a handful.
+
+    Returns:
+        the rate of one thread of each group, in (0, 1]: the fraction of a core it
+        gets, i.e. the speed of a compute that takes 1 s alone on an idle host.
+    """
+    full = (1 << cores) - 1
+    masks = [full if aff is None else sum(1 << c for c in aff) & full for aff, _ in groups]
+    counts = [float(n) for _, n in groups]
+    if background_threads > 0:
+        masks.append(full)
+        counts.append(float(background_threads))
+    rates = [1.0] * len(masks)
+    left = [i for i in range(len(masks)) if counts[i] > 0]
+    avail = full
+    while left:
+        unions = {0}
+        for m in {masks[i] & avail for i in left}:
+            unions |= {u | m for u in unions}
+        best, best_ratio = 0, float("inf")
+        for s in sorted(unions):
+            n = sum(counts[i] for i in left if masks[i] & avail & ~s == 0)
+            if n <= 0:
+                continue
+            ratio = bin(s).count("1") / n
+            # ties: the larger set (a union of tight sets is tight)
+            if ratio < best_ratio * (1 - 1e-12) or (ratio <= best_ratio * (1 + 1e-12)
+                                                    and bin(s).count("1") > bin(best).count("1")):
+                best, best_ratio = s, ratio
+        r = min(1.0, best_ratio)
+        if r >= 1.0:
+            break  # everyone left gets a whole core per thread
+        done = [i for i in left if masks[i] & avail & ~best == 0]
+        for i in done:
+            rates[i] = r
+        left = [i for i in left if i not in done]
+        avail &= ~best
+    return rates[: len(groups)]

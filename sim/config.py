@@ -32,18 +32,57 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
-class DeviceEntry(_Strict):
+class _Placed(_Strict):
+    """Where the processes of an entry run (with ``cluster.hosts``); each of its
+    devices is one process with these ``threads`` and ``affinity``."""
+
+    host: str | None = Field(None, description="name of the cluster.hosts entry its processes run on "
+                             "(none: the device's compute is its own)")
+    threads: int | None = Field(None, ge=1, description="with host: compute threads per process (default 1)")
+    affinity: list[Annotated[int, Field(ge=0)]] | None = Field(
+        None, min_length=1, description="with host: core indices each process may run on (default: all)")
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: Any) -> dict[str, Any]:
+        # the host fields appear in the resolved config only when given: configs
+        # without hosts resolve exactly as before they existed
+        out = handler(self)
+        for k in ("host", "threads", "affinity"):
+            if out.get(k, 0) is None:
+                del out[k]
+        return out
+
+    @model_validator(mode="after")
+    def _with_host(self) -> _Placed:
+        for k in ("threads", "affinity"):
+            if getattr(self, k) is not None and self.host is None:
+                raise ValueError(f"{k} is given only with host")
+        if self.affinity is not None and len(set(self.affinity)) != len(self.affinity):
+            raise ValueError("affinity lists a core twice")
+        return self
+
+
+class DeviceEntry(_Placed):
     """One line of the inventory: ``count`` devices of profile ``type``."""
 
     type: str = Field(description="device profile name, e.g. 'v100'")
     count: int = Field(1, ge=1, description="how many exist")
 
 
-class PSConfig(_Strict):
+class PSConfig(_Placed):
     """Parameter-server shards; parameters are partitioned across them by bytes."""
 
     shards: int = Field(1, ge=1, description="number of PS shards")
     type: str = Field("cpu-16c", description="device profile each shard runs on")
+
+
+class HostConfig(_Strict):
+    """A machine whose cores the processes placed on it share (see sim.des.hosts)."""
+
+    name: str = Field(min_length=1, description="what devices' `host:` refers to")
+    cores: int = Field(ge=1, description="cores the processes may run on (indices 0 .. cores - 1)")
+    background_threads: float = Field(
+        0.0, ge=0, description="runnable threads of other jobs, always competing on every core")
 
 
 class NetworkConfig(_Strict):
@@ -75,6 +114,16 @@ class ClusterConfig(_Strict):
     devices: list[DeviceEntry] = Field(min_length=1, description="the inventory")
     ps: PSConfig = Field(default_factory=PSConfig)
     network: NetworkConfig = Field(default_factory=NetworkConfig)
+    hosts: list[HostConfig] | None = Field(
+        None, description="machines whose cores processes share (devices and ps name one with `host:`); "
+        "none: every device computes on its own")
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: Any) -> dict[str, Any]:
+        out = handler(self)
+        if out.get("hosts", 0) is None:
+            del out["hosts"]
+        return out
 
 
 QuantSpec = Literal["none", "adaptive", 32, 16, 8, 4, 2]

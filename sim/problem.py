@@ -5,10 +5,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from hardware_profiles import load_profile
-from sim.cluster import Cluster, Device, Network
-from sim.config import Config, QuantParamsConfig
+from sim.cluster import Cluster, Device, Host, Network, Placement
+from sim.config import ClusterConfig, Config, QuantParamsConfig
 from sim.convergence import (
     ConvergenceModel,
     effective_to_target_iterations,
@@ -137,7 +138,8 @@ def build_problem(cfg: Config, base_dir: Path, source: str = "<config>") -> Prob
     for dev_id in net.overrides:
         if dev_id not in known:
             raise ConfigError(source, f"cluster.network.overrides.{dev_id}", "no such device id")
-    cluster = Cluster(tuple(devices), shards, Network(net.latency_us * 1e-6, net.sharing))
+    hosts, placement = _hosts(cfg.cluster, devices, shards, source)
+    cluster = Cluster(tuple(devices), shards, Network(net.latency_us * 1e-6, net.sharing), hosts, placement)
 
     j = cfg.job
     model = resolve_model(j.model, base_dir, source)
@@ -194,6 +196,49 @@ def build_problem(cfg: Config, base_dir: Path, source: str = "<config>") -> Prob
         objective=Objective(o.minimize, o.throughput_min, o.deadline_s, o.budget_usd),
         dynamics=dynamics,
     )
+
+
+def _hosts(cl: ClusterConfig, devices: list[Device], shards: tuple[Device, ...],
+           source: str) -> tuple[tuple[Host, ...], tuple[tuple[str, Placement], ...]]:
+    """``cluster.hosts`` and each device's placement (device id -> Placement)."""
+    if cl.hosts is None:
+        for i, e in enumerate(cl.devices):
+            if e.host is not None:
+                raise ConfigError(source, f"cluster.devices[{i}].host", "no cluster.hosts section to name")
+        if cl.ps.host is not None:
+            raise ConfigError(source, "cluster.ps.host", "no cluster.hosts section to name")
+        return (), ()
+    index: dict[str, int] = {}
+    for k, h in enumerate(cl.hosts):
+        if h.name in index:
+            raise ConfigError(source, f"cluster.hosts[{k}].name", f"host {h.name!r} is listed twice")
+        index[h.name] = k
+    hosts = tuple(Host(h.name, h.cores, float(h.background_threads)) for h in cl.hosts)
+
+    def place(e: Any, field: str) -> Placement | None:
+        if e.host is None:
+            return None
+        if e.host not in index:
+            raise ConfigError(source, f"{field}.host", f"no host named {e.host!r} in cluster.hosts")
+        h = index[e.host]
+        aff = tuple(e.affinity) if e.affinity is not None else None
+        if aff is not None and max(aff) >= hosts[h].cores:
+            raise ConfigError(source, f"{field}.affinity",
+                              f"core {max(aff)} is not on host {e.host!r} ({hosts[h].cores} cores: 0 .. "
+                              f"{hosts[h].cores - 1})")
+        return Placement(h, e.threads or 1, aff)
+
+    placement: list[tuple[str, Placement]] = []
+    start = 0
+    for i, e in enumerate(cl.devices):
+        pl = place(e, f"cluster.devices[{i}]")
+        if pl is not None:
+            placement += [(d.id, pl) for d in devices[start:start + e.count]]
+        start += e.count
+    pl = place(cl.ps, "cluster.ps")
+    if pl is not None:
+        placement += [(s.id, pl) for s in shards]
+    return hosts, tuple(placement)
 
 
 def _to_target(m: ConvergenceModel, model: Model, target: float, batch: int, bits: int,

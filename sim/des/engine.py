@@ -67,6 +67,7 @@ import simpy
 
 from sim.convergence import model_tensor_elems
 from sim.costmodel import PlanCosts, plan_costs
+from sim.des.hosts import HostCPU
 from sim.des.network import FlowNetwork
 from sim.des.shard import ShardServer
 from sim.observation import Observation, WorkerStatus, accepted_shares, full_membership, rate_sps
@@ -144,7 +145,20 @@ class DataParallelSim:
         bw = list(costs.worker_bw) * 2 + list(costs.shard_bw) * 2
         self.net = FlowNetwork(env, bw, costs.latency_s, fair=problem.cluster.network.sharing == "fair")
         self.trace = Trace() if trace else None
-        self.servers = [ShardServer(env, self._span_cb(s) if trace else None) for s in range(S)]
+        # Hosts (cluster.hosts): process ids are workers 0..N-1 then shards N..N+S-1; a
+        # device without a placement keeps its compute to itself (plain timeouts).
+        cl = problem.cluster
+        placed = [cl.placed(d) for d in (*costs.workers, *costs.shards)]
+        self.cpu: HostCPU | None = None
+        self.proc: list[int | None] = [None] * (N + S)  # process id on self.cpu
+        if any(pl is not None for pl in placed):
+            ids = [i for i, pl in enumerate(placed) if pl is not None]
+            self.cpu = HostCPU(env, cl.hosts, [pl for pl in placed if pl is not None])
+            for k, i in enumerate(ids):
+                self.proc[i] = k
+        self.servers = [ShardServer(env, self._span_cb(s) if trace else None, self._shard_run(s)) for s in range(S)]
+        # the host flow of each worker's compute in progress (cancelled if the worker fails)
+        self.flow: list[Any] = [None] * N
         self.groups: list[list[int]] = [[] for _ in range(self.G)]
         for c_, g in enumerate(costs.chunk_group):
             self.groups[int(g)].append(c_)
@@ -239,6 +253,13 @@ class DataParallelSim:
         self.quant_changes: list[tuple[int, int]] = [(0, job.quant_bits)]
 
     # ------------------------------------------------------------------ helpers
+    def _shard_run(self, s: int) -> Callable[[float, Callable[[], None]], object] | None:
+        """How shard s executes its work: on its host's cores, or None (a plain timeout)."""
+        cpu, k = self.cpu, self.proc[self.N + s]
+        if cpu is None or k is None:
+            return None
+        return lambda cost, done: cpu.compute(k, cost, done)
+
     def _span_cb(self, s: int) -> Any:
         def cb(label: str, t0: float, t1: float) -> None:
             assert self.trace is not None
@@ -414,6 +435,7 @@ class DataParallelSim:
         name = self.c.workers[w]
         ready = self.ready[w]
         slowed = w in self.slowed  # only these can have a compute interrupted by a slowdown
+        hosted = self.proc[w] is not None
         G, bsp, online, batch = self.G, self.sync == "bsp", self.online, self.batch
         adopt_at_pull = self.adopting and bsp  # BSP takes a new share with its first parameters
         it = 0
@@ -455,7 +477,9 @@ class DataParallelSim:
                     acct.advance(env.now)
                     acct.state = _COMPUTE
                     t0 = env.now
-                    if slowed:
+                    if hosted:
+                        yield from self._host_compute(w, fwd[g])
+                    elif slowed:
                         yield from self._compute(w, fwd[g])
                     else:  # nothing can interrupt it: a plain timeout is cheaper
                         yield env.timeout(fwd[g])
@@ -469,7 +493,9 @@ class DataParallelSim:
                             self._abstain(w, c)
                         continue
                     t0 = env.now
-                    if slowed:
+                    if hosted:
+                        yield from self._host_compute(w, bwd[g])
+                    elif slowed:
                         yield from self._compute(w, bwd[g])
                     else:
                         yield env.timeout(bwd[g])
@@ -516,6 +542,31 @@ class DataParallelSim:
                     work_s -= (self.env.now - t0) / slow
         finally:
             self.computing[w] = False
+
+    def _host_compute(self, w: int, work_s: float) -> Any:
+        """``work_s`` seconds of nominal compute on worker w's host, at its fair share of
+        the cores (stretched by the processes and background load it shares them with).
+
+        A slowdown f > 1 (emulated like the runtime does it) then sleeps (f - 1) x the
+        elapsed compute, not runnable, so the others get the cores meanwhile; f < 1 (a
+        faster device) scales the work. The factor in force when the compute starts
+        applies to all of it (a host compute is never interrupted by a slowdown).
+        """
+        env, cpu, slow = self.env, self.cpu, self.slow[w]
+        assert cpu is not None
+        t0 = env.now
+        done = env.event()
+        self.flow[w] = cpu.compute(self.proc[w], work_s * min(slow, 1.0), done.succeed)  # type: ignore[arg-type]
+        try:
+            yield done
+        except simpy.Interrupt:  # failed: its work stops competing for the cores
+            if self.flow[w] is not None:
+                cpu.cancel(self.flow[w])
+            raise
+        finally:
+            self.flow[w] = None
+        if slow > 1.0:
+            yield env.timeout((slow - 1.0) * (env.now - t0))
 
     def _ssp_gate(self, w: int, it: int) -> Any:
         bound = self.problem.job.staleness

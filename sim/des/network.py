@@ -46,29 +46,34 @@ class _Pair:
         self.dirty = False
 
 
-class FlowNetwork:
-    """Point-to-point transfers over per-node up/down links.
+class FluidShare:
+    """Fluid sharing of resources among flows: the machinery, not the policy.
+
+    A flow is an amount of work (bytes, core-seconds) crossing two resources
+    ``src`` and ``dst``; it is served at ``min(share[src], share[dst])``, where
+    a subclass's :meth:`_refresh` sets the share of each resource whose flow
+    count changed (``self._n``). Flows between the same two resources are
+    grouped in a :class:`_Pair` with one service counter (see the module
+    docstring); completion callbacks run ``latency_s`` after the last unit of
+    work is served. :class:`FlowNetwork` shares link bandwidth;
+    :class:`sim.des.hosts.HostCPU` shares a host's cores.
 
     Args:
         env: the SimPy environment.
-        link_bw_Bps: bandwidth of each link (index = link id).
-        latency_s: added to every message after its last byte is sent.
-        fair: share link bandwidth among concurrent flows (else: no contention).
+        n_resources: number of resources (ids 0 .. n - 1).
+        latency_s: delay between a flow's last unit of work and its callback.
     """
 
-    def __init__(self, env: simpy.Environment, link_bw_Bps: Sequence[float], latency_s: float,
-                 fair: bool = True) -> None:
+    def __init__(self, env: simpy.Environment, n_resources: int, latency_s: float = 0.0) -> None:
         self.env = env
-        self.bw = [float(b) for b in link_bw_Bps]
         self.latency_s = float(latency_s)
-        self.fair = fair
-        self._n = [0] * len(self.bw)  # flows on each link
-        # bw / n of each link, refreshed by _settle for the links whose count changed:
-        # a link's count changes only together with marking it dirty, so every share
-        # _settle reads is current. One division per link instead of two per pair.
-        self._share = [math.inf] * len(self.bw)
+        self._n = [0] * n_resources  # flows on each resource
+        # the share of each resource, refreshed by _refresh for the resources whose count
+        # changed: a count changes only together with marking its resource dirty, so every
+        # share _settle reads is current.
+        self._share = [math.inf] * n_resources
         # dicts, not sets: iteration order must not depend on object ids (same seed, same bytes)
-        self._pairs_on: list[dict[_Pair, None]] = [{} for _ in self.bw]
+        self._pairs_on: list[dict[_Pair, None]] = [{} for _ in range(n_resources)]
         self._pairs: dict[tuple[int, int], _Pair] = {}
         self._heap: list[tuple[float, int, int, _Pair]] = []
         self._dirty: set[int] = set()
@@ -76,18 +81,13 @@ class FlowNetwork:
         self._wake_at = math.inf
         self._wake_token = 0
         self._seq = 0
-        self.bytes_sent = 0.0
 
-    def transfer(self, src: int, dst: int, nbytes: float, on_delivered: Callable[[], None]) -> None:
-        """Send ``nbytes`` from link ``src`` to link ``dst``; call ``on_delivered`` on arrival."""
-        self.bytes_sent += nbytes
-        if nbytes <= 0:
-            self._deliver(on_delivered)
-            return
-        if not self.fair:
-            ev = self.env.timeout(nbytes / min(self.bw[src], self.bw[dst]))
-            ev.callbacks.append(lambda _e: self._deliver(on_delivered))
-            return
+    def _refresh(self, resources: list[int]) -> None:
+        """Set ``self._share`` of ``resources`` (sorted) from their flow counts."""
+        raise NotImplementedError
+
+    def _start(self, src: int, dst: int, amount: float, on_done: Callable[[], None]) -> tuple[_Pair, int]:
+        """Start a flow of ``amount`` (> 0) from ``src`` to ``dst``; returns its handle."""
         now = self.env.now
         p = self._pairs.get((src, dst))
         if p is None:
@@ -98,7 +98,7 @@ class FlowNetwork:
             p.served += p.rate * (now - p.t)
             p.t = now
         self._seq += 1
-        heapq.heappush(p.flows, (p.served + nbytes, self._seq, on_delivered))
+        heapq.heappush(p.flows, (p.served + amount, self._seq, on_done))
         p.dirty = True  # its earliest target may have changed
         n = self._n
         n[src] += 1
@@ -109,24 +109,47 @@ class FlowNetwork:
         if not self._settle_pending:
             self._settle_pending = True
             self.env.timeout(0).callbacks.append(self._settle)
+        return p, self._seq
+
+    def cancel(self, handle: tuple[_Pair, int]) -> None:
+        """Withdraw a flow that has not finished (its callback is never called);
+        a finished one is left alone."""
+        p, seq = handle
+        flows = p.flows
+        i = next((k for k, f in enumerate(flows) if f[1] == seq), None)
+        if i is None or self._pairs.get((p.src, p.dst)) is not p:
+            return
+        now = self.env.now
+        if p.rate > 0.0:
+            p.served += p.rate * (now - p.t)
+        p.t = now
+        flows[i] = flows[-1]
+        flows.pop()
+        heapq.heapify(flows)
+        self._n[p.src] -= 1
+        self._n[p.dst] -= 1
+        self._dirty.add(p.src)
+        self._dirty.add(p.dst)
+        p.dirty = True
+        if not flows:
+            p.ver += 1  # its heap entry is stale now
+            del self._pairs[(p.src, p.dst)]
+            del self._pairs_on[p.src][p]
+            del self._pairs_on[p.dst][p]
+        if not self._settle_pending:
+            self._settle_pending = True
+            self.env.timeout(0).callbacks.append(self._settle)
 
     # -- internals ---------------------------------------------------------
-    def _deliver(self, cb: Callable[[], None]) -> None:
-        if self.latency_s > 0:
-            self.env.timeout(self.latency_s).callbacks.append(lambda _e: cb())
-        else:
-            cb()
-
     def _settle(self, _ev: object = None) -> None:
         """Recompute the rates of pairs on links whose flow count changed."""
         self._settle_pending = False
         now = self.env.now
-        bw, n, share, pairs_on = self.bw, self._n, self._share, self._pairs_on
+        share, pairs_on = self._share, self._pairs_on
         affected: dict[_Pair, None] = {}
-        for link in sorted(self._dirty):
-            k = n[link]
-            if k:
-                share[link] = bw[link] / k
+        dirty = sorted(self._dirty)
+        self._refresh(dirty)
+        for link in dirty:
             affected.update(pairs_on[link])
         self._dirty.clear()
         heap, push = self._heap, heapq.heappush
@@ -226,3 +249,48 @@ class FlowNetwork:
             self._settle()
         else:
             self._schedule_wake()
+
+
+class FlowNetwork(FluidShare):
+    """Point-to-point transfers over per-node up/down links.
+
+    Args:
+        env: the SimPy environment.
+        link_bw_Bps: bandwidth of each link (index = link id).
+        latency_s: added to every message after its last byte is sent.
+        fair: share link bandwidth among concurrent flows (else: no contention).
+    """
+
+    def __init__(self, env: simpy.Environment, link_bw_Bps: Sequence[float], latency_s: float,
+                 fair: bool = True) -> None:
+        super().__init__(env, len(link_bw_Bps), latency_s)
+        self.bw = [float(b) for b in link_bw_Bps]
+        self.fair = fair
+        self.bytes_sent = 0.0
+
+    def transfer(self, src: int, dst: int, nbytes: float, on_delivered: Callable[[], None]) -> None:
+        """Send ``nbytes`` from link ``src`` to link ``dst``; call ``on_delivered`` on arrival."""
+        self.bytes_sent += nbytes
+        if nbytes <= 0:
+            self._deliver(on_delivered)
+            return
+        if not self.fair:
+            ev = self.env.timeout(nbytes / min(self.bw[src], self.bw[dst]))
+            ev.callbacks.append(lambda _e: self._deliver(on_delivered))
+            return
+        self._start(src, dst, nbytes, on_delivered)
+
+    def _refresh(self, resources: list[int]) -> None:
+        """A link's bandwidth split equally among its flows (bw / n: one division per
+        link instead of two per pair)."""
+        bw, n, share = self.bw, self._n, self._share
+        for link in resources:
+            k = n[link]
+            if k:
+                share[link] = bw[link] / k
+
+    def _deliver(self, cb: Callable[[], None]) -> None:
+        if self.latency_s > 0:
+            self.env.timeout(self.latency_s).callbacks.append(lambda _e: cb())
+        else:
+            cb()

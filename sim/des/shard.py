@@ -15,12 +15,19 @@ class ShardServer:
     settle event and served in key order, so the order never depends on which
     SimPy event happened to fire first; the analytic evaluator sorts the same
     way.
+
+    ``run(cost_s, on_done)``, when given, executes a task's work instead of a
+    plain timeout (a shard process on a host shares its cores:
+    :meth:`sim.des.hosts.HostCPU.compute`); ``busy_s`` then adds the elapsed
+    time of each task, which sharing stretches, rather than its cost.
     """
 
-    __slots__ = ("env", "_heap", "_busy", "_settle_pending", "busy_s", "_on_span", "_cur")
+    __slots__ = ("env", "_heap", "_busy", "_settle_pending", "busy_s", "_on_span", "_cur", "_run")
 
-    def __init__(self, env: simpy.Environment, on_span: Callable[[str, float, float], None] | None = None) -> None:
+    def __init__(self, env: simpy.Environment, on_span: Callable[[str, float, float], None] | None = None,
+                 run: Callable[[float, Callable[[], None]], object] | None = None) -> None:
         self.env = env
+        self._run = run
         self._heap: list[tuple[float, tuple[int, ...], float, str, Callable[[], None] | None]] = []
         self._busy = False
         self._settle_pending = False
@@ -42,14 +49,19 @@ class ShardServer:
             return
         _, _, cost, label, cb = heapq.heappop(self._heap)
         self._busy = True
-        self.busy_s += cost
         env = self.env
         self._cur = (cb, label, env.now)
+        if self._run is not None:
+            self._run(cost, self._finish)
+            return
+        self.busy_s += cost
         env.timeout(cost).callbacks.append(self._finish)
 
-    def _finish(self, _ev: object) -> None:
+    def _finish(self, _ev: object = None) -> None:
         self._busy = False
         cb, label, t0 = self._cur
+        if self._run is not None:
+            self.busy_s += self.env.now - t0
         if self._on_span is not None:
             self._on_span(label, t0, self.env.now)
         if cb is not None:

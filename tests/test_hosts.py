@@ -1,0 +1,250 @@
+"""Hosts (``cluster.hosts``): processes on one machine share its cores (sim.des.hosts).
+
+Cases worked out by hand. Unless a test says otherwise: workers of profile
+``cpu`` (1e12 FLOP/s, NIC 1e18 B/s: transfers take ~1e-15 s), one layer with
+1e3 parameter bytes and 1e10 fwd / 9e10 bwd FLOP per sample, 10 samples per
+worker, so alone a worker computes fwd = 0.1 s and bwd = 0.9 s: 1 s per
+iteration. The PS shard's memory is 1e20 B/s (its work ~1e-17 s) and it is on
+no host. Network: no sharing, no latency. Every time below is exact to 1e-9.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from sim import analytic, des
+from sim.cluster import Host, Placement, thread_rates
+from sim.config import config_from_dict, load_config
+from sim.errors import ConfigError
+from sim.problem import Dynamic, Problem, build_problem
+from tests.helpers_eval import dense, model, plan, problem, profile, time_limit
+
+EXACT = 1e-9
+CPU = profile("cpu", kind="cpu", nic=1e18)
+PS = profile("ps", kind="cpu", mem_bw=1e20, nic=1e18)
+LAYER = model(dense("fc", 1e3, fwd_flops=1e10, bwd_flops=9e10))
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _hosted(n: int, hosts: list[Host], place: list[Placement | None], shard: Placement | None = None,
+            **kw: object) -> Problem:
+    prob = problem([CPU] * n, [PS], LAYER, 10 * n, **kw)  # type: ignore[arg-type]
+    cl = prob.cluster
+    placement = [(d.id, p) for d, p in zip(cl.devices, place) if p is not None]
+    if shard is not None:
+        placement.append(("ps:0", shard))
+    return dataclasses.replace(prob, cluster=dataclasses.replace(cl, hosts=tuple(hosts),
+                                                                 placement=tuple(placement)))
+
+
+def _run(prob: Problem, scheduler: object = None):  # type: ignore[no-untyped-def]
+    with time_limit(60):
+        return des.simulate(prob, plan(prob, [10] * len(prob.cluster.devices)), scheduler=scheduler)
+
+
+def _spans(r, worker: int) -> list[tuple[str, float, float]]:  # type: ignore[no-untyped-def]
+    """(name, start, end) of a worker's compute spans, in seconds."""
+    return [(e["name"], e["ts"] * 1e-6, (e["ts"] + e["dur"]) * 1e-6) for e in r.trace
+            if e.get("ph") == "X" and e["pid"] == 0 and e["tid"] == worker]
+
+
+def _approx(x: object) -> object:
+    return pytest.approx(x, rel=EXACT, abs=1e-12)
+
+
+# ------------------------------------------------------------------ fair shares
+def test_thread_rates_by_hand() -> None:
+    assert thread_rates(1, 0, [(None, 1), (None, 1)]) == [0.5, 0.5]  # 2 threads, 1 core
+    assert thread_rates(2, 0, [(None, 3)]) == [pytest.approx(2 / 3)]  # 3 threads, 2 cores
+    assert thread_rates(2, 0, [(None, 2)]) == [1.0]  # one core per thread at most
+    assert thread_rates(2, 0, [((0,), 1), ((0,), 1), (None, 1)]) == [0.5, 0.5, 1.0]  # pinned to core 0
+    assert thread_rates(1, 1.0, [(None, 1)]) == [0.5]  # one background thread
+    # a pinned thread and two free ones: all three 2/3 (the free ones help out on core 0)
+    assert thread_rates(2, 0, [((0,), 1), (None, 2)]) == [pytest.approx(2 / 3)] * 2
+    # 3 cores, a 1-thread and a 4-thread process: 5 threads, 0.6 each (fair per thread)
+    assert thread_rates(3, 0, [(None, 1), (None, 4)]) == [pytest.approx(0.6)] * 2
+
+
+# ------------------------------------------------------------------ DES, by hand
+def test_two_workers_on_one_core_take_twice_as_long() -> None:
+    one_core = [Host("h", 1)]
+    r = _run(_hosted(2, one_core, [Placement(0), Placement(0)], iterations=3))
+    for w in (0, 1):  # both compute at once at half speed: fwd 0.2 s, bwd 1.8 s
+        assert _spans(r, w)[:2] == [("fwd", _approx(0.0), _approx(0.2)), ("bwd", _approx(0.2), _approx(2.0))]
+    assert r.iteration_times() == _approx([2.0] * 3)
+    alone = _run(_hosted(2, [], [None, None], iterations=3))
+    assert alone.iteration_times() == _approx([1.0] * 3)
+
+
+def test_three_threads_on_two_cores_take_one_and_a_half() -> None:
+    r = _run(_hosted(3, [Host("h", 2)], [Placement(0)] * 3, iterations=2))
+    assert r.iteration_times() == _approx([1.5, 1.5])
+    assert _spans(r, 2)[0] == ("fwd", _approx(0.0), _approx(0.15))
+
+
+def test_two_threads_alone_on_two_cores_are_not_stretched() -> None:
+    r = _run(_hosted(1, [Host("h", 2)], [Placement(0, threads=2)], iterations=2))
+    assert r.iteration_times() == _approx([1.0, 1.0])
+
+
+def test_affinity_pins_two_processes_to_one_core() -> None:
+    # workers 0 and 1 on core 0 of two; worker 2 may use both, and gets core 1 to itself
+    pinned = Placement(0, affinity=(0,))
+    r = _run(_hosted(3, [Host("h", 2)], [pinned, pinned, Placement(0)], iterations=2))
+    assert _spans(r, 0)[:2] == [("fwd", _approx(0.0), _approx(0.2)), ("bwd", _approx(0.2), _approx(2.0))]
+    assert _spans(r, 2)[:2] == [("fwd", _approx(0.0), _approx(0.1)), ("bwd", _approx(0.1), _approx(1.0))]
+    assert r.iteration_times() == _approx([2.0, 2.0])
+
+
+def test_background_thread_halves_a_one_core_host() -> None:
+    r = _run(_hosted(1, [Host("h", 1, background_threads=1.0)], [Placement(0)], iterations=2))
+    assert r.iteration_times() == _approx([2.0, 2.0])
+
+
+def test_shard_work_shares_the_cores() -> None:
+    # the shard's aggregation and update (3e-3 s each: 3 x 1e3 B / 1e6 B/s) run while
+    # the worker waits for its parameters, so with 1 core they compete with nothing
+    # but the background thread: 2x each, the iteration 1 s + 2 x 2 x 3e-3 s
+    slow_ps = profile("ps", kind="cpu", mem_bw=1e6, nic=1e18)
+    prob = problem([CPU], [slow_ps], LAYER, 10, iterations=2)
+    host = dataclasses.replace(prob.cluster, hosts=(Host("h", 1, 1.0),),
+                               placement=(("cpu:0", Placement(0)), ("ps:0", Placement(0))))
+    r = _run(dataclasses.replace(prob, cluster=host))
+    assert r.iteration_times() == _approx([2.0 + 4 * 3e-3] * 2)
+    assert r.devices[1].busy_s == _approx(2 * 2 * 2 * 3e-3)  # elapsed, not nominal
+
+
+def test_emulated_slowdown_sleeps_and_leaves_the_core() -> None:
+    # 2 workers on 1 core; worker 1 is 3x slower (it sleeps 2x its elapsed compute).
+    # fwd: both at 1/2, done at 0.2; worker 1 sleeps 0.4 (to 0.6) while worker 0's bwd
+    # runs alone (0.4 of its 0.9); then both at 1/2: worker 0 done at 0.6 + 2 x 0.5 = 1.6;
+    # worker 1 has 0.4 left, alone: 2.0, then sleeps 2 x 1.4 = 2.8: done at 4.8.
+    prob = _hosted(2, [Host("h", 1)], [Placement(0), Placement(0)], iterations=1, warmup=0,
+                   dynamics=[Dynamic(1, 0.0, slowdown=3.0)])
+    r = _run(prob)
+    assert _spans(r, 0) == [("fwd", _approx(0.0), _approx(0.2)), ("bwd", _approx(0.2), _approx(1.6))]
+    assert _spans(r, 1) == [("fwd", _approx(0.0), _approx(0.6)), ("bwd", _approx(0.6), _approx(4.8))]
+
+
+def test_a_failed_worker_stops_competing() -> None:
+    # worker 1 dies at 0.1 in its forward: worker 0 has done 0.05 of its 0.1, the rest alone
+    prob = _hosted(2, [Host("h", 1)], [Placement(0), Placement(0)], iterations=1, warmup=0,
+                   dynamics=[Dynamic(1, 0.1, fail=True)])
+    r = _run(prob)
+    assert _spans(r, 0)[:2] == [("fwd", _approx(0.0), _approx(0.15)), ("bwd", _approx(0.15), _approx(1.05))]
+
+
+class _Recorder:
+    """An online scheduler that keeps the plan and records what it observes."""
+
+    def __init__(self) -> None:
+        self.compute_s: list[float] = []
+
+    def rebalance(self, plan, obs):  # type: ignore[no-untyped-def]
+        self.compute_s.append(obs.workers[0].compute_s)
+        return None
+
+
+def test_observation_reports_the_stretched_compute() -> None:
+    rec = _Recorder()
+    _run(_hosted(2, [Host("h", 1)], [Placement(0), Placement(0)], iterations=3), scheduler=rec)
+    assert rec.compute_s == _approx([2.0, 2.0])  # what the runtime would measure, not 1.0
+
+
+def test_asp_on_a_shared_core() -> None:
+    r = _run(_hosted(2, [Host("h", 1)], [Placement(0), Placement(0)], sync="asp", iterations=4))
+    # each worker's iteration takes 2 s; a global iteration (20 samples) completes per 2 s
+    assert r.iteration_times()[1:] == _approx([2.0] * 3)
+
+
+# ------------------------------------------------------------------ analytic
+def test_analytic_stretches_every_process_runnable_at_once() -> None:
+    prob = _hosted(2, [Host("h", 1)], [Placement(0), Placement(0)], iterations=3)
+    a = analytic.evaluate(prob, plan(prob, [10, 10]))
+    d = _run(prob)
+    assert a.iteration_times() == _approx(d.iteration_times())  # BSP, equal workers: exact
+    plain = _hosted(2, [], [None, None], iterations=3)
+    assert analytic.evaluate(plain, plan(plain, [10, 10])).iteration_times() == _approx([1.0] * 3)
+
+
+# ------------------------------------------------------------------ config
+def _cfg(cluster: dict[str, object]) -> dict[str, object]:
+    return {"name": "h", "cluster": {"devices": [{"type": "cpu-8c", "count": 2}], "ps": {"type": "cpu-8c"},
+                                     **cluster},
+            "job": {"model": "mlp", "global_batch": 32, "iterations": 4}}
+
+
+def test_config_places_devices_and_shards() -> None:
+    cfg = config_from_dict(_cfg({
+        "hosts": [{"name": "box", "cores": 4, "background_threads": 0.5}],
+        "devices": [{"type": "cpu-8c", "count": 2, "host": "box", "threads": 2, "affinity": [1, 3]}],
+        "ps": {"type": "cpu-8c", "host": "box"}}), "c.yaml")
+    cl = build_problem(cfg, REPO, "c.yaml").cluster
+    assert cl.hosts == (Host("box", 4, 0.5),)
+    assert cl.placed("cpu-8c:0") == cl.placed("cpu-8c:1") == Placement(0, 2, (1, 3))
+    assert cl.placed("ps:0") == Placement(0, 1, None)
+    dumped = cfg.model_dump(mode="json")["cluster"]
+    assert dumped["devices"][0]["host"] == "box" and "host" not in dumped["network"]
+
+
+@pytest.mark.parametrize(("cluster", "field", "msg"), [
+    ({"devices": [{"type": "cpu-8c", "host": "box"}]}, "cluster.devices[0].host", "no cluster.hosts"),
+    ({"hosts": [{"name": "a", "cores": 2}], "devices": [{"type": "cpu-8c", "host": "box"}]},
+     "cluster.devices[0].host", "no host named 'box'"),
+    ({"hosts": [{"name": "a", "cores": 2}], "devices": [{"type": "cpu-8c", "host": "a", "affinity": [2]}]},
+     "cluster.devices[0].affinity", "core 2 is not on host 'a'"),
+    ({"hosts": [{"name": "a", "cores": 2}, {"name": "a", "cores": 1}]}, "cluster.hosts[1].name", "twice"),
+    ({"hosts": [{"name": "a", "cores": 2}], "ps": {"type": "cpu-8c", "host": "b"}}, "cluster.ps.host",
+     "no host named 'b'"),
+])
+def test_bad_host_config_is_one_line(cluster: dict[str, object], field: str, msg: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        build_problem(config_from_dict(_cfg(cluster), "c.yaml"), REPO, "c.yaml")
+    assert e.value.field == field and msg in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(("cluster", "field"), [
+    ({"devices": [{"type": "cpu-8c", "threads": 2}]}, "cluster.devices[0]"),
+    ({"hosts": [{"name": "a", "cores": 0}]}, "cluster.hosts[0].cores"),
+    ({"hosts": [{"name": "a", "cores": 1, "background_threads": -1}]}, "cluster.hosts[0].background_threads"),
+])
+def test_bad_host_fields_are_refused(cluster: dict[str, object], field: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        config_from_dict(_cfg(cluster), "c.yaml")
+    assert e.value.field == field
+
+
+def _outputs(cfg_data: dict[str, object]) -> tuple[str, str]:
+    cfg = config_from_dict(cfg_data, "demo.yaml")
+    prob = build_problem(cfg, REPO / "experiments" / "configs", "demo.yaml")
+    devs = prob.cluster.devices
+    share = prob.job.global_batch // len(devs)
+    r = des.simulate(prob, plan(prob, [share] * len(devs)))
+    return json.dumps(r.summary(), sort_keys=True), json.dumps(r.trace)
+
+
+def test_no_hosts_and_empty_hosts_give_the_same_bytes() -> None:
+    data = load_config(REPO / "experiments" / "configs" / "demo.yaml").model_dump(mode="json")
+    assert "hosts" not in data["cluster"]  # the resolved config of a config without hosts is unchanged
+    empty = json.loads(json.dumps(data))
+    empty["cluster"]["hosts"] = []
+    assert _outputs(data) == _outputs(empty)
+
+
+def test_same_seed_same_bytes_with_hosts() -> None:
+    data = load_config(REPO / "experiments" / "configs" / "demo.yaml").model_dump(mode="json")
+    data["cluster"]["hosts"] = [{"name": "box", "cores": 2, "background_threads": 1.5}]
+    for e in data["cluster"]["devices"]:
+        e["host"] = "box"
+    data["cluster"]["ps"]["host"] = "box"
+    first = _outputs(data)
+    assert first == _outputs(data)
+    data["cluster"]["hosts"] = []
+    for e in data["cluster"]["devices"]:
+        del e["host"]
+    del data["cluster"]["ps"]["host"]
+    assert _outputs(data)[0] != first[0]  # and the hosts do change the outcome
