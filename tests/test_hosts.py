@@ -248,3 +248,20 @@ def test_same_seed_same_bytes_with_hosts() -> None:
         del e["host"]
     del data["cluster"]["ps"]["host"]
     assert _outputs(data)[0] != first[0]  # and the hosts do change the outcome
+
+
+# ------------------------------------------------------------------ hetsim validate
+def test_validate_places_every_rank_on_the_measured_host() -> None:
+    from experiments.validate import with_host
+    from runtime.spec import parse_options
+
+    prob = _hosted(3, [], [None, None, None])
+    opts = parse_options({"threads": 2, "workers": [{"affinity": [0]}, {"threads": 1, "affinity": [1]}]}, "c")
+    host = Host("local", 2, 1.25)
+    cl = with_host(prob, plan(prob, [10, 10, 10]), opts, host).cluster
+    assert cl.hosts == (host,)
+    assert [cl.placed(d.id) for d in cl.devices] == [Placement(0, 2, (0,)), Placement(0, 1, (1,)),
+                                                      Placement(0, 2, None)]
+    assert cl.placed("ps:0") == Placement(0, 2, None)  # shards: runtime.threads, not pinned
+    mine = dataclasses.replace(prob, cluster=dataclasses.replace(prob.cluster, hosts=(Host("own", 8),)))
+    assert with_host(mine, plan(mine, [10, 10, 10]), opts, host) is mine  # the config's hosts win
