@@ -124,6 +124,8 @@ def thread_rates(cores: int, background_threads: float,
     """
     full = (1 << cores) - 1
     masks = [full if aff is None else sum(1 << c for c in aff) & full for aff, _ in groups]
+    if any(m == 0 for m in masks):
+        raise ValueError(f"an affinity names no core of a {cores}-core host")
     counts = [float(n) for _, n in groups]
     if background_threads > 0:
         masks.append(full)

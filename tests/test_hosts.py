@@ -67,6 +67,8 @@ def test_thread_rates_by_hand() -> None:
     assert thread_rates(2, 0, [((0,), 1), (None, 2)]) == [pytest.approx(2 / 3)] * 2
     # 3 cores, a 1-thread and a 4-thread process: 5 threads, 0.6 each (fair per thread)
     assert thread_rates(3, 0, [(None, 1), (None, 4)]) == [pytest.approx(0.6)] * 2
+    with pytest.raises(ValueError, match="names no core"):
+        thread_rates(2, 0, [((5,), 1)])
 
 
 # ------------------------------------------------------------------ DES, by hand
