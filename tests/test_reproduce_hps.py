@@ -89,3 +89,19 @@ def test_models_without_a_fit_are_reported_missing(tmp_path: Path) -> None:
     have, missing = rh.available_models(["mlp", "no_such_model"])
     assert (have, missing) == (["mlp"], ["no_such_model"])
     assert math.isfinite(rh.target_loss("mlp", K))
+
+
+@pytest.mark.parametrize(("speedups", "words"), [
+    ((1.0, 1.3), "that span lies wholly below the paper's 1.4x-3.5x"),
+    ((3.6, 20.0), "that span lies wholly above the paper's 1.4x-3.5x"),
+    ((1.35, 4.19), "the paper's 1.4x-3.5x lies inside that span"),
+    ((1.5, 3.0), "that span lies inside the paper's 1.4x-3.5x"),
+    ((1.2, 2.0), "that span overlaps the paper's 1.4x-3.5x (below it at one end)"),
+    ((2.0, 5.0), "that span overlaps the paper's 1.4x-3.5x (above it at one end)"),
+])
+def test_span_against_the_paper_is_worded_from_the_numbers(speedups: tuple[float, float], words: str) -> None:
+    import pandas as pd
+
+    assert rh._span_vs_paper(pd.Series([*speedups, math.inf])) == words
+    rows = pd.DataFrame({"bsp-equal": [*speedups, 2.0]})
+    assert rh._in_paper(rows) == f"{1 + sum(1.4 <= v <= 3.5 for v in speedups)} of 3 cases within 1.4x-3.5x"
