@@ -92,7 +92,7 @@ SAMPLES = {"mlp": 65536, "ctr_dnn": 524288, "resnet18": 49152, "vgg16": 65536}
 TEACHER_STEPS = {"resnet18": 300, "vgg16": 400}
 #: weight init where PyTorch's default is not used (see build)
 INIT = {"vgg16": "looks-linear (Balduzzi et al. 2017), hidden layers scaled to unit output std "
-                 "on 256 inputs (LSUV's data-dependent step)"}
+                 "on 256 inputs (LSUV's data-dependent step), output layer 0"}
 #: teacher logit scale: larger is less label noise (a lower attainable loss)
 SHARPNESS = {"ctr_dnn": 4.0, "resnet18": 3.0, "vgg16": 3.0}
 #: (batch, staleness, bits) of each run
@@ -159,6 +159,10 @@ def build(name: str, seed: int) -> nn.Module:
             # input and the logits 99.8%, so SGD sits on a plateau; see init_looks_linear
             init_looks_linear(m, torch.Generator().manual_seed(10_000 + seed))
             scale_to_unit_output(m, data(name, 256, torch.Generator().manual_seed(1_000 + seed)))
+            # output layer at 0: uniform first predictions (loss ln 10, where the other models
+            # start too) instead of logits of std ~1.8 (loss ~3.5); its gradient is not 0,
+            # since the features below it depend on the input
+            nn.init.zeros_(_weighted(m)[-1].weight)
     assert not any(t.is_meta for t in [*m.parameters(), *m.buffers()])
     return m
 
@@ -202,8 +206,8 @@ def init_looks_linear(m: nn.Module, gen: torch.Generator) -> None:
 
 def scale_to_unit_output(m: nn.Module, x: torch.Tensor) -> None:
     """Scale each hidden layer's weight so that its output has standard deviation 1 on ``x``,
-    first layer first (the data-dependent step of LSUV, Mishkin & Matas 2016). The output
-    layer keeps its 1 / fan-in variance (vgg16: logits of std ~1.8, a first loss ~3.5)."""
+    first layer first (the data-dependent step of LSUV, Mishkin & Matas 2016); the output
+    layer is left as it is."""
     m.eval()
     seen: list[torch.Tensor] = []
     for layer in _weighted(m)[:-1]:

@@ -146,7 +146,7 @@ def test_adaptive_together_with_online_rebalancing(sync: str) -> None:
 
 @pytest.mark.parametrize(("cfg", "field", "text"), [
     (_cfg("adaptive", {"window": 3, "speed": 1}), "job.quantization_params.speed", "unknown field"),
-    (_cfg("adaptive", None, model="vgg16"), "job.quantization", "no convergence fit for model 'vgg16'"),
+    (_cfg("adaptive", None, model="resnet50"), "job.quantization", "no convergence fit for model 'resnet50'"),
     (_cfg(8, {"window": 3}), "job.quantization_params", "only with quantization: adaptive"),
     (_cfg("adaptive", {"coarse_threshold": 0.01, "fine_threshold": 0.1}), "job.quantization_params",
      "must be below"),
