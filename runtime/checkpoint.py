@@ -174,7 +174,11 @@ def fingerprint(spec: RunSpec) -> dict[str, Any]:
     may run longer) or the checkpoint interval.
     """
     quant = spec.bits if spec.adaptive is None else {"adaptive": repr(spec.adaptive), "every": spec.quant_every}
-    return _plain({
+    # multi-stage plans: where the stages cut and how an iteration is split change the
+    # arithmetic too (one-stage fingerprints keep their keys)
+    stages = ({"plan.stages": [list(st.layers) for st in spec.stages],
+               "runtime.micro_batches": spec.micro_batches} if spec.multistage else {})
+    return _plain({**stages,
         "seed": spec.seed, "job.model": spec.model, "runtime.model_kwargs": spec.model_kwargs,
         "job.global_batch": spec.global_batch, "job.sync": spec.sync, "job.staleness": spec.staleness,
         "job.quantization": quant, "runtime.lr": spec.lr, "cluster.ps": spec.shards,

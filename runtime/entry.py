@@ -87,7 +87,8 @@ def prepare(path: str | Path, config: str | Path | None = None, iterations: int 
     opts = parse_options(opts_raw, str(cfg_path))
     if iterations is not None and iterations <= 0:
         raise ConfigError("<command line>", "--iterations", f"must be > 0, got {iterations}")
-    spec = build_spec(problem, plan, opts, sched, iterations, timeout_s, str(cfg_path))
+    spec = build_spec(problem, plan, opts, sched, iterations, timeout_s, str(cfg_path),
+                      plan_source=str(plan_file) if plan_file is not None else f"plan from scheduler {name!r}")
     resolved = cfg.model_dump(mode="json")
     resolved["runtime"] = opts.model_dump(mode="json")
     return Prepared(spec, plan, resolved, str(cfg_path))

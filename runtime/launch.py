@@ -67,9 +67,14 @@ def run_rank(spec: RunSpec, rank: int, world: int, local_rank: int = 0) -> RunRe
                 return Coordinator(spec).run()
             Shard(spec, rank).serve()
             return None
-        from runtime.worker import run_worker
+        if spec.multistage:
+            from runtime.stage_worker import run_stage
 
-        run_worker(spec, rank - spec.n_shards, local_rank)
+            run_stage(spec, rank - spec.n_shards, local_rank)
+        else:
+            from runtime.worker import run_worker
+
+            run_worker(spec, rank - spec.n_shards, local_rank)
         return None
     finally:
         dist.destroy_process_group()
@@ -138,6 +143,25 @@ def reap(procs: list[Any], grace_s: float = GRACE_S) -> None:
             p.join()
 
 
+def _check_stages(spec: RunSpec, procs: list[Any]) -> None:
+    """Raise if a stage replica has exited with an error, naming the cause.
+
+    One dead replica takes its neighbours down (their receives fail), so
+    several may have exited by now: a replica killed by a signal is named
+    before those that failed after it.
+    """
+    def failed() -> list[tuple[int, int]]:
+        codes = [(w, procs[spec.n_shards + w].exitcode) for w in range(spec.n_workers)]
+        return [(w, c) for w, c in codes if c is not None and c != 0]
+
+    if not failed():
+        return
+    time.sleep(0.2)  # let the cause's exit show up next to its consequences
+    w, code = min(failed(), key=lambda wc: (wc[1] >= 0, wc[0]))
+    raise RuntimeFailure(f"stage {spec.stage_of(w)} replica {spec.workers[w].device} (rank "
+                         f"{spec.n_shards + w}) exited with status {code}")
+
+
 def run_local(spec: RunSpec, wall_timeout_s: float | None = None) -> RunResult:
     """Run every rank on this machine and return rank 0's RunResult.
 
@@ -172,6 +196,8 @@ def run_local(spec: RunSpec, wall_timeout_s: float | None = None) -> RunResult:
                 for k in range(1, spec.n_shards):
                     if procs[k].exitcode is not None and procs[k].exitcode != 0:
                         raise RuntimeFailure(f"PS shard {k} exited with status {procs[k].exitcode}")
+                if spec.multistage:  # a pipeline stalls without any of its stage replicas
+                    _check_stages(spec, procs)
                 if time.monotonic() > deadline:
                     raise RuntimeFailure(f"the run took longer than {limit:g} s; stopped")
                 procs[0].join(0.1)

@@ -88,6 +88,17 @@ class Shard:
         self.owned = task.partition([p.numel() for p in params], self.S)[rank]
         self.numels = [params[i].numel() for i in self.owned]
         self.flat = torch.cat([params[i] for i in self.owned]).clone()
+        # Multi-stage plans: a worker pulls and pushes only its stage's tensors. groups[g]:
+        # positions in self.owned of stage g's tensors (one group of all for one-stage plans).
+        offsets = [0]
+        for n in self.numels:
+            offsets.append(offsets[-1] + n)
+        self.offsets = offsets
+        if spec.multistage:
+            self.groups = [[k for k, i in enumerate(self.owned) if i in set(st.params)] for st in spec.stages]
+        else:
+            self.groups = [list(range(len(self.owned)))]
+        self.group_of = {self.S + w: spec.stage_of(w) for w in range(self.W)}
         self.version = 0
         self.busy_s = 0.0
         self.rx = wire.Receiver()
@@ -104,10 +115,15 @@ class Shard:
             self.version, self.busy_s = int(st["version"]), float(st["busy_s"])
 
     # ------------------------------------------------------------ common
+    def numels_of(self, rank: int) -> list[int]:
+        """Sizes of the tensors worker ``rank`` pulls from and pushes to this shard, in order."""
+        return [self.numels[k] for k in self.groups[self.group_of[rank]]]
+
     def unpack(self, m: wire.Message, bits: int) -> torch.Tensor:
-        assert m.payload is not None
+        if m.payload is None:  # a stage holding none of this shard's tensors
+            return torch.zeros(0)
         out, off = [], 0
-        for n in self.numels:
+        for n in self.numels_of(m.src):
             nb = quant.wire_bytes(n, bits)
             out.append(quant.unpack(m.payload[off:off + nb], n, bits))
             off += nb
@@ -124,22 +140,45 @@ class Shard:
             if m.kind == wire.PUSH_PART:
                 assert m.payload is not None
                 k, bits = int(m.header[wire.F_A]), int(m.header[wire.F_B])
-                self.parts.setdefault(key, {})[k] = quant.unpack(m.payload, self.numels[k], bits)
+                self.parts.setdefault(key, {})[k] = quant.unpack(m.payload, self.numels_of(m.src)[k], bits)
                 self.part_bytes[key] = self.part_bytes.get(key, 0) + m.payload.numel()
                 return None
             if m.kind == wire.PUSH_DONE:
                 got = self.parts.pop(key, {})
-                missing = [k for k in range(len(self.numels)) if k not in got]
+                n = len(self.numels_of(m.src))
+                missing = [k for k in range(n) if k not in got]
                 if missing:
                     raise ValueError(f"push of rank {m.src} iteration {m.iteration} lacks tensors {missing}")
-                return torch.cat([got[k] for k in range(len(self.numels))]), self.part_bytes.pop(key)
-            assert m.payload is not None
-            return self.unpack(m, int(m.header[wire.F_E])), m.payload.numel()
+                return torch.cat([got[k] for k in range(n)]), self.part_bytes.pop(key)
+            return self.unpack(m, int(m.header[wire.F_E])), 0 if m.payload is None else m.payload.numel()
         finally:
             self.busy_s += time.perf_counter() - t0
 
-    def params_payload(self) -> torch.Tensor:
-        return self.flat.view(torch.uint8)
+    def params_payload(self, rank: int) -> torch.Tensor | None:
+        """What worker ``rank`` pulls: its stage's tensors (None when it has none here)."""
+        group = self.groups[self.group_of[rank]]
+        if len(group) == len(self.owned):
+            return self.flat.view(torch.uint8)
+        if not group:
+            return None
+        return torch.cat([self.flat[self.offsets[k]:self.offsets[k + 1]] for k in group]).view(torch.uint8)
+
+    def combine(self, entries: dict[int, tuple[torch.Tensor, int]], members: list[int]) -> torch.Tensor:
+        """The update direction of this shard's slice: per stage, the sample-weighted mean
+        gradient of the stage's member replicas (one stage: :func:`weighted_mean`)."""
+        if len(self.groups) == 1:
+            return weighted_mean(entries, members)
+        out = torch.zeros_like(self.flat)
+        for g, group in enumerate(self.groups):
+            mine = [r for r in members if self.group_of[r] == g]
+            if not group or not mine or not sum(entries[r][1] for r in mine):
+                continue
+            mean, off = weighted_mean(entries, mine), 0
+            for k in group:
+                n = self.numels[k]
+                out[self.offsets[k]:self.offsets[k + 1]] = mean[off:off + n]
+                off += n
+        return out
 
     def apply(self, g: torch.Tensor, scale: float) -> None:
         self.flat.add_(g, alpha=-self.spec.lr * scale)
@@ -192,7 +231,7 @@ class Shard:
                 t0 = time.perf_counter()
                 got = self.grads.pop(self.version)
                 if sum(got[r][1] for r in members):
-                    self.apply(weighted_mean(got, members), 1.0)
+                    self.apply(self.combine(got, members), 1.0)
                 self.version += 1
                 self.busy_s += time.perf_counter() - t0
                 if self.checkpoint_due():
@@ -204,7 +243,7 @@ class Shard:
             for src, it in list(self.pending.items()):
                 if not bsp or it <= self.version:
                     del self.pending[src]
-                    wire.send(src, wire.PARAMS, self.version, payload=self.params_payload())
+                    wire.send(src, wire.PARAMS, self.version, payload=self.params_payload(src))
 
 
 class Coordinator(Shard):
@@ -312,7 +351,7 @@ class Coordinator(Shard):
             self.max_ahead = max(self.max_ahead, it - min(live))
         try:
             wire.send(self.ranks[w], wire.PARAMS, self.version, self.shares[w], int(stop), self.bits,
-                      payload=None if stop else self.params_payload())
+                      payload=None if stop else self.params_payload(self.ranks[w]))
         except RuntimeError as e:  # the connection is gone: the worker died
             self.fail(w, f"send failed: {str(e).splitlines()[0][:120]}")
 
@@ -336,6 +375,9 @@ class Coordinator(Shard):
     def fail(self, w: int, why: str) -> None:
         if not self.alive[w]:
             return
+        if self.spec.multistage:  # its neighbours wait on it: nothing to commit without it
+            raise RuntimeError(f"stage replica {self.spec.workers[w].device} failed ({why}); "
+                               f"a pipeline cannot go on without it")
         self.alive[w] = False
         now = self.now()
         self.failures.append({"worker": self.spec.workers[w].device, "failed_at_s": None,
@@ -385,14 +427,18 @@ class Coordinator(Shard):
         entries = self.grads.pop(self.version)
         total = sum(entries[r][1] for r in members)
         if total:
-            self.apply(weighted_mean(entries, members), 1.0)
+            self.apply(self.combine(entries, members), 1.0)
         self.busy_s += time.perf_counter() - t0
         self.apply_spans.append((a, self.now()))
         payload = torch.tensor(members, dtype=torch.int64).view(torch.uint8)
         for k in range(1, self.S):
             wire.send(k, wire.COMMIT, self.version, payload=payload)
         losses = self.losses.pop(self.version, {})
-        loss = sum(losses[r] * entries[r][1] for r in members) / total if total else float("nan")
+        # a pipeline's loss and samples are its last stage's (every stage sees the global batch)
+        last = len(self.groups) - 1
+        scored = [r for r in members if self.group_of[r] == last]
+        total = sum(entries[r][1] for r in scored)
+        loss = sum(losses[r] * entries[r][1] for r in scored) / total if total else float("nan")
         per = [entries[self.ranks[w]][1] if self.ranks[w] in members else 0 for w in range(self.W)]
         self.version += 1
         self.end_iteration(total, loss, per)
@@ -567,6 +613,14 @@ class Coordinator(Shard):
                 "pipeline": spec.pipeline,
             },
         }
+        if spec.multistage:
+            extra["runtime"]["stages"] = [
+                {"layers": list(st.layers), "blocks": list(st.blocks),
+                 "workers": [spec.workers[w].device for w in st.workers], "shares": st.shares,
+                 "boundary_sent_bytes": [self.reports.get(w, {}).get("boundary_sent_bytes") for w in st.workers]}
+                for st in spec.stages]
+            extra["runtime"]["micro_batches"] = spec.micro_batches
+            extra["runtime"]["schedule"] = "1f1b"
         if spec.scheduler is not None:
             extra["rebalances"] = self.rebalances
             extra["final_shares"] = {spec.workers[w].device: self.shares[w] for w in range(self.W)}

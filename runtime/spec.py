@@ -29,6 +29,7 @@ from sim.quantization import Adaptive
 
 if TYPE_CHECKING:
     from runtime.checkpoint import Manifest
+    from runtime.stages import BoundarySpec
 
 
 class _Strict(BaseModel):
@@ -63,6 +64,9 @@ class RuntimeOptions(_Strict):
     crash_after_iteration: int | None = Field(
         None, ge=0, description="fault injection: rank 0 SIGKILLs itself once this iteration has "
         "committed (and been checkpointed, when one is due)")
+    micro_batches: int | None = Field(
+        None, ge=1, description="multi-stage plans: micro-batches per iteration (default: the number "
+        "of stages)")
 
 
 @dataclass
@@ -74,6 +78,18 @@ class WorkerSpec:
     fail_at_iteration: int | None
     fail_at_s: float | None
     free_memory_bytes: float | None
+
+
+@dataclass
+class StageSpec:
+    """One stage of a multi-stage plan (see :mod:`runtime.stages`)."""
+
+    layers: tuple[int, int]  # the plan's layer range
+    blocks: tuple[int, int]  # the block range of runtime.stages.blocks
+    workers: list[int]  # its replicas' worker indices (plan order)
+    shares: list[int]  # their samples per iteration (sum: the global batch)
+    params: list[int]  # indices in module.parameters() of the parameters it trains
+    boundary: BoundarySpec | None  # the tensors it sends on (None for the last stage)
 
 
 @dataclass
@@ -110,6 +126,19 @@ class RunSpec:
     checkpoint_dir: str | None = None  # set by runtime.entry from --out
     resume: Manifest | None = None  # the checkpoint this run continues from
     crash_after_iteration: int | None = None
+    stages: list[StageSpec] = field(default_factory=list)  # empty: a one-stage (data-parallel) plan
+    micro_batches: int = 1
+
+    @property
+    def multistage(self) -> bool:
+        return bool(self.stages)
+
+    def stage_of(self, w: int) -> int:
+        """The stage of worker ``w`` (0 for every worker of a one-stage plan)."""
+        for s, st in enumerate(self.stages):
+            if w in st.workers:
+                return s
+        return 0
 
     @property
     def n_workers(self) -> int:
@@ -137,23 +166,27 @@ def parse_options(data: Any, source: str) -> RuntimeOptions:
 
 
 def build_spec(problem: Problem, plan: Plan, opts: RuntimeOptions, scheduler: Any = None,
-               iterations: int | None = None, timeout_s: float = 600.0, source: str = "<config>") -> RunSpec:
+               iterations: int | None = None, timeout_s: float = 600.0, source: str = "<config>",
+               plan_source: str | None = None) -> RunSpec:
     """The RunSpec of ``plan`` on ``problem``.
 
+    ``source`` names the config in errors, ``plan_source`` the plan (default: the config).
+
     Raises:
-        ConfigError: a multi-stage (placement) plan, a model outside the zoo, or
-            worker options for more workers than the plan has.
+        ConfigError: a model outside the zoo, worker options for more workers
+            than the plan has, or a multi-stage plan the runtime cannot run
+            (:func:`pipeline_stages`).
     """
     from sim import zoo
 
     job = problem.job
-    if plan.is_placement:
-        raise ConfigError(source, "plan", "the runtime runs data-parallel (one-stage) plans only; "
-                          "layer-placement pipelines are not built yet")
     name = job.model.name
     if name not in zoo.names():
         raise ConfigError(source, "job.model", f"the runtime trains zoo models only "
                           f"({', '.join(zoo.names())}), not {name!r}")
+    stages: list[StageSpec] = []
+    if len(plan.stages) > 1:
+        stages = pipeline_stages(problem, plan, opts, source, plan_source or source)
     if opts.checkpoint_every and job.sync != "bsp":
         raise ConfigError(source, "runtime.checkpoint_every", f"checkpoints are built for job.sync: bsp "
                           f"only, not {job.sync} (shards applying pushes on arrival have no common cut)")
@@ -185,7 +218,8 @@ def build_spec(problem: Problem, plan: Plan, opts: RuntimeOptions, scheduler: An
     for sid in plan.ps_shards:
         t = problem.cluster.device(sid).type
         devs.append((sid, "ps", t.price_per_hour, t.power_w.idle, t.power_w.active))
-    online = scheduler if callable(getattr(scheduler, "rebalance", None)) else None
+    # a pipeline's shares are fixed per stage: no online rebalancing of multi-stage plans
+    online = scheduler if callable(getattr(scheduler, "rebalance", None)) and not stages else None
     return RunSpec(
         name=problem.name, seed=problem.seed, model=name, model_kwargs=dict(opts.model_kwargs),
         global_batch=job.global_batch, iterations=iterations or job.iterations, sync=job.sync,
@@ -195,4 +229,54 @@ def build_spec(problem: Problem, plan: Plan, opts: RuntimeOptions, scheduler: An
         pipeline=job.pipeline, device=opts.device, threads=opts.threads, timeout_s=timeout_s,
         max_trace_spans=opts.max_trace_spans, scheduler=online, devices=devs, ignored=ignored,
         checkpoint_every=opts.checkpoint_every, crash_after_iteration=opts.crash_after_iteration,
+        stages=stages, micro_batches=(opts.micro_batches or len(plan.stages)) if stages else 1,
     )
+
+
+def pipeline_stages(problem: Problem, plan: Plan, opts: RuntimeOptions, source: str,
+                    plan_source: str) -> list[StageSpec]:
+    """The stages of a multi-stage plan, its layer ranges mapped onto the runtime's module.
+
+    The runtime's module (the zoo model with ``runtime.model_kwargs``) must have
+    the layer list of the plan's model (the same names in the same order, from
+    :func:`sim.torch_extract.from_torch`): the plan's layer indices then mean
+    the same modules in both.
+
+    Raises:
+        ConfigError: a sync other than BSP, more micro-batches than
+            the global batch, a module whose layers differ from the plan's model
+            (``runtime.model_kwargs``), or a stage boundary inside a block
+            (``stages[i].layers`` of the plan).
+    """
+    from runtime import stages as st
+    from runtime import task
+    from sim.torch_extract import from_torch
+
+    job = problem.job
+    if job.sync != "bsp":
+        raise ConfigError(source, "job.sync", f"multi-stage plans run under bsp only, not {job.sync}")
+    micro = opts.micro_batches or len(plan.stages)
+    if micro > job.global_batch:
+        raise ConfigError(source, "runtime.micro_batches",
+                          f"{micro} micro-batches of a global batch of {job.global_batch}")
+    module, example = task.build(job.model.name, problem.seed, opts.model_kwargs)
+    mine = [ly.name for ly in from_torch(module, example).layers]
+    want = [ly.name for ly in job.model.layers]
+    if mine != want:
+        first = next((i for i, (a, b) in enumerate(zip(mine, want)) if a != b), min(len(mine), len(want)))
+        raise ConfigError(source, "runtime.model_kwargs",
+                          f"the module has {len(mine)} layers and the plan's model {len(want)}; they differ "
+                          f"from layer {first}: stage boundaries cannot be mapped (keep the depth, change "
+                          f"the widths)")
+    cuts = [(s.first_layer, s.end_layer) for s in plan.stages]
+    spans = st.stage_blocks(job.model.name, module, want, cuts, plan_source)
+    bs = st.blocks(job.model.name, module)
+    bounds = st.probe_boundaries(job.model.name, module, example, spans)
+    out, w = [], 0
+    for i, s in enumerate(plan.stages):
+        n = len(s.replicas)
+        out.append(StageSpec((s.first_layer, s.end_layer), spans[i], list(range(w, w + n)),
+                              [r.batch for r in s.replicas], st.stage_params(module, bs[slice(*spans[i])]),
+                              bounds[i] if i < len(bounds) else None))
+        w += n
+    return out

@@ -39,6 +39,10 @@ STOP = 6      # shard 0 -> shard k: [kind]
 PUSH_PART = 7  # worker -> shard (job.pipeline): [kind, iteration, tensor index in shard, bits, nbytes]
 PUSH_DONE = 8  # worker -> shard after its parts: PUSH's fields with nbytes 0
 SAVED = 9     # shard k -> shard 0: [kind, version, ..., nbytes] + JSON {file, sha256} of its checkpoint
+# between the stage replicas of a multi-stage plan (runtime.stages), each with the samples it carries:
+ACT = 10      # stage s -> s+1: [kind, iteration, micro-batch, first sample, samples, nbytes] + activations
+GRAD = 11     # stage s+1 -> s: the same fields + the gradients of those activations
+TARGET = 12   # first stage -> last stage: the same fields + the targets of those samples
 
 # field positions
 F_KIND, F_ITER, F_A, F_B, F_C, F_D, F_E, F_NBYTES = 0, 1, 2, 3, 4, 5, 6, 9
@@ -78,6 +82,36 @@ def send(dst: int, kind: int, iteration: int = 0, *fields: float,
         assert payload is not None and payload.dtype == torch.uint8
         dist.send(payload.contiguous(), dst=dst, tag=TAG_PAYLOAD)
     return n
+
+
+def isend(dst: int, kind: int, iteration: int = 0, *fields: float,
+          payload: torch.Tensor | None = None) -> list[Any]:
+    """:func:`send` without waiting: returns the pending works, which hold the tensors
+    until they complete (wait on them before the tensors may change).
+
+    The stage replicas of a pipeline send this way: a blocking send waits for the
+    matching receive, and two neighbours sending to each other (an activation one
+    way, a gradient the other, as 1F1B does) would wait for ever.
+    """
+    n = 0 if payload is None else int(payload.numel())
+    works = [dist.isend(header(kind, iteration, *fields, nbytes=n), dst=dst, tag=TAG_HEADER)]
+    if n:
+        assert payload is not None and payload.dtype == torch.uint8
+        works.append(dist.isend(payload.contiguous(), dst=dst, tag=TAG_PAYLOAD))
+    return works
+
+
+def recv(src: int) -> Message:
+    """The next message from ``src`` (blocking; ranks that are not PS shards receive this way)."""
+    h = torch.zeros(HEADER_LEN, dtype=torch.float64)
+    dist.recv(h, src=src, tag=TAG_HEADER)
+    hd = h.tolist()
+    n = int(hd[F_NBYTES])
+    payload = None
+    if n:
+        payload = torch.empty(n, dtype=torch.uint8)
+        dist.recv(payload, src=src, tag=TAG_PAYLOAD)
+    return Message(src, hd, payload)
 
 
 def json_payload(obj: object) -> torch.Tensor:

@@ -18,6 +18,7 @@ import queue
 import signal
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -123,6 +124,64 @@ class Sender:
         self.thread.join(timeout=5)
 
 
+class PSClient:
+    """A worker's side of the PS protocol: pull and push the tensors ``owned[s]``
+    (indices into ``params``, in shard ``s``'s order) of every shard ``s``.
+
+    Times go to ``totals`` (``wait_s``, ``comm_s``, bytes) and spans to ``span``.
+    """
+
+    def __init__(self, spec: RunSpec, params: list[torch.nn.Parameter], owned: list[list[int]],
+                 totals: dict[str, Any], span: Callable[[str, float, float], None]) -> None:
+        self.S, self.params, self.owned, self.totals, self.span = spec.n_shards, params, owned, totals, span
+
+    def pull(self, t: int) -> tuple[int, int, bool, int]:
+        """``PULL(t)`` every shard and load the parameters; returns shard 0's
+        (version, share, stop, bits). After a stop the other shards are not asked."""
+        share, stop, bits, version = 0, False, 32, 0
+        for s in range(self.S):
+            a = time.time()
+            wire.send(s, wire.PULL, t)
+            h = torch.zeros(wire.HEADER_LEN, dtype=torch.float64)
+            torch.distributed.recv(h, src=s, tag=wire.TAG_HEADER)
+            b = time.time()
+            hd = h.tolist()
+            n = int(hd[wire.F_NBYTES])
+            if s == 0:
+                version, share, stop, bits = (int(hd[wire.F_ITER]), int(hd[wire.F_A]), bool(hd[wire.F_B]),
+                                              int(hd[wire.F_C]))
+            if n:
+                buf = torch.empty(n, dtype=torch.uint8)
+                torch.distributed.recv(buf, src=s, tag=wire.TAG_PAYLOAD)
+                flat = buf.view(torch.float32)
+                off = 0
+                with torch.no_grad():
+                    for i in self.owned[s]:
+                        k = self.params[i].numel()
+                        self.params[i].copy_(flat[off:off + k].view_as(self.params[i]))
+                        off += k
+                self.totals["pulled_bytes"] += n
+            c = time.time()
+            self.totals["wait_s"] += b - a
+            self.totals["comm_s"] += c - b
+            self.span("wait", a, b)
+            self.span("pull", b, c)
+            if stop:
+                break
+        return version, share, stop, bits
+
+    def push(self, t: int, figures: tuple[float, ...], bits: int, qgen: torch.Generator) -> None:
+        """Push every shard its gradients at ``bits`` (shards 1..S-1 first, shard 0 last:
+        shard 0's push carries the figures the commit waits for)."""
+        for s in [*range(1, self.S), 0]:
+            pieces = []
+            for i in self.owned[s]:
+                g = self.params[i].grad
+                pieces.append(quant.pack(g if g is not None else torch.zeros_like(self.params[i]), bits, qgen))
+            payload = torch.cat(pieces) if pieces else None  # a stage may hold none of a shard's tensors
+            self.totals["pushed_bytes"] += wire.send(s, wire.PUSH, t, *figures, payload=payload)
+
+
 def run_worker(spec: RunSpec, w: int, local_rank: int = 0) -> None:
     ws = spec.workers[w]
     emulate(ws)
@@ -140,6 +199,7 @@ def run_worker(spec: RunSpec, w: int, local_rank: int = 0) -> None:
         if len(spans) < spec.max_trace_spans:
             spans.append([name, a, b])
 
+    ps = PSClient(spec, params, owned, totals, span)
     sender = Sender(params, owned, totals, spec.max_trace_spans) if spec.pipeline else None
     start = time.time()
     # BSP resume: every worker continues with the checkpoint's iteration, the one the shards expect
@@ -147,36 +207,7 @@ def run_worker(spec: RunSpec, w: int, local_rank: int = 0) -> None:
     while True:
         if ws.fail_at_iteration == t or (ws.fail_at_s is not None and time.time() - start >= ws.fail_at_s):
             os.kill(os.getpid(), signal.SIGKILL)  # emulated crash: no goodbye, no flush
-        share, stop, bits, version = 0, False, 32, 0
-        for s in range(S):
-            a = time.time()
-            wire.send(s, wire.PULL, t)
-            h = torch.zeros(wire.HEADER_LEN, dtype=torch.float64)
-            torch.distributed.recv(h, src=s, tag=wire.TAG_HEADER)
-            b = time.time()
-            hd = h.tolist()
-            n = int(hd[wire.F_NBYTES])
-            if s == 0:
-                version, share, stop, bits = (int(hd[wire.F_ITER]), int(hd[wire.F_A]), bool(hd[wire.F_B]),
-                                              int(hd[wire.F_C]))
-            if n:
-                buf = torch.empty(n, dtype=torch.uint8)
-                torch.distributed.recv(buf, src=s, tag=wire.TAG_PAYLOAD)
-                flat = buf.view(torch.float32)
-                off = 0
-                with torch.no_grad():
-                    for i in owned[s]:
-                        k = params[i].numel()
-                        params[i].copy_(flat[off:off + k].view_as(params[i]))
-                        off += k
-                totals["pulled_bytes"] += n
-            c = time.time()
-            totals["wait_s"] += b - a
-            totals["comm_s"] += c - b
-            span("wait", a, b)
-            span("pull", b, c)
-            if stop:
-                break
+        version, share, stop, bits = ps.pull(t)
         if stop:
             break
         if share > 0:
@@ -205,13 +236,7 @@ def run_worker(spec: RunSpec, w: int, local_rank: int = 0) -> None:
                 for s in [*range(1, S), 0]:
                     wire.send(s, wire.PUSH_DONE, t, *figures)
             else:
-                for s in [*range(1, S), 0]:
-                    pieces = []
-                    for i in owned[s]:
-                        g = params[i].grad
-                        pieces.append(quant.pack(g if g is not None else torch.zeros_like(params[i]),
-                                                 bits, qgen))
-                    totals["pushed_bytes"] += wire.send(s, wire.PUSH, t, *figures, payload=torch.cat(pieces))
+                ps.push(t, figures, bits, qgen)
             c = time.time()
             totals["comm_s"] += c - b
             span("push", b, c)
@@ -220,9 +245,15 @@ def run_worker(spec: RunSpec, w: int, local_rank: int = 0) -> None:
         t += 1
     if sender is not None:
         sender.close()
-    send_spans = sender.spans if sender is not None else []
+    send_report(ws, t, totals, spans, sender.spans if sender is not None else [])
+
+
+def send_report(ws: WorkerSpec, t: int, totals: dict[str, Any], spans: list[list[object]],
+                send_spans: list[list[object]], **more: Any) -> None:
+    """The final ``REPORT`` to shard 0: time split, spans and the emulation really in force."""
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     emulation = {"threads": torch.get_num_threads(), "affinity": cpus,
                  "slowdown": [list(e) for e in ws.slowdown_events]}
-    report = {**totals, "iterations": t, "spans": spans, "send_spans": send_spans, "emulation": emulation}
+    report = {**totals, "iterations": t, "spans": spans, "send_spans": send_spans, "emulation": emulation,
+              **more}
     wire.send(0, wire.REPORT, t, payload=wire.json_payload(report))

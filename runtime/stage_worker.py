@@ -1,0 +1,229 @@
+"""A stage replica of a multi-stage plan: one process per replica.
+
+Iteration ``t`` (BSP, as for one-stage plans): pull this stage's parameters
+from the PS shards (:class:`runtime.worker.PSClient`); run the stage's
+micro-batch chunks in 1F1B order (:mod:`runtime.stages`), exchanging boundary
+activations and gradients point-to-point with the neighbouring stages'
+replicas; push this stage's gradients. The PS commits ``t`` once every replica
+of every stage has pushed, and averages each stage's replicas by samples.
+
+Arithmetic. The last stage scales each chunk's mean loss by ``n / B`` (its
+samples over the global batch) before backward, so every replica accumulates
+the sum over its samples of ``grad loss_i / B``, whatever the other stages'
+shares. It pushes that times ``B / b_r`` (its share ``b_r``: exactly 1 with one
+replica), which the PS's sample-weighted mean turns back into the sum: the
+gradient of the global batch's mean loss, as a single process accumulating
+the same micro-batches computes it.
+
+Data. Replica ``r`` of the first stage draws its share with the generators of
+worker ``r`` (:func:`runtime.task.iteration_generators`), as the ``r``-th
+worker of a one-stage plan with the same shares would, and sends each sample's
+target to the last-stage replica that computes its loss.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+import torch
+
+from runtime import stages, task, wire
+from runtime.spec import RunSpec, StageSpec
+from runtime.worker import PSClient, emulate, free_memory_bytes, send_report, slowdown_at
+
+
+class Replica:
+    """Stage ``s``, replica ``r`` of a run: who it talks to, and about which samples."""
+
+    def __init__(self, spec: RunSpec, w: int) -> None:
+        self.spec = spec
+        self.s = spec.stage_of(w)
+        self.stage: StageSpec = spec.stages[self.s]
+        self.r = self.stage.workers.index(w)
+        self.micro = stages.ranges(stages.even_split(spec.global_batch, spec.micro_batches))
+        self.first_sample = stages.starts(self.stage.shares)[self.r]
+        self.range = (self.first_sample, self.first_sample + self.stage.shares[self.r])
+
+    def chunk(self, m: int) -> tuple[int, int] | None:
+        """The samples of micro-batch ``m`` this replica computes."""
+        return stages.overlap(self.range, self.micro[m])
+
+    def peers(self, s: int, m: int) -> list[tuple[int, tuple[int, int]]]:
+        """(rank, samples) of the replicas of stage ``s`` sharing samples of this replica's chunk of ``m``."""
+        mine = self.chunk(m)
+        st = self.spec.stages[s]
+        out = []
+        if mine is not None:
+            for w, rng in zip(st.workers, stages.ranges(st.shares)):
+                both = stages.overlap(mine, rng)
+                if both is not None:
+                    out.append((self.spec.n_shards + w, both))
+        return out
+
+
+def _expect(msg: wire.Message, kind: int, t: int, m: int, rng: tuple[int, int]) -> None:
+    h = msg.header
+    got = (msg.kind, msg.iteration, int(h[wire.F_A]), int(h[wire.F_B]), int(h[wire.F_C]))
+    want = (kind, t, m, rng[0], rng[1] - rng[0])
+    if got != want:
+        raise RuntimeError(f"from rank {msg.src}: (kind, iteration, micro-batch, first, samples) {got}, "
+                           f"expected {want}")
+
+
+def floats_of(b: stages.BoundarySpec) -> stages.BoundarySpec:
+    """The floating-point tensors of ``b``."""
+    keep = [k for k, d in enumerate(b.dtypes) if getattr(torch, d).is_floating_point]
+    return stages.BoundarySpec(tuple(b.shapes[k] for k in keep), tuple(b.dtypes[k] for k in keep))
+
+
+def run_stage(spec: RunSpec, w: int, local_rank: int = 0) -> None:
+    """Main loop of worker ``w``, a stage replica, until shard 0 says stop."""
+    ws = spec.workers[w]
+    emulate(ws)
+    me = Replica(spec, w)
+    S, last = len(spec.stages), len(spec.stages) - 1
+    B = spec.global_batch
+    device = f"cuda:{local_rank}" if spec.device == "cuda" else "cpu"
+    module, _ = task.build(spec.model, spec.seed, spec.model_kwargs)
+    module = module.to(device).train()
+    bs = stages.blocks(spec.model, module)[slice(*me.stage.blocks)]
+    every = list(module.parameters())
+    params = [every[i] for i in me.stage.params]
+    local = {i: k for k, i in enumerate(me.stage.params)}
+    owned = [[local[i] for i in idx if i in local] for idx in task.partition([p.numel() for p in every],
+                                                                                spec.n_shards)]
+    teacher = task.Teacher(spec.model, spec.seed, spec.model_kwargs, device) if me.s == 0 else None
+    in_spec = spec.stages[me.s - 1].boundary if me.s > 0 else None
+    totals = {"compute_s": 0.0, "comm_s": 0.0, "wait_s": 0.0, "pushed_bytes": 0, "pulled_bytes": 0,
+              "boundary_sent_bytes": 0, "boundary_recv_bytes": 0}
+    spans: list[list[object]] = []
+
+    def span(name: str, a: float, b: float) -> None:
+        if len(spans) < spec.max_trace_spans:
+            spans.append([name, a, b])
+
+    def recv(src: int, kind: int, t: int, m: int, rng: tuple[int, int], label: str) -> torch.Tensor:
+        """The payload of the next message from ``src``, checked to be the one expected."""
+        a = time.time()
+        msg = wire.recv(src)
+        _expect(msg, kind, t, m, rng)
+        b = time.time()
+        totals["wait_s"] += b - a
+        payload = msg.payload if msg.payload is not None else torch.empty(0, dtype=torch.uint8)
+        totals["boundary_recv_bytes"] += payload.numel()
+        span(f"recv {label} {m}", a, b)
+        return payload
+
+    ps = PSClient(spec, params, owned, totals, span)
+    # gradients travel back for the floating-point boundary tensors only (ids have none)
+    out_grads = floats_of(me.stage.boundary) if me.stage.boundary is not None else None
+    pending: list[Any] = []  # isend works of this iteration: their tensors live until they complete
+
+    def send(dst: int, kind: int, t: int, m: int, both: tuple[int, int], ts: tuple[torch.Tensor, ...],
+             base: int) -> None:
+        """Samples ``both`` of ``ts`` (whose rows start at sample ``base``) to ``dst``."""
+        payload = stages.encode(tuple(v[both[0] - base:both[1] - base] for v in ts))
+        pending.extend(wire.isend(dst, kind, t, m, both[0], both[1] - both[0], payload=payload))
+        totals["boundary_sent_bytes"] += payload.numel()
+
+    micro_ids = [m for m in range(len(me.micro)) if me.chunk(m) is not None]
+    order = stages.one_f_one_b(me.s, S, micro_ids)
+    start = time.time()
+    # BSP resume: every replica continues with the checkpoint's iteration, the one the shards expect
+    t = spec.resume.version if spec.resume is not None else 0
+    while True:
+        if ws.fail_at_iteration == t or (ws.fail_at_s is not None and time.time() - start >= ws.fail_at_s):
+            os.kill(os.getpid(), signal.SIGKILL)  # emulated crash: no goodbye, no flush
+        version, share, stop, bits = ps.pull(t)
+        if stop:
+            break
+        gen, qgen = task.iteration_generators(spec.seed, me.r, t)
+        x: tuple[torch.Tensor, ...] = ()
+        y: torch.Tensor | None = None
+        if teacher is not None:
+            xin, y = teacher.batch(share, gen)
+            x = xin if isinstance(xin, tuple) else (xin,)
+        module.zero_grad(set_to_none=False)
+        saved: dict[int, tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...], torch.Tensor | None]] = {}
+        loss_sum, comp = 0.0, 0.0
+
+        for op, m in order:
+            rng = me.chunk(m)
+            assert rng is not None
+            a, c0 = time.time(), time.perf_counter()
+            if op == "F":
+                if me.s == 0:
+                    inp = tuple(v[rng[0] - me.range[0]:rng[1] - me.range[0]] for v in x)
+                else:
+                    assert in_spec is not None
+                    parts = [stages.decode(recv(src, wire.ACT, t, m, both, "act"), in_spec,
+                                           both[1] - both[0]) for src, both in me.peers(me.s - 1, m)]
+                    inp = tuple(torch.cat([p[k] for p in parts]).to(device) for k in range(len(in_spec.shapes)))
+                    for v in inp:  # leaves: backward leaves the boundary gradient in .grad
+                        if v.is_floating_point():
+                            v.requires_grad_(True)
+                    a, c0 = time.time(), time.perf_counter()
+                out = stages.run_blocks(bs, inp)
+                loss = None
+                if me.s == last:
+                    tgt = [recv(src, wire.TARGET, t, m, both, "target") for src, both in me.peers(0, m)]
+                    yt = torch.cat([p.clone().view(torch.float32) for p in tgt])
+                    loss = task.loss_fn(out[0], yt.view(out[0].shape).to(device))
+                    loss_sum += loss.item() * (rng[1] - rng[0])
+                comp += time.perf_counter() - c0
+                span(f"forward {m}", a, time.time())
+                if me.s < last:
+                    for dst, both in me.peers(me.s + 1, m):
+                        send(dst, wire.ACT, t, m, both, out, rng[0])
+                if me.s == 0 and last > 0:
+                    assert y is not None
+                    for dst, both in me.peers(last, m):
+                        send(dst, wire.TARGET, t, m, both, (y,), me.range[0])  # y: this replica's share
+                saved[m] = (inp, out, loss)
+            else:
+                inp, out, loss = saved.pop(m)
+                if loss is not None:
+                    (loss * ((rng[1] - rng[0]) / B)).backward()
+                else:
+                    floats = [v for v in out if v.is_floating_point()]
+                    assert out_grads is not None  # not the last stage
+                    got = [stages.decode(recv(src, wire.GRAD, t, m, both, "grad"), out_grads,
+                                         both[1] - both[0]) for src, both in me.peers(me.s + 1, m)]
+                    grads = [torch.cat([g[k] for g in got]).to(device) for k in range(len(floats))]
+                    a, c0 = time.time(), time.perf_counter()
+                    need = [(o, g) for o, g in zip(floats, grads) if o.requires_grad]
+                    torch.autograd.backward([o for o, _ in need], [g for _, g in need])
+                comp += time.perf_counter() - c0
+                span(f"backward {m}", a, time.time())
+                if me.s > 0:
+                    gin = tuple(v.grad if v.grad is not None else torch.zeros_like(v)
+                                for v in inp if v.is_floating_point())
+                    for dst, both in me.peers(me.s - 1, m):
+                        send(dst, wire.GRAD, t, m, both, gin, rng[0])
+        a = time.time()
+        for work in pending:
+            work.wait()
+        pending.clear()
+        span("send wait", a, time.time())
+        totals["wait_s"] += time.time() - a
+        factor = slowdown_at(ws, time.time() - start)
+        if factor > 1.0:
+            time.sleep((factor - 1.0) * comp)
+            comp *= factor
+        totals["compute_s"] += comp
+        if share != B:
+            # the PS weighs replicas by samples; the gradients here are already sums over B
+            for p in params:
+                if p.grad is not None:
+                    p.grad.mul_(B / share)
+        b = time.time()
+        loss_mean = loss_sum / share if me.s == last else float("nan")
+        figures = (share, loss_mean, comp, free_memory_bytes(ws, device), bits, version)
+        ps.push(t, figures, bits, qgen)
+        span("push", b, time.time())
+        totals["comm_s"] += time.time() - b
+        t += 1
+    send_report(ws, t, totals, spans, [], stage=me.s)

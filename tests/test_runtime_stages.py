@@ -1,0 +1,230 @@
+"""Multi-stage (layer-placement) plans in the real runtime (runtime/stages.py, runtime/stage_worker.py).
+
+The key case: a pipeline trained for a few iterations gives the per-iteration
+losses and final parameters of one process training the same module on the
+same micro-batches with the same SGD. Runs are tiny mlps (one torch thread a
+rank) on 127.0.0.1; each costs a few seconds, mostly process start-up.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+
+from runtime import checkpoint, entry, stages, task
+from runtime.launch import RuntimeFailure, run_local
+from sim import zoo
+from sim.errors import ConfigError
+from tests.test_runtime import descendants, psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+HETSIM = [sys.executable, "-m", "experiments.cli"]
+MLP = {"in_features": 16, "hidden": [32, 32], "classes": 4}  # the zoo mlp's five layers, small
+
+
+def setup(tmp: Path, stage_list: list[tuple[tuple[int, int], list[int]]], devices: int, model: str = "mlp",
+          kwargs: dict[str, Any] | None = None, iterations: int = 4, micro: int = 4, shards: int = 2,
+          **runtime: Any) -> tuple[Path, Path]:
+    """A config (``devices`` this_machine devices, ``shards`` PS shards) and a plan of
+    ``stage_list``: ((first, end) layers, each replica's batch), devices in order."""
+    cfg = {
+        "name": "stages", "seed": 0,
+        "cluster": {"devices": [{"type": "this_machine", "count": devices}],
+                    "ps": {"shards": shards, "type": "this_machine"},
+                    "network": {"bandwidth_gbps": 13, "latency_us": 65}},
+        "job": {"model": model, "global_batch": 32, "iterations": iterations, "sync": "bsp",
+                "failure_timeout_s": 5.0},
+        "scheduler": {"name": "equal"},
+        "runtime": {"model_kwargs": kwargs or MLP, "lr": 0.2, "micro_batches": micro,
+                    "checkpoint_every": iterations, **runtime},
+    }
+    path = tmp / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    k, out = 0, []
+    for (a, b), batches in stage_list:
+        reps = []
+        for n in batches:
+            reps.append({"device": f"this_machine:{k}", "batch": n})
+            k += 1
+        out.append({"layers": [a, b], "device_type": "this_machine", "replicas": reps})
+    plan = tmp / "plan.json"
+    plan.write_text(json.dumps({"schema": 1, "scheduler": "by-hand", "ps_shards": [f"ps:{i}" for i in range(shards)],
+                                "stages": out}))
+    return path, plan
+
+
+def run_pipeline(cfg: Path, plan: Path, out: Path) -> tuple[Any, list[torch.Tensor]]:
+    """Run the plan; the result and each PS shard's final parameter slice (its last checkpoint)."""
+    prep = entry.prepare(plan, config=cfg)
+    entry.attach_checkpoints(prep, out, resume=False)
+    result = run_local(prep.spec, wall_timeout_s=240)
+    assert descendants() == []
+    m = checkpoint.read_manifest(str(out / "checkpoint"))
+    return result, [checkpoint.load_shard(m, k)["flat"] for k in range(prep.spec.n_shards)]
+
+
+def reference(model: str, kwargs: dict[str, Any], first_shares: list[int], micro: int, iterations: int,
+              lr: float = 0.2, seed: int = 0, shards: int = 2) -> tuple[list[float], list[torch.Tensor]]:
+    """One process: the first stage's data (replica r's share drawn as worker r's), the global
+    batch in ``micro`` micro-batches, each micro-batch's mean loss times its share of the
+    batch backpropagated and accumulated, then plain SGD. Per-iteration losses and
+    the final parameters as the shards hold them."""
+    torch.set_num_threads(1)
+    module, _ = task.build(model, seed, kwargs)
+    module.train()
+    teacher = task.Teacher(model, seed, kwargs)
+    params = list(module.parameters())
+    B = sum(first_shares)
+    losses = []
+    for t in range(iterations):
+        xs, ys = [], []
+        for r, n in enumerate(first_shares):
+            x, y = teacher.batch(n, task.iteration_generators(seed, r, t)[0])
+            xs.append(x)
+            ys.append(y)
+        x, y = torch.cat(xs), torch.cat(ys)
+        module.zero_grad(set_to_none=False)
+        total = 0.0
+        for lo, hi in stages.ranges(stages.even_split(B, micro)):
+            loss = task.loss_fn(task.call(module, x[lo:hi]), y[lo:hi])
+            (loss * ((hi - lo) / B)).backward()
+            total += loss.item() * (hi - lo)
+        with torch.no_grad():
+            for p in params:
+                assert p.grad is not None
+                p.add_(p.grad, alpha=-lr)
+        losses.append(total / B)
+    flat = [p.detach().reshape(-1) for p in params]
+    return losses, [torch.cat([flat[i] for i in idx]) for idx in task.partition([f.numel() for f in flat], shards)]
+
+
+# ------------------------------------------------------------------ no processes
+def test_one_f_one_b_order() -> None:
+    # 3 stages, 4 micro-batches: stage 0 runs 2 forwards ahead, the last alternates
+    assert stages.one_f_one_b(0, 3, [0, 1, 2, 3]) == [
+        ("F", 0), ("F", 1), ("F", 2), ("B", 0), ("F", 3), ("B", 1), ("B", 2), ("B", 3)]
+    assert stages.one_f_one_b(2, 3, [0, 1, 2, 3]) == [
+        ("F", 0), ("B", 0), ("F", 1), ("B", 1), ("F", 2), ("B", 2), ("F", 3), ("B", 3)]
+    # a replica without samples in micro-batch 1 skips it
+    assert stages.one_f_one_b(1, 3, [0, 2]) == [("F", 0), ("F", 2), ("B", 0), ("B", 2)]
+
+
+def test_layers_map_onto_blocks_and_a_cut_inside_one_is_refused() -> None:
+    module, _ = task.build("resnet18", 0, {"classes": 4, "size": 16})
+    names = [ly.name for ly in zoo.get("resnet18").layers]
+    bs = stages.blocks("resnet18", module)
+    first = names.index("layer2.0.conv1")
+    # the cut before layer2.0 falls between blocks; the stage's parameters are its blocks'
+    [(a0, b0), (a1, b1)] = stages.stage_blocks("resnet18", module, names, [(0, first), (first, len(names))], "p.json")
+    assert bs[a1].name == "layer2.0" and (a0, b1) == (0, len(bs)) and b0 == a1
+    n0 = len(stages.stage_params(module, bs[a0:b0]))
+    assert n0 + len(stages.stage_params(module, bs[a1:b1])) == len(list(module.parameters()))
+    # ...one layer later it would split the residual block (its shortcut needs the block's input)
+    with pytest.raises(ConfigError, match=r"stages\[1\]\.layers.*inside 'layer2\.0'") as e:
+        stages.stage_blocks("resnet18", module, names, [(0, first + 1), (first + 1, len(names))], "p.json")
+    assert str(e.value).startswith("p.json") and "\n" not in str(e.value)
+
+
+def test_routing_by_sample_ranges(tmp_path: Path) -> None:
+    from runtime.stage_worker import Replica
+
+    cfg, plan = setup(tmp_path, [((0, 2), [20, 12]), ((2, 5), [16, 16])], devices=4, micro=2)
+    spec = entry.prepare(plan, config=cfg).spec
+    r0, r1, q0, q1 = (Replica(spec, w) for w in range(4))
+    # micro-batches [0, 16) and [16, 32); ranks: shards 0, 1, then workers 2..5
+    assert [r0.chunk(0), r0.chunk(1), r1.chunk(0), r1.chunk(1)] == [(0, 16), (16, 20), None, (20, 32)]
+    assert r0.peers(1, 0) == [(4, (0, 16))] and r0.peers(1, 1) == [(5, (16, 20))]
+    assert q1.peers(0, 1) == [(2, (16, 20)), (3, (20, 32))] and q0.peers(0, 1) == []
+
+
+# ---------------------------------------------------------------------- runs
+def test_three_stage_mlp_matches_single_process_training(tmp_path: Path) -> None:
+    cfg, plan = setup(tmp_path, [((0, 2), [32]), ((2, 4), [32]), ((4, 5), [32])], devices=3)
+    res, shards = run_pipeline(cfg, plan, tmp_path / "out")
+    ref_loss, ref_shards = reference("mlp", MLP, [32], micro=4, iterations=4)
+    # The same kernels on the same micro-batches, gradients accumulated in the same order:
+    # agreement to rounding of the loss bookkeeping (each replica's mean, then the PS's)
+    assert res.iter_loss == pytest.approx(ref_loss, rel=1e-6)
+    for mine, ref in zip(shards, ref_shards, strict=True):
+        torch.testing.assert_close(mine, ref, rtol=1e-6, atol=1e-7)
+    assert res.iter_samples == [32] * 4
+    st = res.extra["runtime"]["stages"]
+    assert [s["layers"] for s in st] == [[0, 2], [2, 4], [4, 5]]
+    # the middle stage, 4 iterations: activations on and gradients back, 32 samples x 32 floats
+    assert st[1]["boundary_sent_bytes"] == [4 * 2 * (32 * 32 * 4)]
+    names = {e["name"].split(" ")[0] for e in res.trace if e.get("ph") == "X"}
+    assert {"forward", "backward", "recv", "pull", "push", "apply"} <= names
+
+
+def test_replicated_stages_route_samples_replica_to_replica(tmp_path: Path) -> None:
+    cfg, plan = setup(tmp_path, [((0, 2), [20, 12]), ((2, 5), [16, 16])], devices=4, micro=2, iterations=3)
+    res, shards = run_pipeline(cfg, plan, tmp_path / "out")
+    ref_loss, ref_shards = reference("mlp", MLP, [20, 12], micro=2, iterations=3)
+    # Not bit-exact: the stage-0 replicas compute parts of a micro-batch (other GEMM
+    # shapes), and each replica's gradient is scaled by B / b_r and back at the PS
+    assert res.iter_loss == pytest.approx(ref_loss, rel=1e-5)
+    for mine, ref in zip(shards, ref_shards, strict=True):
+        torch.testing.assert_close(mine, ref, rtol=1e-5, atol=1e-6)
+    assert res.extra["runtime"]["worker_samples"] == [[20, 12, 16, 16]] * 3
+
+
+def test_a_killed_stage_process_fails_the_run_and_leaves_nothing(tmp_path: Path) -> None:
+    cfg, plan = setup(tmp_path, [((0, 2), [32]), ((2, 5), [32])], devices=2, iterations=6,
+                      workers=[{}, {"fail_at_iteration": 2}])
+    prep = entry.prepare(plan, config=cfg)
+    with pytest.raises(RuntimeFailure, match=r"stage 1 replica this_machine:1 \(rank 3\) exited with status -9"):
+        run_local(prep.spec, wall_timeout_s=120)
+    assert descendants() == []
+    proc = subprocess.run([*HETSIM, "run", str(plan), "--config", str(cfg), "--out", str(tmp_path / "o")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines()[-1].startswith("hetsim: run failed: stage 1 replica this_machine:1")
+
+
+@pytest.mark.skipif(psutil is None, reason="needs psutil to list the run's processes")
+def test_no_process_left_after_sigint(tmp_path: Path) -> None:
+    cfg, plan = setup(tmp_path, [((0, 2), [32]), ((2, 5), [32])], devices=2, iterations=1_000_000,
+                      checkpoint_every=0)
+    proc = subprocess.Popen([*HETSIM, "run", str(plan), "--config", str(cfg), "--out", str(tmp_path / "out")],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    parent = psutil.Process(proc.pid)
+    deadline = time.monotonic() + 90
+    kids: list[Any] = []
+    while time.monotonic() < deadline and len(kids) < 4:
+        kids = parent.children(recursive=True)
+        time.sleep(0.2)
+    time.sleep(3.0)  # the ranks are up and training
+    kids = parent.children(recursive=True)
+    assert len(kids) >= 4
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    _, alive = psutil.wait_procs(kids, timeout=5)
+    assert alive == []
+
+
+def test_unmappable_plans_exit_2_with_one_line(tmp_path: Path) -> None:
+    names = [ly.name for ly in zoo.get("resnet18").layers]
+    cut = names.index("layer2.0.conv1") + 1
+    cfg, plan = setup(tmp_path, [((0, cut), [32]), ((cut, len(names)), [32])], devices=2, model="resnet18",
+                      kwargs={"classes": 4, "size": 16})
+    proc = subprocess.run([*HETSIM, "run", str(plan), "--config", str(cfg)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert str(plan) in proc.stderr and "stages[1].layers" in proc.stderr and "'layer2.0'" in proc.stderr
+    # a module of another depth than the plan's model: its layer indices mean other modules
+    cfg, plan = setup(tmp_path, [((0, 2), [32]), ((2, 5), [32])], devices=2, kwargs={**MLP, "hidden": [32]})
+    proc = subprocess.run([*HETSIM, "run", str(plan), "--config", str(cfg)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert str(cfg) in proc.stderr and "runtime.model_kwargs" in proc.stderr
