@@ -99,6 +99,10 @@ class Shard:
         else:
             self.groups = [list(range(len(self.owned)))]
         self.group_of = {self.S + w: spec.stage_of(w) for w in range(self.W)}
+        # sparse tables (position in self.owned -> row length): a worker's PULL names the rows
+        # it reads; it gets and pushes those rows only (rows[rank][k], until its next PULL)
+        self.row_len = {k: spec.sparse[i] for k, i in enumerate(self.owned) if i in spec.sparse}
+        self.rows: dict[int, dict[int, torch.Tensor]] = {}
         self.version = 0
         self.busy_s = 0.0
         self.rx = wire.Receiver()
@@ -116,16 +120,39 @@ class Shard:
 
     # ------------------------------------------------------------ common
     def numels_of(self, rank: int) -> list[int]:
-        """Sizes of the tensors worker ``rank`` pulls from and pushes to this shard, in order."""
-        return [self.numels[k] for k in self.groups[self.group_of[rank]]]
+        """Sizes of the tensors worker ``rank`` pulls from and pushes to this shard, in order
+        (of a sparse table: the rows its last PULL named)."""
+        rows = self.rows.get(rank, {})
+        return [rows[k].numel() * self.row_len[k] if k in rows else self.numels[k]
+                for k in self.groups[self.group_of[rank]]]
+
+    def on_pull(self, m: wire.Message) -> None:
+        """Note a PULL: its iteration, and the rows of each sparse table it names
+        (payload: int64 ``count, ids...`` per sparse table of the worker's group, in order)."""
+        self.pending[m.src] = m.iteration
+        if m.payload is None:
+            return
+        flat, off, rows = m.payload.view(torch.int64), 0, {}
+        for k in self.groups[self.group_of[m.src]]:
+            if k in self.row_len:
+                n = int(flat[off])
+                rows[k] = flat[off + 1:off + 1 + n].clone()
+                off += 1 + n
+        self.rows[m.src] = rows
 
     def unpack(self, m: wire.Message, bits: int) -> torch.Tensor:
         if m.payload is None:  # a stage holding none of this shard's tensors
             return torch.zeros(0)
         out, off = [], 0
-        for n in self.numels_of(m.src):
+        rows = self.rows.get(m.src, {})
+        for k, n in zip(self.groups[self.group_of[m.src]], self.numels_of(m.src)):
             nb = quant.wire_bytes(n, bits)
-            out.append(quant.unpack(m.payload[off:off + nb], n, bits))
+            g = quant.unpack(m.payload[off:off + nb], n, bits)
+            if k in rows:  # the pushed rows into a dense gradient: untouched rows get 0
+                dense = torch.zeros(self.numels[k]).view(-1, self.row_len[k])
+                dense[rows[k]] = g.view(-1, self.row_len[k])
+                g = dense.view(-1)
+            out.append(g)
             off += nb
         if off != m.payload.numel():
             raise ValueError(f"push of {m.payload.numel()} bytes, {off} expected")
@@ -157,11 +184,16 @@ class Shard:
     def params_payload(self, rank: int) -> torch.Tensor | None:
         """What worker ``rank`` pulls: its stage's tensors (None when it has none here)."""
         group = self.groups[self.group_of[rank]]
-        if len(group) == len(self.owned):
+        rows = self.rows.get(rank, {})
+        if len(group) == len(self.owned) and not rows:
             return self.flat.view(torch.uint8)
         if not group:
             return None
-        return torch.cat([self.flat[self.offsets[k]:self.offsets[k + 1]] for k in group]).view(torch.uint8)
+        parts = []
+        for k in group:
+            t = self.flat[self.offsets[k]:self.offsets[k + 1]]
+            parts.append(t.view(-1, self.row_len[k])[rows[k]].reshape(-1) if k in rows else t)
+        return torch.cat(parts).view(torch.uint8)
 
     def combine(self, entries: dict[int, tuple[torch.Tensor, int]], members: list[int]) -> torch.Tensor:
         """The update direction of this shard's slice: per stage, the sample-weighted mean
@@ -209,7 +241,7 @@ class Shard:
                 # of that iteration may still be on its way: apply (and save) it first
                 stopping = True
             elif m.kind == wire.PULL:
-                self.pending[m.src] = m.iteration
+                self.on_pull(m)
             elif m.kind in (wire.PUSH, wire.PUSH_PART, wire.PUSH_DONE):
                 push = self.take_push(m)
                 if push is not None:
@@ -518,7 +550,7 @@ class Coordinator(Shard):
                 w = m.src - self.S
                 self.last_seen[w] = self.now()
                 if m.kind == wire.PULL:
-                    self.pending[m.src] = m.iteration
+                    self.on_pull(m)
                 elif m.kind in (wire.PUSH, wire.PUSH_PART, wire.PUSH_DONE):
                     self.on_push(w, m, bsp)
                 elif m.kind == wire.REPORT:

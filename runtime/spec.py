@@ -127,6 +127,9 @@ class RunSpec:
     resume: Manifest | None = None  # the checkpoint this run continues from
     crash_after_iteration: int | None = None
     stages: list[StageSpec] = field(default_factory=list)  # empty: a one-stage (data-parallel) plan
+    # multi-stage plans: tables of the first stage pulled and pushed by touched rows only
+    # (index in module.parameters() -> row length)
+    sparse: dict[int, int] = field(default_factory=dict)
     micro_batches: int = 1
 
     @property
@@ -185,8 +188,9 @@ def build_spec(problem: Problem, plan: Plan, opts: RuntimeOptions, scheduler: An
         raise ConfigError(source, "job.model", f"the runtime trains zoo models only "
                           f"({', '.join(zoo.names())}), not {name!r}")
     stages: list[StageSpec] = []
+    sparse: dict[int, int] = {}
     if len(plan.stages) > 1:
-        stages = pipeline_stages(problem, plan, opts, source, plan_source or source)
+        stages, sparse = pipeline_stages(problem, plan, opts, source, plan_source or source)
     if opts.checkpoint_every and job.sync != "bsp":
         raise ConfigError(source, "runtime.checkpoint_every", f"checkpoints are built for job.sync: bsp "
                           f"only, not {job.sync} (shards applying pushes on arrival have no common cut)")
@@ -230,12 +234,15 @@ def build_spec(problem: Problem, plan: Plan, opts: RuntimeOptions, scheduler: An
         max_trace_spans=opts.max_trace_spans, scheduler=online, devices=devs, ignored=ignored,
         checkpoint_every=opts.checkpoint_every, crash_after_iteration=opts.crash_after_iteration,
         stages=stages, micro_batches=(opts.micro_batches or len(plan.stages)) if stages else 1,
+        sparse=sparse,
     )
 
 
 def pipeline_stages(problem: Problem, plan: Plan, opts: RuntimeOptions, source: str,
-                    plan_source: str) -> list[StageSpec]:
-    """The stages of a multi-stage plan, its layer ranges mapped onto the runtime's module.
+                    plan_source: str) -> tuple[list[StageSpec], dict[int, int]]:
+    """The stages of a multi-stage plan, its layer ranges mapped onto the runtime's module,
+    and the embedding tables of its first stage, pulled and pushed by touched rows only
+    (index in ``module.parameters()`` -> row length; the first stage's input holds their ids).
 
     The runtime's module (the zoo model with ``runtime.model_kwargs``) must have
     the layer list of the plan's model (the same names in the same order, from
@@ -279,4 +286,5 @@ def pipeline_stages(problem: Problem, plan: Plan, opts: RuntimeOptions, source: 
                               [r.batch for r in s.replicas], st.stage_params(module, bs[slice(*spans[i])]),
                               bounds[i] if i < len(bounds) else None))
         w += n
-    return out
+    sparse = {i: d for i, d in st.sparse_tables(job.model.name, module).items() if i in set(out[0].params)}
+    return out, sparse

@@ -137,15 +137,20 @@ def run_stage(spec: RunSpec, w: int, local_rank: int = 0) -> None:
     while True:
         if ws.fail_at_iteration == t or (ws.fail_at_s is not None and time.time() - start >= ws.fail_at_s):
             os.kill(os.getpid(), signal.SIGKILL)  # emulated crash: no goodbye, no flush
-        version, share, stop, bits = ps.pull(t)
-        if stop:
-            break
         gen, qgen = task.iteration_generators(spec.seed, me.r, t)
         x: tuple[torch.Tensor, ...] = ()
         y: torch.Tensor | None = None
+        rows: dict[int, torch.Tensor] = {}
         if teacher is not None:
-            xin, y = teacher.batch(share, gen)
+            # the data before the pull (it depends on the seeds only): its ids name the table
+            # rows to pull. Shares are fixed per stage, so the plan's is the PS's.
+            xin, y = teacher.batch(me.stage.shares[me.r], gen)
             x = xin if isinstance(xin, tuple) else (xin,)
+            rows = {local[i]: ids for i, ids in stages.touched_rows(spec.model, module, x).items()
+                    if i in spec.sparse}
+        version, share, stop, bits = ps.pull(t, rows)
+        if stop:
+            break
         module.zero_grad(set_to_none=False)
         saved: dict[int, tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...], torch.Tensor | None]] = {}
         loss_sum, comp = 0.0, 0.0

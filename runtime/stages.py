@@ -267,3 +267,28 @@ def decode(buf: torch.Tensor, spec: BoundarySpec, n: int) -> Acts:
     if off != buf.numel():
         raise RuntimeError(f"boundary payload of {buf.numel()} bytes, {off} expected")
     return tuple(out)
+
+
+def sparse_tables(model: str, module: nn.Module) -> dict[int, int]:
+    """Embedding tables read by row from the model's input ids: index in
+    ``module.parameters()`` -> row length (ctr_dnn, wide_deep; empty for the rest)."""
+    if model not in ("ctr_dnn", "wide_deep"):
+        return {}
+    m: Any = module
+    tables = [*([m.wide] if model == "wide_deep" else []), *m.emb]
+    index = {id(p): i for i, p in enumerate(module.parameters())}
+    return {index[id(t.weight)]: int(t.embedding_dim) for t in tables}
+
+
+def touched_rows(model: str, module: nn.Module, x: Acts) -> dict[int, torch.Tensor]:
+    """The rows of each :func:`sparse_tables` table that the input ``x`` (ids, dense) reads:
+    index in ``module.parameters()`` -> sorted unique row ids (int64)."""
+    if model not in ("ctr_dnn", "wide_deep"):
+        return {}
+    m: Any = module
+    ids = x[0]
+    index = {id(p): i for i, p in enumerate(module.parameters())}
+    out = {index[id(e.weight)]: ids[:, f].unique() for f, e in enumerate(m.emb)}
+    if model == "wide_deep":
+        out[index[id(m.wide.weight)]] = (ids + m.offsets).unique()
+    return out

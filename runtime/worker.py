@@ -134,14 +134,22 @@ class PSClient:
     def __init__(self, spec: RunSpec, params: list[torch.nn.Parameter], owned: list[list[int]],
                  totals: dict[str, Any], span: Callable[[str, float, float], None]) -> None:
         self.S, self.params, self.owned, self.totals, self.span = spec.n_shards, params, owned, totals, span
+        self.rows: dict[int, torch.Tensor] = {}
 
-    def pull(self, t: int) -> tuple[int, int, bool, int]:
+    def pull(self, t: int, rows: dict[int, torch.Tensor] | None = None) -> tuple[int, int, bool, int]:
         """``PULL(t)`` every shard and load the parameters; returns shard 0's
-        (version, share, stop, bits). After a stop the other shards are not asked."""
+        (version, share, stop, bits). After a stop the other shards are not asked.
+
+        ``rows``: sparse tables (index into ``params``) to pull by row, the rows to get;
+        :meth:`push` then pushes those rows only.
+        """
         share, stop, bits, version = 0, False, 32, 0
+        self.rows = rows or {}
         for s in range(self.S):
             a = time.time()
-            wire.send(s, wire.PULL, t)
+            named = [torch.cat([torch.tensor([self.rows[i].numel()]), self.rows[i]])
+                     for i in self.owned[s] if i in self.rows]
+            wire.send(s, wire.PULL, t, payload=torch.cat(named).view(torch.uint8) if named else None)
             h = torch.zeros(wire.HEADER_LEN, dtype=torch.float64)
             torch.distributed.recv(h, src=s, tag=wire.TAG_HEADER)
             b = time.time()
@@ -157,8 +165,13 @@ class PSClient:
                 off = 0
                 with torch.no_grad():
                     for i in self.owned[s]:
-                        k = self.params[i].numel()
-                        self.params[i].copy_(flat[off:off + k].view_as(self.params[i]))
+                        p = self.params[i]
+                        if i in self.rows:  # untouched rows stay stale: this iteration reads none of them
+                            k = self.rows[i].numel() * p.shape[1]
+                            p[self.rows[i]] = flat[off:off + k].view(-1, p.shape[1])
+                        else:
+                            k = p.numel()
+                            p.copy_(flat[off:off + k].view_as(p))
                         off += k
                 self.totals["pulled_bytes"] += n
             c = time.time()
@@ -177,7 +190,8 @@ class PSClient:
             pieces = []
             for i in self.owned[s]:
                 g = self.params[i].grad
-                pieces.append(quant.pack(g if g is not None else torch.zeros_like(self.params[i]), bits, qgen))
+                g = g if g is not None else torch.zeros_like(self.params[i])
+                pieces.append(quant.pack(g[self.rows[i]] if i in self.rows else g, bits, qgen))
             payload = torch.cat(pieces) if pieces else None  # a stage may hold none of a shard's tensors
             self.totals["pushed_bytes"] += wire.send(s, wire.PUSH, t, *figures, payload=payload)
 
