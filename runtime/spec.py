@@ -78,6 +78,7 @@ class WorkerSpec:
     fail_at_iteration: int | None
     fail_at_s: float | None
     free_memory_bytes: float | None
+    cpu: bool = False  # computes on CPU whatever runtime.device: a CPU device type of a multi-stage plan
 
 
 @dataclass
@@ -213,8 +214,11 @@ def build_spec(problem: Problem, plan: Plan, opts: RuntimeOptions, scheduler: An
                 fail_s = d.at_s if fail_s is None else min(fail_s, d.at_s)
             if d.free_memory_frac is not None:
                 ignored.append(f"free_memory event of {dev} at {d.at_s} s")
+        # a pipeline's stages run where the plan put them: a CPU type's replicas (the
+        # embedding stage of a HeterPS placement, typically) stay on CPU under device: cuda
+        on_cpu = bool(stages) and problem.cluster.device(dev).type.kind == "cpu"
         workers.append(WorkerSpec(dev, o.threads or opts.threads, o.affinity, sorted(slow),
-                                  o.fail_at_iteration, fail_s, o.free_memory_bytes))
+                                  o.fail_at_iteration, fail_s, o.free_memory_bytes, on_cpu))
     devs = []
     for dev in devices:
         t = problem.cluster.device(dev).type

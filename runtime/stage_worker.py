@@ -86,7 +86,7 @@ def run_stage(spec: RunSpec, w: int, local_rank: int = 0) -> None:
     me = Replica(spec, w)
     S, last = len(spec.stages), len(spec.stages) - 1
     B = spec.global_batch
-    device = f"cuda:{local_rank}" if spec.device == "cuda" else "cpu"
+    device = f"cuda:{local_rank}" if spec.device == "cuda" and not ws.cpu else "cpu"
     module, _ = task.build(spec.model, spec.seed, spec.model_kwargs)
     module = module.to(device).train()
     bs = stages.blocks(spec.model, module)[slice(*me.stage.blocks)]
