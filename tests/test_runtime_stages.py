@@ -254,3 +254,17 @@ def test_the_embedding_stage_pulls_and_pushes_touched_rows_only(tmp_path: Path, 
     pulled = res.extra["runtime"]["pulled_bytes"]["this_machine:0"]
     assert pulled <= 3 * 4 * (32 * tables // 1000)  # at most 32 rows of each table an iteration
     assert pulled < 4 * tables / 10
+
+
+def test_a_resnet_pipeline_matches_single_process_training(tmp_path: Path) -> None:
+    kw = {"classes": 4, "size": 16}
+    names = [ly.name for ly in zoo.get("resnet18").layers]
+    cut = names.index("layer3.0.conv1")
+    cfg, plan = setup(tmp_path, [((0, cut), [32]), ((cut, len(names)), [32])], devices=2, model="resnet18",
+                      kwargs=kw, iterations=2, micro=2)
+    res, shards = run_pipeline(cfg, plan, tmp_path / "out")
+    ref_loss, ref_shards = reference("resnet18", kw, [32], micro=2, iterations=2)
+    # BatchNorm normalises each micro-batch in both; its running statistics stay in the stages
+    assert res.iter_loss == ref_loss
+    for mine, ref in zip(shards, ref_shards, strict=True):
+        assert torch.equal(mine, ref)
