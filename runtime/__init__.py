@@ -13,4 +13,11 @@ gradients of the tensors it holds (``PUSH``, packed at the bit width by
 Shard 0 coordinates (:mod:`runtime.ps`): the BSP barrier and commit, ASP/SSP
 apply-on-arrival, failure detection by timeout, and ``rebalance`` of the
 online scheduler with the same Observation type as the DES.
+
+Multi-stage (layer-placement) plans run as a pipeline of stage replicas
+(:mod:`runtime.stages`: the module cut into blocks, micro-batches, routing,
+1F1B; :mod:`runtime.stage_worker`: one replica's loop): boundary activations,
+their gradients and the targets go point-to-point (``ACT``, ``GRAD``,
+``TARGET``), each replica pulls and pushes only its stage's tensors (the first
+stage's embedding tables by touched row), and the PS commits under BSP.
 """

@@ -1,7 +1,8 @@
 """Starting the ranks of a run, and making sure none is left behind.
 
 Ranks: ``0 .. S-1`` are the PS shards (rank 0 also coordinates), ``S .. S+W-1``
-the workers, in plan order. All join one gloo process group through env://
+the workers, in plan order (of a multi-stage plan: the stage replicas, stage by
+stage; one that exits with an error fails the run). All join one gloo process group through env://
 rendezvous (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE).
 
 * :func:`run_local` spawns every rank as a child process on this machine

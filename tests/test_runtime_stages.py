@@ -268,3 +268,28 @@ def test_a_resnet_pipeline_matches_single_process_training(tmp_path: Path) -> No
     assert res.iter_loss == ref_loss
     for mine, ref in zip(shards, ref_shards, strict=True):
         assert torch.equal(mine, ref)
+
+
+def test_a_pipeline_resumes_from_its_checkpoint_as_if_never_stopped(tmp_path: Path) -> None:
+    stage_list = [((0, 2), [32]), ((2, 4), [32]), ((4, 5), [32])]
+    out = tmp_path / "out"
+    # rank 0 dies after committing iteration 3 and saving its part of checkpoint 4: the last
+    # complete checkpoint is 2
+    cfg, plan = setup(tmp_path, stage_list, devices=3, iterations=6, checkpoint_every=2, crash_after_iteration=3)
+    prep = entry.prepare(plan, config=cfg)
+    entry.attach_checkpoints(prep, out, resume=False)
+    with pytest.raises(RuntimeFailure, match="rank 0"):
+        run_local(prep.spec, wall_timeout_s=120)
+    assert descendants() == []
+    assert checkpoint.read_manifest(str(out / "checkpoint")).version == 2
+    cfg, plan = setup(tmp_path, stage_list, devices=3, iterations=6, checkpoint_every=2)
+    prep = entry.prepare(plan, config=cfg)
+    entry.attach_checkpoints(prep, out, resume=True)
+    res = run_local(prep.spec, wall_timeout_s=120)
+    assert descendants() == []
+    ref_loss, ref_shards = reference("mlp", MLP, [32], micro=4, iterations=6)
+    assert res.iter_loss == ref_loss and res.extra["resumed"][0]["from_iteration"] == 2
+    m = checkpoint.read_manifest(str(out / "checkpoint"))
+    assert m.version == 6
+    for k, ref in enumerate(ref_shards):
+        assert torch.equal(checkpoint.load_shard(m, k)["flat"], ref)
