@@ -293,3 +293,17 @@ def test_a_pipeline_resumes_from_its_checkpoint_as_if_never_stopped(tmp_path: Pa
     assert m.version == 6
     for k, ref in enumerate(ref_shards):
         assert torch.equal(checkpoint.load_shard(m, k)["flat"], ref)
+
+
+def test_replicas_of_the_embedding_stage_push_their_own_rows(tmp_path: Path) -> None:
+    kw = {"fields": 26, "rows": 1000, "dim": 4, "dense": 3, "hidden": [16, 8]}
+    cfg, plan = setup(tmp_path, [((0, 26), [20, 12]), ((26, 31), [32])], devices=3, model="ctr_dnn", kwargs=kw,
+                      iterations=3, micro=2)
+    res, shards = run_pipeline(cfg, plan, tmp_path / "out")
+    ref_loss, ref_shards = reference("ctr_dnn", kw, [20, 12], micro=2, iterations=3)
+    # the PS averages two row-sparse gradients scaled by B / b_r: rounding only
+    assert res.iter_loss == pytest.approx(ref_loss, rel=1e-5)
+    for mine, ref in zip(shards, ref_shards, strict=True):
+        torch.testing.assert_close(mine, ref, rtol=1e-5, atol=1e-6)
+    pulled = res.extra["runtime"]["pulled_bytes"]
+    assert pulled["this_machine:0"] <= 3 * 26 * 20 * 4 * 4 and pulled["this_machine:1"] <= 3 * 26 * 12 * 4 * 4
