@@ -419,6 +419,11 @@ class Coordinator(Shard):
         self.pending.pop(self.ranks[w], None)
 
     def check_timeouts(self) -> None:
+        if self.spec.multistage:
+            # A pipeline's pushes of an iteration are staggered by its drain (the first stage
+            # pushes last), and a replica waits on its neighbours: lateness is no sign of death.
+            # A dead replica is found by its process exiting (runtime.launch) or --timeout.
+            return
         now = self.now()
         tmo = self.spec.failure_timeout_s
         if self.spec.sync == "bsp":
