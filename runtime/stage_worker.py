@@ -171,7 +171,9 @@ def run_stage(spec: RunSpec, w: int, local_rank: int = 0) -> None:
                         if v.is_floating_point():
                             v.requires_grad_(True)
                     a, c0 = time.time(), time.perf_counter()
-                out = stages.run_blocks(bs, inp)
+                # a stage may start with an in-place op (ResNet's and VGG's ReLU(inplace=True)),
+                # which autograd refuses on a leaf: it gets a copy (the leaf keeps the gradient)
+                out = stages.run_blocks(bs, tuple(v.clone() if v.requires_grad else v for v in inp))
                 loss = None
                 if me.s == last:
                     tgt = [recv(src, wire.TARGET, t, m, both, "target") for src, both in me.peers(0, m)]

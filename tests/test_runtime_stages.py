@@ -152,6 +152,26 @@ def test_routing_by_sample_ranges(tmp_path: Path) -> None:
 def test_three_stage_mlp_matches_single_process_training(tmp_path: Path) -> None:
     cfg, plan = setup(tmp_path, [((0, 2), [32]), ((2, 4), [32]), ((4, 5), [32])], devices=3)
     res, shards = run_pipeline(cfg, plan, tmp_path / "out")
+    check_three_stage_mlp(res, shards)
+    st = res.extra["runtime"]["stages"]
+    assert [s["layers"] for s in st] == [[0, 2], [2, 4], [4, 5]]
+    # the middle stage, 4 iterations: activations on and gradients back, 32 samples x 32 floats
+    assert st[1]["boundary_sent_bytes"] == [4 * 2 * (32 * 32 * 4)]
+    names = {e["name"].split(" ")[0] for e in res.trace if e.get("ph") == "X"}
+    assert {"forward", "backward", "recv", "pull", "push", "apply"} <= names
+
+
+def test_a_stage_without_parameters_pulls_and_pushes_nothing(tmp_path: Path) -> None:
+    # the middle stage is the first ReLU alone
+    cfg, plan = setup(tmp_path, [((0, 1), [32]), ((1, 2), [32]), ((2, 5), [32])], devices=3)
+    res, shards = run_pipeline(cfg, plan, tmp_path / "out")
+    check_three_stage_mlp(res, shards)
+    assert res.extra["runtime"]["pulled_bytes"]["this_machine:1"] == 0
+    assert res.extra["runtime"]["pushed_bytes"]["this_machine:1"] == 0
+
+
+def check_three_stage_mlp(res: Any, shards: list[torch.Tensor]) -> None:
+    """``res`` and ``shards`` are those of one process training the mlp on the same micro-batches."""
     ref_loss, ref_shards = reference("mlp", MLP, [32], micro=4, iterations=4)
     # Bit for bit: the same kernels on the same micro-batches with one thread, each
     # parameter's gradient accumulated in the same micro-batch order, one replica a
@@ -160,12 +180,6 @@ def test_three_stage_mlp_matches_single_process_training(tmp_path: Path) -> None
     for mine, ref in zip(shards, ref_shards, strict=True):
         assert torch.equal(mine, ref)
     assert res.iter_samples == [32] * 4
-    st = res.extra["runtime"]["stages"]
-    assert [s["layers"] for s in st] == [[0, 2], [2, 4], [4, 5]]
-    # the middle stage, 4 iterations: activations on and gradients back, 32 samples x 32 floats
-    assert st[1]["boundary_sent_bytes"] == [4 * 2 * (32 * 32 * 4)]
-    names = {e["name"].split(" ")[0] for e in res.trace if e.get("ph") == "X"}
-    assert {"forward", "backward", "recv", "pull", "push", "apply"} <= names
 
 
 def test_replicated_stages_route_samples_replica_to_replica(tmp_path: Path) -> None:
@@ -259,9 +273,10 @@ def test_the_embedding_stage_pulls_and_pushes_touched_rows_only(tmp_path: Path, 
 def test_a_resnet_pipeline_matches_single_process_training(tmp_path: Path) -> None:
     kw = {"classes": 4, "size": 16}
     names = [ly.name for ly in zoo.get("resnet18").layers]
-    cut = names.index("layer3.0.conv1")
-    cfg, plan = setup(tmp_path, [((0, cut), [32]), ((cut, len(names)), [32])], devices=2, model="resnet18",
-                      kwargs=kw, iterations=2, micro=2)
+    relu, cut = names.index("relu"), names.index("layer3.0.conv1")
+    # the second stage starts with the stem's in-place ReLU
+    cfg, plan = setup(tmp_path, [((0, relu), [32]), ((relu, cut), [32]), ((cut, len(names)), [32])], devices=3,
+                      model="resnet18", kwargs=kw, iterations=2, micro=2)
     res, shards = run_pipeline(cfg, plan, tmp_path / "out")
     ref_loss, ref_shards = reference("resnet18", kw, [32], micro=2, iterations=2)
     # BatchNorm normalises each micro-batch in both; its running statistics stay in the stages
