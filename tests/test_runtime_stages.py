@@ -322,3 +322,27 @@ def test_replicas_of_the_embedding_stage_push_their_own_rows(tmp_path: Path) -> 
         torch.testing.assert_close(mine, ref, rtol=1e-5, atol=1e-6)
     pulled = res.extra["runtime"]["pulled_bytes"]
     assert pulled["this_machine:0"] <= 3 * 26 * 20 * 4 * 4 and pulled["this_machine:1"] <= 3 * 26 * 12 * 4 * 4
+
+
+def test_a_placement_schedulers_plan_runs_through_the_cli(tmp_path: Path) -> None:
+    cfg = {
+        "name": "heterps", "seed": 0,
+        "cluster": {"devices": [{"type": "cpu-8c", "count": 2}, {"type": "t4", "count": 2}],
+                    "ps": {"shards": 1, "type": "cpu-16c"}, "network": {"bandwidth_gbps": 25, "latency_us": 50}},
+        "job": {"model": "ctr_dnn", "global_batch": 64, "iterations": 3, "sync": "bsp"},
+        "objective": {"minimize": "cost", "throughput_min": 20000},
+        "scheduler": {"name": "exact", "params": {"time_limit_s": 10}},
+        "runtime": {"model_kwargs": {"fields": 26, "rows": 1000, "dim": 4, "dense": 3, "hidden": [16, 8]}},
+    }
+    path = tmp_path / "heterps.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    out = tmp_path / "out"
+    proc = subprocess.run([*HETSIM, "run", str(path), "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    plan = json.loads((out / "plan.json").read_text())
+    summary = json.loads((out / "summary.json").read_text())
+    assert len(plan["stages"]) > 1 and summary["iterations"] == 3
+    assert [s["layers"] for s in summary["runtime"]["stages"]] == [s["layers"] for s in plan["stages"]]
+    # the embedding tables went to a CPU type, with the first stage
+    assert plan["stages"][0]["device_type"].startswith("cpu") and plan["stages"][0]["layers"][1] >= 26
