@@ -74,6 +74,7 @@ from experiments.runner import EVALUATORS
 from sim.config import Config, read_yaml
 from sim.dag_config import DagConfig, dag_config_from_dict, is_dag_config
 from sim.errors import ConfigError, HetsimError
+from sim.fileio import atomic_write, fsync_dir
 from sim.result import HEADLINE_KEYS
 
 __all__ = [
@@ -541,14 +542,6 @@ def _csv_line(cells: Sequence[str]) -> bytes:
     return buf.getvalue().encode()
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 class _Table:
     """results.csv, appended by the parent only.
 
@@ -580,13 +573,8 @@ class _Table:
         data = self.path.read_bytes()
         if not data or data.endswith(b"\n"):
             return False
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        with tmp.open("wb") as f:
-            f.write(data[: data.rfind(b"\n") + 1])
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
-        _fsync_dir(self.path.parent)
+        atomic_write(self.path, data[: data.rfind(b"\n") + 1])
+        fsync_dir(self.path.parent)
         return True
 
     def _write(self, line: bytes) -> None:

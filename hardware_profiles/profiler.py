@@ -44,6 +44,7 @@ import numpy as np
 
 from hardware_profiles.schema import DeviceProfile
 from sim.errors import ConfigError, HetsimError
+from sim.fileio import atomic_write
 
 __all__ = [
     "LayerTimer",
@@ -1157,11 +1158,7 @@ def write_profile(profile: DeviceProfile, out: str | os.PathLike[str]) -> Path:
     p = Path(out)
     data = profile.model_dump(by_alias=True, exclude_none=True, mode="json")
     lines = [f"  {json.dumps(k)}: {json.dumps(v, separators=(',', ':'))}" for k, v in data.items()]
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text("{\n" + ",\n".join(lines) + "\n}\n", encoding="utf-8")
-    tmp.replace(p)
-    return p
+    return atomic_write(p, "{\n" + ",\n".join(lines) + "\n}\n")
 
 
 def run_profile(device: str, out: str | os.PathLike[str], quick: bool = False,

@@ -36,7 +36,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 import pickle
 import re
 from dataclasses import dataclass
@@ -44,6 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sim.errors import ConfigError
+from sim.fileio import atomic_write, fsync_dir
 
 if TYPE_CHECKING:
     import torch
@@ -73,23 +73,6 @@ def coordinator_file(version: int) -> str:
     return f"coordinator.v{version}.pkl"
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def save_shard(folder: str, rank: int, version: int, flat: torch.Tensor, lr: float,
                busy_s: float) -> tuple[str, str]:
     """Write shard ``rank``'s slice at ``version``; returns (file name, sha256)."""
@@ -109,7 +92,7 @@ def save_coordinator(folder: str, version: int, state: dict[str, Any]) -> tuple[
 def _write(folder: str, name: str, data: bytes) -> tuple[str, str]:
     d = Path(folder)
     d.mkdir(parents=True, exist_ok=True)
-    _atomic_write(d / name, data)
+    atomic_write(d / name, data)
     return name, hashlib.sha256(data).hexdigest()
 
 
@@ -118,8 +101,8 @@ def write_manifest(folder: str, version: int, files: dict[str, str], fingerprint
     d = Path(folder)
     body = {"schema": SCHEMA, "version": version, "files": dict(sorted(files.items())),
             "fingerprint": fingerprint}
-    _atomic_write(d / MANIFEST, (json.dumps(body, indent=2) + "\n").encode())
-    _fsync_dir(d)  # the rename itself is durable before older files go
+    atomic_write(d / MANIFEST, (json.dumps(body, indent=2) + "\n").encode())
+    fsync_dir(d)  # the rename itself is durable before older files go
     for p in d.iterdir():
         m = _VERSIONED.match(p.name)
         if m and int(m.group(1)) < version:

@@ -55,6 +55,7 @@ from typing import Any
 
 import torch
 
+from sim.fileio import atomic_write
 from sim.robotics import reference as ref
 
 __all__ = [
@@ -822,12 +823,7 @@ def write_measurement(result: Mapping[str, Any], out: str | os.PathLike[str],
     if comparison is not None:
         data["model"] = {"profile": profile_name, "ratio": "measured_s / predicted_s",
                          "rows": list(comparison)}
-    p = Path(out)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
-    tmp.replace(p)
-    return p
+    return atomic_write(out, json.dumps(data, indent=1) + "\n")
 
 
 def run_profile(device: str = "cpu", out: str | os.PathLike[str] = DEFAULT_OUT,
