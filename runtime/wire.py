@@ -105,7 +105,12 @@ def recv(src: int) -> Message:
     """The next message from ``src`` (blocking; ranks that are not PS shards receive this way)."""
     h = torch.zeros(HEADER_LEN, dtype=torch.float64)
     dist.recv(h, src=src, tag=TAG_HEADER)
-    hd = h.tolist()
+    return _with_payload(src, h)
+
+
+def _with_payload(src: int, header: torch.Tensor) -> Message:
+    """The message whose header arrived from ``src``: receives its payload, if it has one."""
+    hd = header.tolist()
     n = int(hd[F_NBYTES])
     payload = None
     if n:
@@ -140,19 +145,13 @@ class Receiver:
                 work = dist.irecv(h, src=None, tag=TAG_HEADER)
                 assert work is not None
                 work.wait()
-                src = int(work._source_rank())
-                hd = h.tolist()
-                n = int(hd[F_NBYTES])
-                payload = None
-                if n:
-                    payload = torch.empty(n, dtype=torch.uint8)
-                    dist.recv(payload, src=src, tag=TAG_PAYLOAD)
+                msg = _with_payload(int(work._source_rank()), h)
             except BaseException as e:  # noqa: BLE001 - handed to the main loop
                 if "closed by peer" in str(e).lower() or "connection reset" in str(e).lower():
                     continue  # a peer died mid-message: its silence is detected by timeout
                 self.q.put(e)
                 return
-            self.q.put(Message(src, hd, payload))
+            self.q.put(msg)
 
     def get(self, timeout_s: float) -> Message | None:
         """The next message, or None after ``timeout_s`` of silence."""

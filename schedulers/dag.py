@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Protocol
 
@@ -358,10 +357,8 @@ class Milp:
             raise ValueError("objective must be 'energy' or 'makespan'")
         self.objective = objective
         self.time_limit_s = time_limit_s
-        self.seconds = 0.0
 
     def plan(self, problem: DagProblem) -> DagPlan:
-        t0 = time.perf_counter()
         cands: list[tuple[DagPlan, DagCosts]] = []
         for m in problem.allowed_modes:
             c = dag_costs(problem, m)
@@ -376,7 +373,6 @@ class Milp:
                 p = solve_milp(c, "makespan", self.time_limit_s, respect_period=False)
                 if p is not None:
                     cands.append((p, c))
-        self.seconds = time.perf_counter() - t0
         if self.objective == "makespan" or not any(p.feasible(c) for p, c in cands):
             best, _ = min(cands, key=lambda pc: (pc[0].makespan_s(pc[1]), pc[0].energy_j(pc[1])))
         else:

@@ -259,26 +259,33 @@ def test_no_process_left_after_a_failed_run(tmp_path: Path) -> None:
     assert descendants() == []
 
 
-@pytest.mark.skipif(psutil is None, reason="needs psutil to list the run's processes")
-def test_no_process_left_after_sigint(tmp_path: Path) -> None:
-    proc = subprocess.Popen([*HETSIM, "run", str(config(tmp_path)), "--iterations", "1000000",
-                             "--out", str(tmp_path / "out")], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+def assert_sigint_leaves_nothing(args: list[str], ranks: int, start_s: float = 60.0,
+                                 settle_s: float = 2.0) -> None:
+    """Start ``hetsim ARGS``, wait for ``ranks`` child processes and ``settle_s`` more (the
+    ranks are up and training), send Ctrl-C: exit 130 and no process left behind.
+    SIGINT is reset to its default in the child (background shells ignore it)."""
+    proc = subprocess.Popen([*HETSIM, *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     parent = psutil.Process(proc.pid)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + start_s
     kids: list[Any] = []
-    while time.monotonic() < deadline and len(kids) < 3:
+    while time.monotonic() < deadline and len(kids) < ranks:
         kids = parent.children(recursive=True)
         time.sleep(0.2)
-    time.sleep(2.0)  # the ranks are up and training
+    time.sleep(settle_s)
     kids = parent.children(recursive=True)
-    assert len(kids) >= 3
+    assert len(kids) >= ranks
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, err
     _, alive = psutil.wait_procs(kids, timeout=5)
     assert alive == []
+
+
+@pytest.mark.skipif(psutil is None, reason="needs psutil to list the run's processes")
+def test_no_process_left_after_sigint(tmp_path: Path) -> None:
+    assert_sigint_leaves_nothing(["run", str(config(tmp_path)), "--iterations", "1000000",
+                                  "--out", str(tmp_path / "out")], ranks=3)
 
 
 def test_bad_input_exits_2_with_one_line(tmp_path: Path) -> None:

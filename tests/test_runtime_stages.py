@@ -9,10 +9,8 @@ rank) on 127.0.0.1; each costs a few seconds, mostly process start-up.
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +22,7 @@ from runtime import checkpoint, entry, stages, task
 from runtime.launch import RuntimeFailure, run_local
 from sim import zoo
 from sim.errors import ConfigError
-from tests.test_runtime import descendants, psutil
+from tests.test_runtime import assert_sigint_leaves_nothing, descendants, psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 HETSIM = [sys.executable, "-m", "experiments.cli"]
@@ -211,23 +209,8 @@ def test_a_killed_stage_process_fails_the_run_and_leaves_nothing(tmp_path: Path)
 def test_no_process_left_after_sigint(tmp_path: Path) -> None:
     cfg, plan = setup(tmp_path, [((0, 2), [32]), ((2, 5), [32])], devices=2, iterations=1_000_000,
                       checkpoint_every=0)
-    proc = subprocess.Popen([*HETSIM, "run", str(plan), "--config", str(cfg), "--out", str(tmp_path / "out")],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    parent = psutil.Process(proc.pid)
-    deadline = time.monotonic() + 90
-    kids: list[Any] = []
-    while time.monotonic() < deadline and len(kids) < 4:
-        kids = parent.children(recursive=True)
-        time.sleep(0.2)
-    time.sleep(3.0)  # the ranks are up and training
-    kids = parent.children(recursive=True)
-    assert len(kids) >= 4
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=30)
-    assert proc.returncode == 130, err
-    _, alive = psutil.wait_procs(kids, timeout=5)
-    assert alive == []
+    assert_sigint_leaves_nothing(["run", str(plan), "--config", str(cfg), "--out", str(tmp_path / "out")],
+                                 ranks=4, start_s=90.0, settle_s=3.0)
 
 
 def test_unmappable_plans_exit_2_with_one_line(tmp_path: Path) -> None:
