@@ -446,7 +446,17 @@ def main(argv: list[str] | None = None) -> None:
         t0 = time.perf_counter()
         if args.refit:
             stored = args.out / f"{name}.json"
-            old = load(stored if stored.is_file() else args.out / "unusable" / f"{name}.json")
+            if not stored.is_file():
+                stored = args.out / "unusable" / f"{name}.json"
+            if not stored.is_file():
+                print(f"fit_convergence: {name}: no stored fit in {args.out} to refit; skipped")
+                continue
+            old = load(stored)
+            if "teacher_loss" not in old.meta:
+                # fits made before the floor was recorded (mlp.json): nothing to bound by
+                print(f"fit_convergence: {name}: {stored} records no teacher_loss (an older version "
+                      "of this script made it); not refitted")
+                continue
             curves, floor, meta = list(old.curves), float(old.meta["teacher_loss"]), dict(old.meta)
         else:
             total = args.samples or SAMPLES[name]

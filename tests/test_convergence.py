@@ -311,3 +311,17 @@ def test_looks_linear_init_makes_a_relu_chain_linear() -> None:
                    for m in net if isinstance(m, (nn.Conv2d, nn.Linear)))
     with pytest.raises(ValueError, match="even widths"):
         init_looks_linear(nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2)), torch.Generator())
+
+
+def test_refit_skips_fits_without_a_recorded_floor_and_missing_ones(tmp_path, capsys):
+    import shutil
+
+    from experiments import fit_convergence
+
+    shutil.copy(FITS_DIR / "mlp.json", tmp_path / "mlp.json")  # made before teacher_loss was recorded
+    before = (tmp_path / "mlp.json").read_bytes()
+    fit_convergence.main(["--refit", "--out", str(tmp_path), "--models", "mlp", "vgg16"])
+    out = capsys.readouterr().out
+    assert "mlp:" in out and "records no teacher_loss" in out and "not refitted" in out
+    assert "vgg16: no stored fit" in out
+    assert (tmp_path / "mlp.json").read_bytes() == before
