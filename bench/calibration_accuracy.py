@@ -12,6 +12,10 @@ the measured medians; the whole-iteration reference is the iteration timed
 without hooks. Targets (issue 3, this project's CPU machine): median
 |per-layer error| <= 15% and |whole-iteration error| <= 10% for every model.
 
+The noise floor printed below the table (:func:`noise_floor`): the standard
+error of each per-layer median (from the recorded IQR and repeat count) and
+how far layers of one signature in one run differ from each other.
+
 With ``--repeat`` a second profile of the same machine is compared with the
 first: the relative difference of every per-layer time and every whole
 iteration (repeatability), next to the spread each profile recorded.
@@ -70,6 +74,43 @@ def loo_rows(profile: Any) -> list[dict[str, Any]]:
     return rows
 
 
+def noise_floor(raw: dict[str, Any]) -> dict[str, Any]:
+    """How precisely the per-layer times are known, from one profile's ``raw``.
+
+    ``se_*``: the standard error of each layer pass's median over its repeats,
+    relative, estimated from the recorded relative IQR and repeat count as for
+    normal samples: ``1.2533 * (rel_iqr / 1.349) / sqrt(reps)``.
+    ``same_sig_*``: layers of one signature in one model run (repeated blocks):
+    each pass against the median of the others, ``|t / median(others) - 1|``;
+    what any model of the layer record alone cannot do better than.
+    """
+    se: list[float] = []
+    same: list[float] = []
+    for name, runs in raw.get("models", {}).items():
+        sig = {ly.name: ly.signature for ly in zoo.get(name).layers}
+        for run in runs:
+            n = float(run.get("reps", 0))
+            groups: dict[tuple[str, int], list[float]] = {}
+            for lname, vals in run["layers"].items():
+                if n > 0:
+                    se += [1.2533 * (float(v) / 1.349) / n**0.5 for v in vals[2:4]]
+                if lname in sig:
+                    for ph in (0, 1):
+                        groups.setdefault((sig[lname], ph), []).append(float(vals[ph]))
+            for ts in groups.values():
+                for i, t in enumerate(ts):
+                    others = ts[:i] + ts[i + 1:]
+                    m = float(np.median(others)) if others else 0.0
+                    if m > 0:
+                        same.append(abs(t / m - 1))
+
+    def q(xs: list[float], p: float) -> float | None:
+        return float(np.percentile(xs, p)) if xs else None
+
+    return {"layer_passes": len(se), "se_median": q(se, 50), "se_p90": q(se, 90),
+            "same_sig_passes": len(same), "same_sig_median": q(same, 50), "same_sig_p90": q(same, 90)}
+
+
 def repeatability(a: Any, b: Any) -> dict[str, Any]:
     """Relative differences between two profiles' per-layer times and iterations."""
     ra, rb = a.raw or {}, b.raw or {}
@@ -99,7 +140,8 @@ def repeatability(a: Any, b: Any) -> dict[str, Any]:
     }
 
 
-def print_report(rows: list[dict[str, Any]], rep: dict[str, Any] | None) -> bool:
+def print_report(rows: list[dict[str, Any]], rep: dict[str, Any] | None,
+                 noise: dict[str, Any] | None = None) -> bool:
     print("leave-one-model-out: fit on the other zoo models + single-layer benchmarks, "
           "predict the held-out model (no per-layer tables)")
     print(f"{'model':<12}{'batch':>6}{'passes':>7}{'med |layer err|':>17}{'p90':>8}"
@@ -116,6 +158,13 @@ def print_report(rows: list[dict[str, Any]], rep: dict[str, Any] | None) -> bool
           f"(glue: share of the hooked iteration outside the layers' own brackets, charged to "
           f"neighbouring layers; L/it: measured layer times summed over the iteration timed "
           f"without hooks)")
+    if noise is not None and noise["se_median"] is not None:
+        line = (f"noise floor: standard error of a layer pass's median {100 * noise['se_median']:.1f}% "
+                f"(p90 {100 * noise['se_p90']:.1f}%, from the recorded IQR and repeats)")
+        if noise["same_sig_median"] is not None:
+            line += (f"; layers of one signature in one run differ by {100 * noise['same_sig_median']:.1f}% "
+                     f"(p90 {100 * noise['same_sig_p90']:.1f}%, {noise['same_sig_passes']} passes)")
+        print(line)
     if rep is not None:
         print("repeatability (two profiles of this machine): per-layer |diff| median "
               f"{100 * rep['layer_median_abs_diff']:.1f}% (p90 {100 * rep['layer_p90_abs_diff']:.1f}%), "
@@ -135,10 +184,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     prof = load_profile_file(a.profile)
     rows = loo_rows(prof)
     rep = repeatability(prof, load_profile_file(a.repeat)) if a.repeat else None
+    noise = noise_floor(prof.raw or {})
     if a.json:
-        print(json.dumps({"loo": rows, "repeatability": rep}, indent=2))
+        print(json.dumps({"loo": rows, "noise_floor": noise, "repeatability": rep}, indent=2))
         return 0
-    ok = print_report(rows, rep)
+    ok = print_report(rows, rep, noise)
     return 0 if ok else 1
 
 

@@ -16,13 +16,20 @@ fits, per phase:
   from the passes with FLOPs: each gives ``eff = flops / (peak * (t - launch
   * kernels))``. The curve is over FLOPs per call, or for convolutions over
   FLOPs per call or intensity (FLOPs per byte), whichever predicts a model left
-  out of the curve's fit better. Passes whose bytes at ``mem_bw_Bps`` take at
+  out of the curve's fit better; the same choice for GEMMs (a GEMM with few
+  rows, e.g. a classifier at batch 1-4, runs far below the efficiency of one
+  of equal FLOPs and many rows, and its intensity says so). Passes whose bytes at ``mem_bw_Bps`` take at
   least half their time are memory-bound: they say little about the compute
   efficiency and fit the op class's bandwidth curve instead;
 * bandwidth efficiency curves over bytes per call, per op class and per layer
   kind (:func:`hardware_profiles.schema.mem_key`, 4 points or more), from the
   passes without FLOPs (activations, norms, pooling, embedding lookups and
-  their gradients): ``mem_eff = bytes / (mem_bw * (t - launch * kernels))``.
+  their gradients): ``mem_eff = bytes / (mem_bw * (t - launch * kernels -
+  c))``, where ``c`` is a fixed per-call overhead of the curve's passes
+  (``call_overhead_s``, ``call_overhead_bwd_s``; framework dispatch, which a
+  curve over bytes, clamped below its first knot, cannot represent), chosen
+  among fractions of the passes' 10th-percentile time as the one that predicts
+  a source left out of the curve's fit best (:func:`_bandwidth_fit`).
 
 A curve is piecewise linear in log10(size) (the schema's form) with knots
 every half decade over the data; its knot values minimise the squared error
@@ -41,7 +48,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -81,12 +88,16 @@ MAX_KNOTS = 9
 MIN_KIND_POINTS = 4
 #: A pass whose bytes at mem_bw_Bps take at least this share of its time is memory-bound.
 MEMORY_BOUND_SHARE = 0.5
-#: What a compute class's efficiency may be a function of. A GEMM's efficiency
-#: follows its size (small calls are overhead-bound; a low-intensity GEMM is
-#: priced by the bytes term); a convolution's algorithm follows its shape
-#: (Winograd for a 3x3, a GEMM for a 1x1 of equal FLOPs), which intensity
-#: tells apart: for conv, cross-validation across models picks the variable.
-CURVE_VARIABLES = {"conv": ("flops", "intensity")}
+#: What a compute class's efficiency may be a function of; cross-validation
+#: across models picks the variable (FLOPs of a call, or intensity). A
+#: convolution's algorithm follows its shape (Winograd for a 3x3, a GEMM for a
+#: 1x1 of equal FLOPs), which intensity tells apart; a GEMM of few rows (a
+#: classifier at batch 1-4) is a matrix-vector product, slower than its FLOPs
+#: say, and its intensity tells that too. Other classes: FLOPs only.
+CURVE_VARIABLES = {"conv": ("flops", "intensity"), "gemm": ("flops", "intensity")}
+#: Candidate fixed per-call overheads of a bandwidth curve's passes, fractions of
+#: the 10th percentile of their times (less launch overheads); see _bandwidth_fit.
+OVERHEAD_FRACTIONS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 #: Candidate launch overheads, multiples of the measured dispatch time.
 LAUNCH_MULTIPLES = (0.5, 1.0, 1.5, 2.0, 3.0)
 
@@ -259,6 +270,53 @@ class FitResult:
     mem_efficiency: dict[str, BandwidthCurve]
     mem_efficiency_bwd: dict[str, BandwidthCurve]
     points: tuple[Point, ...]
+    call_overhead: dict[str, float] = field(default_factory=dict)
+    call_overhead_bwd: dict[str, float] = field(default_factory=dict)
+
+
+def _bandwidth_fit(nbytes: np.ndarray, busy: np.ndarray, sources: np.ndarray, mem_bw: float,
+                   fractions: Sequence[float] | None = None
+                   ) -> tuple[float, BandwidthCurve | None]:
+    """A bandwidth curve and a fixed per-call overhead for passes without FLOPs.
+
+    ``busy``: each pass's time less its launch overheads. Candidate overheads
+    are ``fractions`` of the 10th percentile of ``busy``; the one chosen
+    predicts a source (model or single-layer benchmark) left out of the curve's
+    fit best: the median over sources of the median |relative time error|.
+    With fewer than three sources only 0 is tried (the curve alone, as before).
+
+    Returns:
+        (overhead seconds, curve over bytes of ``busy - overhead``; None when no
+        pass is left).
+    """
+    names = sorted(set(sources.tolist()))
+    base = float(np.percentile(busy, 10))
+    fr = OVERHEAD_FRACTIONS if fractions is None else fractions
+    cands = [f * base for f in fr] if len(names) >= 3 else [0.0]
+
+    def curve(c: float, keep: np.ndarray) -> BandwidthCurve | None:
+        ok = keep & (busy - c > 0)
+        if not ok.any():
+            return None
+        k, v = fit_curve(nbytes[ok], nbytes[ok] / (mem_bw * (busy[ok] - c)), bounds=MEM_EFF_RANGE)
+        return BandwidthCurve(bytes=k, eff=v)
+
+    best: tuple[float, float] | None = None
+    if len(cands) > 1:
+        for c in cands:
+            per = []
+            for n in names:
+                out = sources == n
+                cv = curve(c, ~out)
+                if cv is None:
+                    continue
+                pred = c + nbytes[out] / (mem_bw * np.array([cv.at(x) for x in nbytes[out]]))
+                per.append(float(np.median(np.abs(pred / busy[out] - 1))))
+            score = float(np.median(per)) if per else math.inf
+            if best is None or score < best[0] - 1e-12:
+                best = (score, c)
+    c = best[1] if best is not None else 0.0
+    return c, curve(c, np.ones(len(busy), bool))
 
 
 def _best_compute_curve(flops: list[float], intensity: list[float], effs: list[float],
@@ -294,9 +352,11 @@ def _best_compute_curve(flops: list[float], intensity: list[float], effs: list[f
     return curve(xs, np.ones(len(y), bool), by)
 
 
-def _fit_at(pts: Sequence[Point], peak: float, mem_bw: float, launch: float) -> FitResult:
+def _fit_at(pts: Sequence[Point], peak: float, mem_bw: float, launch: float,
+            fractions: Sequence[float] | None = None) -> FitResult:
     eff: dict[str, dict[str, EfficiencyCurve | IntensityCurve]] = {"fwd": {}, "bwd": {}}
     mem: dict[str, dict[str, BandwidthCurve]] = {"fwd": {}, "bwd": {}}
+    fixed: dict[str, dict[str, float]] = {"fwd": {}, "bwd": {}}
     groups: dict[tuple[str, str, bool], list[Point]] = {}
     for p in pts:
         groups.setdefault((p.op, p.phase, p.flops > 0), []).append(p)
@@ -327,7 +387,8 @@ def _fit_at(pts: Sequence[Point], peak: float, mem_bw: float, launch: float) -> 
                 ys.append(p.flops / (peak * busy))
             else:
                 xs.append(p.nbytes)
-                ys.append(p.nbytes / (mem_bw * busy))
+                ys.append(busy)
+                srcs.append(p.model)
         if compute and len(mx) >= MIN_KIND_POINTS and "/" not in op:
             k, v = fit_curve(mx, my, bounds=MEM_EFF_RANGE)
             mem[phase][op] = BandwidthCurve(bytes=k, eff=v)
@@ -337,9 +398,13 @@ def _fit_at(pts: Sequence[Point], peak: float, mem_bw: float, launch: float) -> 
             eff[phase][op] = _best_compute_curve(xs, ai, ys, srcs,
                                                  CURVE_VARIABLES.get(op.split("/")[0], ("flops",)))
         else:
-            k, v = fit_curve(xs, ys, bounds=MEM_EFF_RANGE)
-            mem[phase][op] = BandwidthCurve(bytes=k, eff=v)
-    return FitResult(launch, eff["fwd"], eff["bwd"], mem["fwd"], mem["bwd"], tuple(pts))
+            c, bc = _bandwidth_fit(np.asarray(xs), np.asarray(ys), np.asarray(srcs), mem_bw,
+                                   fractions)
+            if bc is not None:
+                mem[phase][op] = bc
+                fixed[phase][op] = c
+    return FitResult(launch, eff["fwd"], eff["bwd"], mem["fwd"], mem["bwd"], tuple(pts),
+                     fixed["fwd"], fixed["bwd"])
 
 
 def _with_fit(profile: DeviceProfile, f: FitResult, keep_tables: bool) -> DeviceProfile:
@@ -351,6 +416,8 @@ def _with_fit(profile: DeviceProfile, f: FitResult, keep_tables: bool) -> Device
         efficiency_bwd={op: c.model_dump() for op, c in f.efficiency_bwd.items()} or None,
         mem_efficiency={op: c.model_dump() for op, c in f.mem_efficiency.items()} or None,
         mem_efficiency_bwd={op: c.model_dump() for op, c in f.mem_efficiency_bwd.items()} or None,
+        call_overhead_s=f.call_overhead if any(f.call_overhead.values()) else None,
+        call_overhead_bwd_s=f.call_overhead_bwd if any(f.call_overhead_bwd.values()) else None,
     )
     if not keep_tables:
         data.pop("layers", None)
@@ -375,7 +442,9 @@ def _point_time(dev: DeviceProfile, p: Point) -> float:
         compute = p.flops / (dev.peak("fp32") * dev.eff(p.op, p.flops, p.phase, p.nbytes, ck))
     memory = p.nbytes / (dev.mem_bw_Bps * dev.mem_eff(
         p.op, p.nbytes, p.phase, kernels, "p" in flags, "r" in flags))
-    return dev.launch_overhead_s * p.kernels + max(compute, memory)
+    fixed = (dev.call_overhead(p.op, p.phase, kernels, "p" in flags, "r" in flags)
+             if p.flops == 0 else 0.0)
+    return fixed + dev.launch_overhead_s * p.kernels + max(compute, memory)
 
 
 def fit(profile: DeviceProfile, exclude: Sequence[str] = (), micro: bool = True

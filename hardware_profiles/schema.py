@@ -239,6 +239,12 @@ class DeviceProfile(_Strict):
     mem_efficiency_bwd: dict[str, Annotated[float, Field(gt=0, le=100)] | BandwidthCurve] | None = Field(
         default=None, description="fraction of mem_bw_Bps per op class, backward (missing: forward's)"
     )
+    call_overhead_s: dict[str, Annotated[float, Field(ge=0, le=1)]] | None = Field(
+        default=None, description="fixed seconds per call of a memory-bound layer kind, forward, "
+        "added to its time (missing: 0); keys as mem_efficiency's")
+    call_overhead_bwd_s: dict[str, Annotated[float, Field(ge=0, le=1)]] | None = Field(
+        default=None, description="fixed seconds per call of a memory-bound layer kind, backward "
+        "(missing: 0; no fallback to the forward's); keys as mem_efficiency's")
     dense_sparse_grad: bool = Field(
         default=False, description="the backward of a sparse (embedding) layer writes a dense "
         "gradient of its whole table (torch's nn.Embedding default): adds param_bytes to its bytes")
@@ -276,7 +282,7 @@ class DeviceProfile(_Strict):
             return None
         return q.pack_s_per_value if side == "pack" else q.unpack_s_per_value
 
-    @field_validator("mem_efficiency", "mem_efficiency_bwd")
+    @field_validator("mem_efficiency", "mem_efficiency_bwd", "call_overhead_s", "call_overhead_bwd_s")
     @classmethod
     def _mem_eff(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
         for k in v or {}:
@@ -358,3 +364,22 @@ class DeviceProfile(_Strict):
         if isinstance(e, BandwidthCurve):
             return e.at(nbytes)
         return float(e)
+
+    def call_overhead(self, op: str, phase: str = "fwd", kernels: int | None = None,
+                      has_params: bool = False, reduces: bool = False) -> float:
+        """Fixed seconds of one call of a layer, beyond ``launch_overhead_s`` per kernel.
+
+        From ``call_overhead_s`` (forward) or ``call_overhead_bwd_s`` (backward; no
+        fallback between the two): the entry of the layer's kind (:func:`mem_key`)
+        where present, else the op class's, else 0. ``hetsim calibrate`` fits one
+        per bandwidth curve it fits (the per-call cost of framework dispatch that a
+        curve over bytes cannot take on: it would flatten below its first knot).
+        """
+        table = self.call_overhead_bwd_s if phase == "bwd" else self.call_overhead_s
+        if not table:
+            return 0.0
+        keys = [op] if kernels is None else [mem_key(op, kernels, has_params, reduces), op]
+        for k in keys:
+            if k in table:
+                return float(table[k])
+        return 0.0

@@ -2,6 +2,8 @@
 
 time(layer, phase, b, d) = d.launch_overhead_s * kernels(layer, phase)
                          + max(flops / (peak[dtype] * eff(op, flops)), bytes / mem_bw)
+                         (+ d.call_overhead(...) for a layer without FLOPs; 0 unless
+                          the profile has call_overhead_s / call_overhead_bwd_s)
 
 unless the device's measured profile has a per-layer table for the layer's
 signature, which is then interpolated in batch size. A message of n bytes on
@@ -80,10 +82,11 @@ def layer_time_s(layer: Layer, phase: str, b: float, dev: DeviceProfile, dtype: 
         t = dev.layers[layer.signature]
         return _table_time(t.batch, t.fwd_s if phase == "fwd" else t.bwd_s, b)
     flops, kernels, nbytes = layer_work(layer, phase, b, dtype, input_bytes, dev.dense_sparse_grad)
-    mem_eff = dev.mem_eff(layer.op, nbytes, phase, layer.kernels, layer.param_bytes > 0,
-                          layer.activation_bytes < input_bytes)
-    return roofline_s(dev, layer.op, flops, nbytes, kernels, dtype, mem_eff, phase,
-                      compute_kind(layer, input_bytes))
+    has_params, reduces = layer.param_bytes > 0, layer.activation_bytes < input_bytes
+    mem_eff = dev.mem_eff(layer.op, nbytes, phase, layer.kernels, has_params, reduces)
+    fixed = dev.call_overhead(layer.op, phase, layer.kernels, has_params, reduces) if flops == 0 else 0.0
+    return fixed + roofline_s(dev, layer.op, flops, nbytes, kernels, dtype, mem_eff, phase,
+                              compute_kind(layer, input_bytes))
 
 
 def roofline_s(dev: DeviceProfile, op: str, flops: float, nbytes: float, kernels: int, dtype: str,

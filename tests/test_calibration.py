@@ -7,14 +7,22 @@ import math
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import psutil
 import pytest
 
 from experiments.cli import main
 from hardware_profiles import load_profile_file
 from hardware_profiles import profiler as P
-from hardware_profiles.calibrate import Point, _fit_at, _point_time, fit_curve
-from hardware_profiles.schema import BandwidthCurve, DeviceProfile, EfficiencyCurve
+from hardware_profiles.calibrate import (
+    Point,
+    _bandwidth_fit,
+    _fit_at,
+    _point_time,
+    _with_fit,
+    fit_curve,
+)
+from hardware_profiles.schema import BandwidthCurve, DeviceProfile, EfficiencyCurve, IntensityCurve
 from sim.costmodel import layer_time_s
 from sim.errors import HetsimError
 from sim.workload import Layer
@@ -163,6 +171,89 @@ def test_efficiency_of_a_compute_kind_falls_back_to_the_op_class() -> None:
     assert dev.eff("conv", 1e9, "bwd", kind="pointwise") == 0.25
     assert dev.eff("conv", 1e9, "bwd", kind="spatial") == 1.0  # forward table's kind entry
     assert dev.eff("conv", 1e9, "bwd") == 0.5
+
+
+def test_call_overhead_lookup_and_pricing() -> None:
+    # kind entry, else the op class's, else 0; the backward has its own table (no fallback)
+    dev = _base(mem_efficiency={"elementwise": 0.5},
+                call_overhead_s={"elementwise/k1": 3e-5, "elementwise": 1e-5},
+                call_overhead_bwd_s={"embedding": 2e-5})
+    assert dev.call_overhead("elementwise", "fwd", 1, False, False) == 3e-5
+    assert dev.call_overhead("elementwise", "fwd", 2, True, False) == 1e-5  # k2p: op class
+    assert dev.call_overhead("elementwise", "bwd", 1, False, False) == 0.0  # no bwd entry
+    assert dev.call_overhead("embedding", "bwd", 1, True, False) == 2e-5
+    assert dev.call_overhead("gemm", "fwd", 1, True, False) == 0.0
+    assert _base().call_overhead("elementwise", "fwd", 1) == 0.0
+    # a ReLU of 1e3 output bytes on 1e3 input bytes: 1 launch (1e-6) + 3e-5 + 2e3 B / (1e9 * 0.5)
+    relu = Layer("relu", "elementwise", 0.0, 0.0, 0.0, 1e3)
+    assert layer_time_s(relu, "fwd", 1, dev, "fp32", 1e3) == pytest.approx(1e-6 + 3e-5 + 4e-6)
+    # backward: 2 launches + no overhead + (1e3 + 2 * 1e3) B / 0.5e9
+    assert layer_time_s(relu, "bwd", 1, dev, "fp32", 1e3) == pytest.approx(2e-6 + 6e-6)
+    # a layer with FLOPs pays none, even under a matching key
+    dev2 = _base(call_overhead_s={"gemm": 1e-3})
+    fc = Layer("fc", "gemm", 1e6, 2e6, 1e3, 1e2)
+    assert layer_time_s(fc, "fwd", 2, dev2, "fp32", 10.0) == 1e-6 + max(2e6 / 1e9, (1e3 + 2 * 110) / 1e9)
+    with pytest.raises(ValueError, match="unknown key"):
+        _base(call_overhead_s={"relu": 1e-6})
+    with pytest.raises(ValueError):
+        _base(call_overhead_s={"elementwise": -1e-6})
+
+
+def test_bandwidth_fit_finds_the_per_call_overhead() -> None:
+    # t = 4e-6 + bytes / 1e9 (eff 1 at every size), three sources of different sizes.
+    # The busy times sorted start 5e-6, 5e-6 (the two 1e3-byte passes): the 10th
+    # percentile is 5e-6, so the candidates are 0, 0.4 and 0.8 of it: 0, 2e-6, 4e-6.
+    # Only 4e-6 makes the efficiency flat, which a left-out source's sizes then
+    # follow exactly: it is chosen, with a flat curve at 1.
+    sizes = {"a": [1e3, 1e5, 1e7], "b": [1e3, 1e6], "c": [1e4, 3e5, 3e6]}
+    nb = np.array([x for v in sizes.values() for x in v])
+    src = np.array([k for k, v in sizes.items() for _ in v])
+    busy = 4e-6 + nb / 1e9
+    c, curve = _bandwidth_fit(nb, busy, src, 1e9, fractions=(0.0, 0.4, 0.8))
+    assert c == pytest.approx(4e-6, rel=1e-9)
+    assert curve is not None
+    assert curve.eff == pytest.approx([1.0] * len(curve.eff), rel=1e-6)
+    # fewer than three sources: no overhead (the curve alone, as before)
+    keep = src != "c"
+    c2, curve2 = _bandwidth_fit(nb[keep], busy[keep], src[keep], 1e9, fractions=(0.0, 0.4, 0.8))
+    assert c2 == 0.0
+    assert curve2 is not None and curve2.at(1e7) == pytest.approx(1e7 / (1e9 * busy[2]), rel=1e-3)
+
+
+def test_fit_writes_call_overheads_that_price_the_points() -> None:
+    # ReLU passes of three sources timed as 1e-6 (launch) + 4e-6 + bytes / 1e9:
+    # the fit stores the kind's and the op class's overhead and reprices each pass.
+    truth = _base(launch_overhead_s=1e-6)
+    pts = []
+    for m, sizes in {"a": [1e3, 1e5, 1e7], "b": [1e3, 1e6], "c": [1e4, 3e5, 3e6]}.items():
+        for nb in sizes:
+            pts.append(Point("elementwise", "fwd", 0.0, nb, 1, 1e-6 + 4e-6 + nb / 1e9, m, "relu", 1,
+                             "elementwise/k1"))
+    f = _fit_at(pts, peak=1e9, mem_bw=1e9, launch=1e-6, fractions=(0.0, 0.4, 0.8))
+    assert f.call_overhead == pytest.approx({"elementwise": 4e-6, "elementwise/k1": 4e-6}, rel=1e-9)
+    assert f.call_overhead_bwd == {}
+    prof = _with_fit(truth, f, keep_tables=False)
+    assert prof.call_overhead_s == pytest.approx({"elementwise": 4e-6, "elementwise/k1": 4e-6})
+    assert prof.call_overhead_bwd_s is None
+    for p in pts:
+        assert _point_time(prof, p) == pytest.approx(p.t_s, rel=1e-6)
+
+
+def test_gemm_efficiency_may_follow_intensity() -> None:
+    # GEMMs of equal FLOPs (1e8) whose efficiency follows their intensity (few rows:
+    # FLOPs per byte 1 -> 0.4%, 10 -> 4%, 100 -> 40% of peak: a straight line in
+    # log-log, which the smoothing leaves alone), from three sources: a curve over
+    # FLOPs cannot tell them apart; the one over intensity is chosen and exact.
+    effs = {1.0: 0.004, 10.0: 0.04, 100.0: 0.4}
+    pts = []
+    for m, ais in {"a": [1.0, 10.0, 100.0], "b": [1.0, 100.0], "c": [10.0, 100.0]}.items():
+        for ai in ais:
+            pts.append(Point("gemm", "fwd", 1e8, 1e8 / ai, 1, 1e8 / (1e9 * effs[ai]), m, "fc", 1,
+                             "gemm/k1p"))
+    f = _fit_at(pts, peak=1e9, mem_bw=1e9, launch=0.0)
+    c = f.efficiency["gemm"]
+    assert isinstance(c, IntensityCurve)
+    assert [c.at(ai) for ai in effs] == pytest.approx(list(effs.values()), rel=1e-3)
 
 
 def test_layer_timer_charges_glue_so_layers_add_up() -> None:
