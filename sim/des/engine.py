@@ -92,16 +92,26 @@ def rare_gc() -> Iterator[None]:
     cycles (an online rebalance's plan objects). At Python's default threshold
     the cyclic collector runs every 700 allocations, and its older generations
     rescan the run's whole state, which grows with workers x chunks: 30-50% of
-    a run's time. Every 50,000 allocations still reclaims those cycles. Garbage
-    collection never changes what the simulation computes, only when memory is
-    freed. The threshold is process-wide, so it is restored however the run ends
-    (and a threshold of 0, collection switched off, is left alone).
+    a run's time. Every 50,000 allocations still reclaims those cycles. The
+    objects that exist when the run starts (the problem, its costs, whatever
+    the caller holds) are frozen (``gc.freeze``) for the run, so a full
+    collection during it scans only what the run allocated; they are unfrozen
+    after it (unless the caller had frozen objects itself: then nothing is
+    frozen or unfrozen here). Garbage collection never changes what the
+    simulation computes, only when memory is freed. The threshold is
+    process-wide, so it is restored however the run ends (and a threshold of 0,
+    collection switched off, is left alone).
     """
     old = gc.get_threshold()
+    freeze = gc.get_freeze_count() == 0
     gc.set_threshold(old[0] and max(old[0], GC_GEN0_DURING_RUN), *old[1:])
+    if freeze:
+        gc.freeze()
     try:
         yield
     finally:
+        if freeze:
+            gc.unfreeze()
         gc.set_threshold(*old)
 
 
