@@ -469,6 +469,8 @@ class DataParallelSim:
         ready = self.ready[w]
         slowed = w in self.slowed  # only these can have a compute interrupted by a slowdown
         hosted = self.proc[w] is not None
+        plain = not hosted and not slowed  # nothing can interrupt its compute: a plain timeout
+        timeout = env.timeout
         G, bsp, online, batch = self.G, self.sync == "bsp", self.online, self.batch
         adopt_at_pull = self.adopting and bsp  # BSP takes a new share with its first parameters
         it = 0
@@ -510,12 +512,12 @@ class DataParallelSim:
                     acct.advance(env._now)
                     acct.state = _COMPUTE
                     t0 = env._now
-                    if hosted:
+                    if plain:
+                        yield timeout(fwd[g])
+                    elif hosted:
                         yield from self._host_compute(w, fwd[g])
-                    elif slowed:
+                    else:
                         yield from self._compute(w, fwd[g])
-                    else:  # nothing can interrupt it: a plain timeout is cheaper
-                        yield env.timeout(fwd[g])
                     spent += env._now - t0
                     if tr is not None:
                         tr.span("workers", w, name, "fwd" if G == 1 else f"fwd g{g}", t0, env._now)
@@ -526,12 +528,12 @@ class DataParallelSim:
                             self._abstain(w, c)
                         continue
                     t0 = env._now
-                    if hosted:
+                    if plain:
+                        yield timeout(bwd[g])
+                    elif hosted:
                         yield from self._host_compute(w, bwd[g])
-                    elif slowed:
-                        yield from self._compute(w, bwd[g])
                     else:
-                        yield env.timeout(bwd[g])
+                        yield from self._compute(w, bwd[g])
                     spent += env._now - t0
                     if tr is not None:
                         tr.span("workers", w, name, "bwd" if self.G == 1 else f"bwd g{g}", t0, env._now)

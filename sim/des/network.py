@@ -16,9 +16,20 @@ two links always run at the same rate, so they are kept together in a pair
 group with one service counter: a flow finishes when its group's counter
 passes the value it had at the flow's start plus the flow's size. A change
 then costs O(pairs on the two links touched) instead of O(flows). Changes at
-one instant are batched by a zero-delay settle event; each group's next
-completion sits in one heap with lazy invalidation. tests/fluid_oracle.py
-keeps the per-flow version of the same model as a test oracle.
+one instant are batched by a zero-delay settle event, which re-rates (folds
+the service counter and computes the next completion time of) every pair on a
+link whose flow count changed and whose rate or earliest flow changed.
+
+Each group's next completion, keyed (time, seq), sits in one heap with lazy
+invalidation (a version number per pair). An entry need not be exact: a
+re-rating that makes a pair finish later (an arrival slows it) keeps its live
+entry, which is then a lower bound of the pair's key (earlier time, older
+seq), and only records the new key on the pair; the entry is replaced by the
+current key when it reaches the top of the heap. Only a re-rating that makes
+a pair finish earlier pushes a new entry. The pairs are popped in the order
+of their current keys all the same, so the results are those of an exact
+heap, with about half the pushes. tests/fluid_oracle.py keeps the per-flow
+version of the same model as a test oracle.
 """
 
 from __future__ import annotations
