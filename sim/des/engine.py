@@ -59,6 +59,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+import heapq
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -91,17 +92,47 @@ def rare_gc() -> Iterator[None]:
     cycles (an online rebalance's plan objects). At Python's default threshold
     the cyclic collector runs every 700 allocations, and its older generations
     rescan the run's whole state, which grows with workers x chunks: 30-50% of
-    a run's time. Every 50,000 allocations still reclaims those cycles. Garbage
-    collection never changes what the simulation computes, only when memory is
-    freed. The threshold is process-wide, so it is restored however the run ends
-    (and a threshold of 0, collection switched off, is left alone).
+    a run's time. Every 50,000 allocations still reclaims those cycles. The
+    objects that exist when the run starts (the problem, its costs, whatever
+    the caller holds) are frozen (``gc.freeze``) for the run, so a full
+    collection during it scans only what the run allocated; they are unfrozen
+    after it (unless the caller had frozen objects itself: then nothing is
+    frozen or unfrozen here). Garbage collection never changes what the
+    simulation computes, only when memory is freed. The threshold is
+    process-wide, so it is restored however the run ends (and a threshold of 0,
+    collection switched off, is left alone).
     """
     old = gc.get_threshold()
+    freeze = gc.get_freeze_count() == 0
     gc.set_threshold(old[0] and max(old[0], GC_GEN0_DURING_RUN), *old[1:])
+    if freeze:
+        gc.freeze()
     try:
         yield
     finally:
+        if freeze:
+            gc.unfreeze()
         gc.set_threshold(*old)
+
+
+def run_until(env: simpy.Environment, until: simpy.Event) -> None:
+    """``env.run(until=until)`` with SimPy's step inlined: the same events processed in
+    the same order, and the same stop (right after ``until`` is processed) and errors
+    (``RuntimeError`` when the queue runs dry first; a failed, undefused event raises
+    its exception), without a method call and a ``try`` per event.
+    """
+    queue, pop = env._queue, heapq.heappop
+    while until.callbacks is not None:  # not processed yet
+        if not queue:
+            raise RuntimeError(f'No scheduled events left but "until" event was not triggered: {until}')
+        env._now, _, _, event = pop(queue)
+        callbacks, event.callbacks = event.callbacks, None  # type: ignore[assignment]
+        for callback in callbacks:
+            callback(event)
+        if not event._ok and not hasattr(event, "_defused"):
+            exc = type(event._value)(*event._value.args)
+            exc.__cause__ = event._value
+            raise exc
 
 
 class _Acct:
@@ -266,12 +297,14 @@ class DataParallelSim:
             self.trace.span("ps", s, self.c.shards[s], label, t0, t1)
         return cb
 
+    # The hot paths below (a transfer and its delivery, the worker loop) read the
+    # clock as ``env._now``: the value of SimPy's ``now`` property without the call.
     def _pull(self, w: int, it: int, c: int, nbytes: float | None = None,
               ev: simpy.Event | None = None) -> None:
         """Send chunk c's parameters for iteration ``it`` from its shard to worker w
         (``nbytes`` and ``ev``: a top-up of missing sparse rows)."""
         env = self.env
-        t0 = env.now
+        t0 = env._now
         a = self.acct[w]
         a.advance(t0)
         a.inflight += 1
@@ -284,10 +317,10 @@ class DataParallelSim:
         done = ev
 
         def delivered() -> None:
-            a.advance(env.now)
+            a.advance(env._now)
             a.inflight -= 1
             if self.trace is not None:
-                self.trace.async_span("network", w, self.c.workers[w], self.pull_label[c], t0, env.now)
+                self.trace.async_span("network", w, self.c.workers[w], self.pull_label[c], t0, env._now)
             if done is not None:  # a top-up
                 done.succeed()
             elif (waiting := slot[c]) is None:  # no one waits yet: no event needed
@@ -299,7 +332,7 @@ class DataParallelSim:
 
     def _push(self, w: int, it: int, c: int) -> None:
         env = self.env
-        t0 = env.now
+        t0 = env._now
         a = self.acct[w]
         a.advance(t0)
         a.inflight += 1
@@ -307,10 +340,10 @@ class DataParallelSim:
         agg, apply_one, batch, bits = self.agg[w][c], self.apply_one[w][c], self.batch[w], self.wbits[w]
 
         def delivered() -> None:
-            a.advance(env.now)
+            a.advance(env._now)
             a.inflight -= 1
             if self.trace is not None:
-                self.trace.async_span("network", w, self.c.workers[w], self.push_label[c], t0, env.now)
+                self.trace.async_span("network", w, self.c.workers[w], self.push_label[c], t0, env._now)
             self._arrive(w, it, c, agg, apply_one, batch, bits)
 
         self.net.transfer(w, self.chunk_down[c], self.push_b[w][c], delivered)
@@ -436,6 +469,8 @@ class DataParallelSim:
         ready = self.ready[w]
         slowed = w in self.slowed  # only these can have a compute interrupted by a slowdown
         hosted = self.proc[w] is not None
+        plain = not hosted and not slowed  # nothing can interrupt its compute: a plain timeout
+        timeout = env.timeout
         G, bsp, online, batch = self.G, self.sync == "bsp", self.online, self.batch
         adopt_at_pull = self.adopting and bsp  # BSP takes a new share with its first parameters
         it = 0
@@ -448,7 +483,7 @@ class DataParallelSim:
                     while self.batch[w] == 0:  # idle until a rebalance gives it work
                         self.idle[w] = True
                         self._ssp_release()
-                        acct.advance(env.now)
+                        acct.advance(env._now)
                         acct.state = _BLOCKED
                         wake = self.wake[w] = env.event()
                         yield wake
@@ -463,7 +498,7 @@ class DataParallelSim:
                     for c in chunks:
                         if ready[c] is None:  # not arrived: wait for it
                             ev = ready[c] = env.event()
-                            acct.advance(env.now)
+                            acct.advance(env._now)
                             acct.state = _BLOCKED
                             yield ev
                         ready[c] = None
@@ -474,37 +509,37 @@ class DataParallelSim:
                         yield from self._top_up(w, it, chunks)
                     if batch[w] == 0:
                         continue
-                    acct.advance(env.now)
+                    acct.advance(env._now)
                     acct.state = _COMPUTE
-                    t0 = env.now
-                    if hosted:
+                    t0 = env._now
+                    if plain:
+                        yield timeout(fwd[g])
+                    elif hosted:
                         yield from self._host_compute(w, fwd[g])
-                    elif slowed:
+                    else:
                         yield from self._compute(w, fwd[g])
-                    else:  # nothing can interrupt it: a plain timeout is cheaper
-                        yield env.timeout(fwd[g])
-                    spent += env.now - t0
+                    spent += env._now - t0
                     if tr is not None:
-                        tr.span("workers", w, name, "fwd" if G == 1 else f"fwd g{g}", t0, env.now)
+                        tr.span("workers", w, name, "fwd" if G == 1 else f"fwd g{g}", t0, env._now)
                 idle = batch[w] == 0
                 for g in range(G - 1, -1, -1):
                     if idle:
                         for c in groups[g]:
                             self._abstain(w, c)
                         continue
-                    t0 = env.now
-                    if hosted:
+                    t0 = env._now
+                    if plain:
+                        yield timeout(bwd[g])
+                    elif hosted:
                         yield from self._host_compute(w, bwd[g])
-                    elif slowed:
-                        yield from self._compute(w, bwd[g])
                     else:
-                        yield env.timeout(bwd[g])
-                    spent += env.now - t0
+                        yield from self._compute(w, bwd[g])
+                    spent += env._now - t0
                     if tr is not None:
-                        tr.span("workers", w, name, "bwd" if self.G == 1 else f"bwd g{g}", t0, env.now)
+                        tr.span("workers", w, name, "bwd" if self.G == 1 else f"bwd g{g}", t0, env._now)
                     for c in groups[g]:
                         self._push(w, it, c)
-                acct.advance(env.now)
+                acct.advance(env._now)
                 acct.state = _BLOCKED
                 if not idle:
                     self.win_compute[w] += spent
@@ -519,11 +554,11 @@ class DataParallelSim:
                     self._ssp_release()
                 it += 1
         except simpy.Interrupt:  # the worker failed
-            acct.advance(env.now)
+            acct.advance(env._now)
             acct.state = _DONE
             return
         # Done computing; its last pushes and the others still run: blocked until the end.
-        acct.advance(env.now)
+        acct.advance(env._now)
         acct.state = _BLOCKED
 
     def _compute(self, w: int, work_s: float) -> Any:
@@ -723,7 +758,7 @@ class DataParallelSim:
                 env.process(self._free_memory(wi, d.at_s, d.free_memory_frac))
         try:
             with rare_gc():
-                env.run(until=self.finished)
+                run_until(env, self.finished)
         except RuntimeError:
             # The event queue ran dry before the job finished. Legitimate only
             # when every worker has died; anything else is a modelling bug.

@@ -16,9 +16,20 @@ two links always run at the same rate, so they are kept together in a pair
 group with one service counter: a flow finishes when its group's counter
 passes the value it had at the flow's start plus the flow's size. A change
 then costs O(pairs on the two links touched) instead of O(flows). Changes at
-one instant are batched by a zero-delay settle event; each group's next
-completion sits in one heap with lazy invalidation. tests/fluid_oracle.py
-keeps the per-flow version of the same model as a test oracle.
+one instant are batched by a zero-delay settle event, which re-rates (folds
+the service counter and computes the next completion time of) every pair on a
+link whose flow count changed and whose rate or earliest flow changed.
+
+Each group's next completion, keyed (time, seq), sits in one heap with lazy
+invalidation (a version number per pair). An entry need not be exact: a
+re-rating that makes a pair finish later (an arrival slows it) keeps its live
+entry, which is then a lower bound of the pair's key (earlier time, older
+seq), and only records the new key on the pair; the entry is replaced by the
+current key when it reaches the top of the heap. Only a re-rating that makes
+a pair finish earlier pushes a new entry. The pairs are popped in the order
+of their current keys all the same, so the results are those of an exact
+heap, with about half the pushes. tests/fluid_oracle.py keeps the per-flow
+version of the same model as a test oracle.
 """
 
 from __future__ import annotations
@@ -33,7 +44,7 @@ import simpy
 class _Pair:
     """Flows from one link to another: one rate, one service counter."""
 
-    __slots__ = ("src", "dst", "rate", "served", "t", "flows", "ver", "dirty")
+    __slots__ = ("src", "dst", "rate", "served", "t", "flows", "ver", "dirty", "due", "dseq", "ent")
 
     def __init__(self, src: int, dst: int, now: float) -> None:
         self.src = src
@@ -42,8 +53,13 @@ class _Pair:
         self.served = 0.0  # bytes each of its flows has received since the pair was created
         self.t = now
         self.flows: list[tuple[float, int, Callable[[], None]]] = []  # (served target, seq, cb)
-        self.ver = 0
+        self.ver = 0  # an entry of the completion heap is live while it carries this
         self.dirty = False
+        # (due, dseq): the key of its next completion, from its latest re-rating; ``ent``:
+        # the time of its live heap entry (inf: none), never later than ``due``
+        self.due = math.inf
+        self.dseq = 0
+        self.ent = math.inf
 
 
 class FluidShare:
@@ -74,7 +90,8 @@ class FluidShare:
         self._share = [math.inf] * n_resources
         # dicts, not sets: iteration order must not depend on object ids (same seed, same bytes)
         self._pairs_on: list[dict[_Pair, None]] = [{} for _ in range(n_resources)]
-        self._pairs: dict[tuple[int, int], _Pair] = {}
+        self._nres = n_resources
+        self._pairs: dict[int, _Pair] = {}  # by src * n_resources + dst
         self._heap: list[tuple[float, int, int, _Pair]] = []
         self._dirty: set[int] = set()
         self._settle_pending = False
@@ -88,10 +105,11 @@ class FluidShare:
 
     def _start(self, src: int, dst: int, amount: float, on_done: Callable[[], None]) -> tuple[_Pair, int]:
         """Start a flow of ``amount`` (> 0) from ``src`` to ``dst``; returns its handle."""
-        now = self.env.now
-        p = self._pairs.get((src, dst))
+        now = self.env._now  # the property's value, without the call
+        key = src * self._nres + dst
+        p = self._pairs.get(key)
         if p is None:
-            p = self._pairs[(src, dst)] = _Pair(src, dst, now)
+            p = self._pairs[key] = _Pair(src, dst, now)
             self._pairs_on[src][p] = None
             self._pairs_on[dst][p] = None
         elif p.rate > 0.0:
@@ -117,9 +135,9 @@ class FluidShare:
         p, seq = handle
         flows = p.flows
         i = next((k for k, f in enumerate(flows) if f[1] == seq), None)
-        if i is None or self._pairs.get((p.src, p.dst)) is not p:
+        if i is None or self._pairs.get(p.src * self._nres + p.dst) is not p:
             return
-        now = self.env.now
+        now = self.env._now  # the property's value, without the call
         if p.rate > 0.0:
             p.served += p.rate * (now - p.t)
         p.t = now
@@ -133,7 +151,7 @@ class FluidShare:
         p.dirty = True
         if not flows:
             p.ver += 1  # its heap entry is stale now
-            del self._pairs[(p.src, p.dst)]
+            del self._pairs[p.src * self._nres + p.dst]
             del self._pairs_on[p.src][p]
             del self._pairs_on[p.dst][p]
         if not self._settle_pending:
@@ -144,57 +162,78 @@ class FluidShare:
     def _settle(self, _ev: object = None) -> None:
         """Recompute the rates of pairs on links whose flow count changed."""
         self._settle_pending = False
-        now = self.env.now
+        now = self.env._now  # the property's value, without the call
         share, pairs_on = self._share, self._pairs_on
-        affected: dict[_Pair, None] = {}
         dirty = sorted(self._dirty)
         self._refresh(dirty)
-        for link in dirty:
-            affected.update(pairs_on[link])
         self._dirty.clear()
         heap, push = self._heap, heapq.heappush
         seq = self._seq
-        for p in affected:
-            r = share[p.src]
-            b = share[p.dst]
-            if b <= r:
-                r = b
-            old = p.rate
-            if r != old or p.dirty:
-                served = p.served
-                if old > 0.0:
-                    served += old * (now - p.t)
-                    p.served = served
-                p.t = now
-                p.rate = r
-                p.dirty = False
-                ver = p.ver + 1
-                p.ver = ver
-                seq += 1
-                left = p.flows[0][0] - served
-                push(heap, (now + (left if left > 0.0 else 0.0) / r, seq, ver, p))
+        # A pair on two dirty links is re-rated at its first visit; the second finds
+        # its rate current and leaves it (the same order as visiting each pair once).
+        for link in dirty:
+            for p in pairs_on[link]:
+                r = share[p.src]
+                b = share[p.dst]
+                if b <= r:
+                    r = b
+                old = p.rate
+                if r != old or p.dirty:
+                    served = p.served
+                    if old > 0.0:
+                        served += old * (now - p.t)
+                        p.served = served
+                    p.t = now
+                    p.rate = r
+                    p.dirty = False
+                    seq += 1
+                    left = p.flows[0][0] - served
+                    due = now + (left if left > 0.0 else 0.0) / r
+                    p.due = due
+                    p.dseq = seq
+                    # A live entry that is not later stays as a lower bound of the new
+                    # key (its seq is older too): it is corrected when it reaches the top.
+                    if due < p.ent:
+                        ver = p.ver + 1
+                        p.ver = ver
+                        p.ent = due
+                        push(heap, (due, seq, ver, p))
         self._seq = seq
-        # Each pair has at most one current entry (the one with its ``ver``); the
-        # rest are stale. Dropping them in bulk once they outnumber the pairs keeps
-        # the heap small; (time, seq) keys are unique, so the pop order is unchanged.
+        # Each pair has at most one live entry (the one with its ``ver``); the rest
+        # are stale. Dropping them in bulk once they outnumber the pairs keeps the
+        # heap small; (time, seq) keys are unique, so the pop order is unchanged.
         if len(heap) > 2 * len(self._pairs) + 64:
             heap[:] = [e for e in heap if e[2] == e[3].ver]
             heapq.heapify(heap)
         self._schedule_wake()
 
-    def _schedule_wake(self) -> None:
+    def _top(self) -> tuple[float, int, int, _Pair] | None:
+        """The heap's first entry once stale entries are dropped and a lower bound
+        at the top is replaced by its pair's current key (None: the heap is empty)."""
         heap = self._heap
-        while heap and heap[0][2] != heap[0][3].ver:
-            heapq.heappop(heap)
-        if heap and heap[0][0] < self._wake_at:
-            t = heap[0][0]
+        while heap:
+            e = heap[0]
+            p = e[3]
+            if e[2] != p.ver:
+                heapq.heappop(heap)
+            elif e[1] != p.dseq:
+                p.ent = p.due
+                heapq.heapreplace(heap, (p.due, p.dseq, e[2], p))
+            else:
+                return e
+        return None
+
+    def _schedule_wake(self) -> None:
+        e = self._top()
+        if e is not None and e[0] < self._wake_at:
+            t = e[0]
             self._wake_at = t
             self._wake_token += 1
             token = self._wake_token
             self.env.timeout(max(t - self.env.now, 0.0)).callbacks.append(lambda _e: self._wake(token))
 
     def _wake(self, token: int) -> None:
-        now = self.env.now
+        now = self.env._now  # the property's value, without the call
         if token == self._wake_token:  # the earliest pending wake: none is pending after it
             self._wake_at = math.inf
         heap = self._heap
@@ -202,13 +241,18 @@ class FluidShare:
         horizon = now + 1e-12 * max(now, 1e-9)
         due: list[_Pair] = []
         while heap and heap[0][0] <= horizon:
-            _, _, ver, p = heapq.heappop(heap)
+            _, seq, ver, p = heapq.heappop(heap)
             if ver == p.ver:
-                due.append(p)
+                if seq == p.dseq:
+                    due.append(p)
+                else:  # a lower bound: back with its current key
+                    p.ent = p.due
+                    heapq.heappush(heap, (p.due, p.dseq, ver, p))
         delivered: list[Callable[[], None]] = []
         n, dirty, pop = self._n, self._dirty, heapq.heappop
         for p in due:
             p.ver += 1  # its entry is consumed; settle pushes the next one
+            p.ent = math.inf
             p.served += p.rate * (now - p.t)
             p.t = now
             # The earliest flow is due by construction (its entry is current); others
@@ -229,7 +273,7 @@ class FluidShare:
             dirty.add(dst)
             p.dirty = True
             if not flows:
-                del self._pairs[(src, dst)]
+                del self._pairs[src * self._nres + dst]
                 del self._pairs_on[src][p]
                 del self._pairs_on[dst][p]
         # One latency timer for every message this wake delivers: the per-message timers
