@@ -236,6 +236,31 @@ def solve_milp(c: DagCosts, objective: str = "energy", time_limit_s: float = 10.
     is at most the period.
     """
     n, nu = len(c.tasks), len(c.units)
+    # Times in units of a bound on any schedule's makespan (so big-M = 1): HiGHS's
+    # absolute tolerances (1e-6) would otherwise be a large share of millisecond tasks.
+    horizon = float(sum(np.max(c.time_s[i][np.isfinite(c.time_s[i])]) for i in range(n)) + c.comm_s.sum())
+    horizon = horizon if horizon > 0 else 1.0
+    # HiGHS reports "Solve error" (status 4) on some small instances of this model
+    # (scipy 1.17): first with presolve, then on some without it too. The same model
+    # in a longer horizon unit (looser big-M) solves; up to three units are tried.
+    for slack, presolve in ((1.0, True), (1.0, False), (1.5, True), (1.5, False), (2.5, True)):
+        args, xi, s0 = _milp_model(c, objective, respect_period, horizon * slack)
+        res = milp(**args, options={"time_limit": time_limit_s, "mip_rel_gap": 1e-9, "presolve": presolve})
+        if res.status != 4:
+            break
+    if res.x is None:
+        return None
+    x = res.x
+    unit = [max(range(nu), key=lambda u: x[xi[i, u]] if (i, u) in xi else -1.0) for i in range(n)]
+    plan = _compact(c, unit, [float(x[s0 + i]) for i in range(n)])
+    return DagPlan(c.mode, plan.unit, plan.start_s, "milp", proven=bool(res.status == 0))
+
+
+def _milp_model(c: DagCosts, objective: str, respect_period: bool, horizon: float
+                ) -> tuple[dict[str, Any], dict[tuple[int, int], int], int]:
+    """scipy.optimize.milp's arguments for :func:`solve_milp`'s model with times in
+    ``horizon`` units, the index of x[i,u] and the index of s[0]."""
+    n, nu = len(c.tasks), len(c.units)
     runnable = [(i, u) for i in range(n) for u in range(nu) if math.isfinite(c.time_s[i, u])]
     xi = {iu: k for k, iu in enumerate(runnable)}
     nx = len(runnable)
@@ -246,10 +271,6 @@ def solve_milp(c: DagCosts, objective: str = "energy", time_limit_s: float = 10.
     q0 = z0 + len(c.edges)
     y0 = q0 + len(pairs)
     nv = y0 + len(pairs)
-    # Times in units of a bound on any schedule's makespan (so big-M = 1): HiGHS's
-    # absolute tolerances (1e-6) would otherwise be a large share of millisecond tasks.
-    horizon = float(sum(np.max(c.time_s[i][np.isfinite(c.time_s[i])]) for i in range(n)) + c.comm_s.sum())
-    horizon = horizon if horizon > 0 else 1.0
     ts, cs = c.time_s / horizon, c.comm_s / horizon
     big = 1.0
     rows: list[dict[int, float]] = []
@@ -310,17 +331,7 @@ def solve_milp(c: DagCosts, objective: str = "energy", time_limit_s: float = 10.
     ub[cm] = cm_hi
     args = dict(c=obj, constraints=LinearConstraint(mat, lo, hi), integrality=integrality,
                 bounds=Bounds(np.zeros(nv), ub))
-    res = milp(**args, options={"time_limit": time_limit_s, "mip_rel_gap": 1e-9})
-    if res.status == 4:
-        # HiGHS's presolve fails ("Solve error") on some small instances of this model
-        # (scipy 1.17); the same model solves without it.
-        res = milp(**args, options={"time_limit": time_limit_s, "mip_rel_gap": 1e-9, "presolve": False})
-    if res.x is None:
-        return None
-    x = res.x
-    unit = [max(range(nu), key=lambda u: x[xi[i, u]] if (i, u) in xi else -1.0) for i in range(n)]
-    plan = _compact(c, unit, [float(x[s0 + i]) for i in range(n)])
-    return DagPlan(c.mode, plan.unit, plan.start_s, "milp", proven=bool(res.status == 0))
+    return args, xi, s0
 
 
 def _compact(c: DagCosts, unit: list[int], start: list[float]) -> DagPlan:
