@@ -30,7 +30,11 @@ What the simulator is given, so that it models what the runtime executes:
   measured by a 1-second probe just before the run (:func:`background_threads`); each worker
   is a process on it with ``runtime.workers[i].threads`` (default
   ``runtime.threads``) and ``affinity``, each PS shard one with
-  ``runtime.threads`` and no affinity (the runtime pins no shard). The report
+  ``runtime.threads`` and no affinity (the runtime pins no shard). Messages
+  between the ranks are loopback copies on these cores: the host's
+  ``copy_Bps`` is the point-to-point bandwidth the profile measured between two
+  local processes (``network.p2p_bw_Bps``; the lowest over the ranks'
+  profiles), so each end of a message costs its rank that much CPU. The report
   records what was assumed (``info["host"]``) and, per scheduler, the DES's
   prediction without the host (``diagnostics["sim_without_host"]``).
 
@@ -337,6 +341,11 @@ def with_host(problem: Problem, plan: Plan, opts: RuntimeOptions, host: Host) ->
         aff = tuple(o.affinity) if o is not None and o.affinity is not None else None
         placement.append((r.device, Placement(0, threads, aff)))
     placement += [(s, Placement(0, opts.threads, None)) for s in plan.ps_shards]
+    if host.copy_Bps <= 0:
+        ranks = [cl.device(d) for d in (*(r.device for r in plan.replicas), *plan.ps_shards)]
+        p2p = [n.p2p_bw_Bps for d in ranks if (n := d.type.network) is not None and n.p2p_bw_Bps]
+        if p2p:
+            host = dataclasses.replace(host, copy_Bps=float(min(p2p)))
     return dataclasses.replace(problem, cluster=dataclasses.replace(cl, hosts=(host,), placement=tuple(placement)))
 
 

@@ -298,7 +298,7 @@ def _bandwidth_fit(nbytes: np.ndarray, busy: np.ndarray, sources: np.ndarray, me
         ok = keep & (busy - c > 0)
         if not ok.any():
             return None
-        k, v = fit_curve(nbytes[ok], nbytes[ok] / (mem_bw * (busy[ok] - c)), bounds=MEM_EFF_RANGE)
+        k, v = fit_curve(nbytes[ok].tolist(), (nbytes[ok] / (mem_bw * (busy[ok] - c))).tolist(), bounds=MEM_EFF_RANGE)
         return BandwidthCurve(bytes=k, eff=v)
 
     best: tuple[float, float] | None = None

@@ -31,7 +31,10 @@ threads' fair share of the cores with all of them and the background load
 competing (``max(1, runnable threads / cores)`` without affinity). That is
 exact while all compute together (BSP workers of equal speed) and
 pessimistic where processes take turns (a shard working while the workers
-wait); the DES tracks who is runnable when.
+wait); the DES tracks who is runnable when. A host with ``copy_Bps`` (message
+copies cost CPU) caps each hosted process's link at what its copy threads get
+when the processes of the host all exchange at once and nothing else runs:
+one thread per message (a worker's S, a shard's N), each at its fair share.
 
 Adaptive quantization (``job.quantization: adaptive``): the policy is run over
 the modelled loss one global iteration at a time, each iteration taking the
@@ -284,17 +287,28 @@ def host_costs(problem: Problem, c: PlanCosts) -> PlanCosts:
     procs = [(k, pl) for k, dev in enumerate((*c.workers, *c.shards)) if (pl := cl.placed(dev)) is not None]
     if not procs:
         return c
-    stretch = np.ones(len(c.workers) + len(c.shards))
+    N, S = len(c.workers), len(c.shards)
+    stretch = np.ones(N + S)
+    bw = np.concatenate([c.worker_bw, c.shard_bw]).astype(float)
     for h, host in enumerate(cl.hosts):
         mine = [(k, pl) for k, pl in procs if pl.host == h]
         if mine:
             rates = thread_rates(host.cores, host.background_threads, [(pl.affinity, pl.threads) for _, pl in mine])
             for (k, _), r in zip(mine, rates):
                 stretch[k] = 1.0 / r
-    w, s = stretch[: len(c.workers)], stretch[len(c.workers):][c.chunk_shard]
+        if mine and host.copy_Bps > 0:
+            # message copies: every process's ends of one exchange at once, one copy thread
+            # per message (a worker talks to the S shards, a shard to the N workers), and
+            # nothing else runnable; a process's copies together cap its link
+            streams = [S if k < N else N for k, _ in mine]
+            rates = thread_rates(host.cores, host.background_threads,
+                                 [(pl.affinity, n) for (_, pl), n in zip(mine, streams)])
+            for (k, _), n, r in zip(mine, streams, rates):
+                bw[k] = min(bw[k], n * r * host.copy_Bps)
+    w, s = stretch[:N], stretch[N:][c.chunk_shard]
     return dataclasses.replace(c, fwd_s=c.fwd_s * w[:, None], bwd_s=c.bwd_s * w[:, None],
                                agg_s=c.agg_s * s[None, :], apply_s=c.apply_s * s,
-                               apply_one_s=c.apply_one_s * s[None, :])
+                               apply_one_s=c.apply_one_s * s[None, :], worker_bw=bw[:N], shard_bw=bw[N:])
 
 
 def _bsp_time_to_target(problem: Problem, ends: list[float], batch: int) -> float | None:

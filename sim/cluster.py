@@ -43,11 +43,16 @@ class Host:
         cores: cores the processes may run on (indices 0 .. cores - 1).
         background_threads: runnable threads of other jobs, always competing on
             every core (a load average; may be fractional).
+        copy_Bps: bytes per second one core moves into or out of a process for a
+            message (a loopback transfer is copies on the cores, not a NIC's DMA):
+            each end of a message costs its process ``bytes / copy_Bps`` seconds of
+            CPU on this host. 0: messages cost no CPU.
     """
 
     name: str
     cores: int
     background_threads: float = 0.0
+    copy_Bps: float = 0.0
 
 
 @dataclass(frozen=True)

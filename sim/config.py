@@ -83,6 +83,10 @@ class HostConfig(_Strict):
     cores: int = Field(ge=1, description="cores the processes may run on (indices 0 .. cores - 1)")
     background_threads: float = Field(
         0.0, ge=0, description="runnable threads of other jobs, always competing on every core")
+    copy_gbps: float | None = Field(
+        None, gt=0, description="Gbit/s one core copies into or out of a process for a message: "
+        "each end of a message then costs its process CPU time on this host (loopback transfers); "
+        "absent: messages cost no CPU")
 
 
 class NetworkConfig(_Strict):

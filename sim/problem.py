@@ -213,7 +213,8 @@ def _hosts(cl: ClusterConfig, devices: list[Device], shards: tuple[Device, ...],
         if h.name in index:
             raise ConfigError(source, f"cluster.hosts[{k}].name", f"host {h.name!r} is listed twice")
         index[h.name] = k
-    hosts = tuple(Host(h.name, h.cores, float(h.background_threads)) for h in cl.hosts)
+    hosts = tuple(Host(h.name, h.cores, float(h.background_threads),
+                       h.copy_gbps * 1e9 / 8 if h.copy_gbps is not None else 0.0) for h in cl.hosts)
 
     def place(e: Any, field: str) -> Placement | None:
         if e.host is None:

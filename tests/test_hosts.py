@@ -163,6 +163,43 @@ def test_asp_on_a_shared_core() -> None:
     assert r.iteration_times()[1:] == _approx([2.0] * 3)
 
 
+# ------------------------------------------------------------------ message copies
+# A host with copy_Bps = 1e3: each end of a message of 1e3 bytes (the parameters pulled,
+# the gradients pushed) costs its process 1 s of CPU on the host, as one more thread.
+def test_message_copies_of_a_lone_worker_take_its_core() -> None:
+    # pull: the worker's copy, 1 s alone on the core; fwd + bwd 1 s; push 1 s: 3 s
+    r = _run(_hosted(1, [Host("h", 1, 0.0, 1e3)], [Placement(0)], iterations=3))
+    assert _spans(r, 0)[:2] == [("fwd", _approx(1.0), _approx(1.1)), ("bwd", _approx(1.1), _approx(2.0))]
+    assert r.iteration_times() == _approx([3.0] * 3)
+
+
+def test_message_copies_share_the_core_with_the_shards() -> None:
+    # the shard on the same core copies too: two copy threads at half speed, 2 s a transfer
+    r = _run(_hosted(1, [Host("h", 1, 0.0, 1e3)], [Placement(0)], shard=Placement(0), iterations=3))
+    assert _spans(r, 0)[:2] == [("fwd", _approx(2.0), _approx(2.1)), ("bwd", _approx(2.1), _approx(3.0))]
+    assert r.iteration_times() == _approx([5.0] * 3)
+    # two workers and the shard on two cores: the shard copies to both at once, so four
+    # copy threads share two cores (2 s a transfer); the two computes get a core each
+    r = _run(_hosted(2, [Host("h", 2, 0.0, 1e3)], [Placement(0)] * 2, shard=Placement(0), iterations=2))
+    assert r.iteration_times() == _approx([5.0] * 2)
+
+
+def test_no_copy_rate_means_free_messages() -> None:
+    r = _run(_hosted(1, [Host("h", 1)], [Placement(0)], shard=Placement(0), iterations=2))
+    assert r.iteration_times() == _approx([1.0] * 2)  # the shard's work is ~1e-17 s
+
+
+# ------------------------------------------------------------------ analytic
+def test_analytic_caps_links_at_the_copy_threads_share() -> None:
+    # a lone worker: its copy thread gets the core, so 1 s per transfer as in the DES
+    prob = _hosted(1, [Host("h", 1, 0.0, 1e3)], [Placement(0)], iterations=3)
+    assert analytic.evaluate(prob, plan(prob, [10])).iteration_times() == _approx([3.0] * 3)
+    # two workers and the shard on two cores: transfers 2 s as in the DES; the compute is
+    # stretched by 3 runnable processes on 2 cores (1.5 s; the DES: 1 s, the shard idles)
+    prob = _hosted(2, [Host("h", 2, 0.0, 1e3)], [Placement(0)] * 2, shard=Placement(0), iterations=3)
+    assert analytic.evaluate(prob, plan(prob, [10, 10])).iteration_times() == _approx([5.5] * 3)
+
+
 # ------------------------------------------------------------------ analytic
 def test_analytic_stretches_every_process_runnable_at_once() -> None:
     prob = _hosted(2, [Host("h", 1)], [Placement(0), Placement(0)], iterations=3)
@@ -182,11 +219,11 @@ def _cfg(cluster: dict[str, object]) -> dict[str, object]:
 
 def test_config_places_devices_and_shards() -> None:
     cfg = config_from_dict(_cfg({
-        "hosts": [{"name": "box", "cores": 4, "background_threads": 0.5}],
+        "hosts": [{"name": "box", "cores": 4, "background_threads": 0.5, "copy_gbps": 8.0}],
         "devices": [{"type": "cpu-8c", "count": 2, "host": "box", "threads": 2, "affinity": [1, 3]}],
         "ps": {"type": "cpu-8c", "host": "box"}}), "c.yaml")
     cl = build_problem(cfg, REPO, "c.yaml").cluster
-    assert cl.hosts == (Host("box", 4, 0.5),)
+    assert cl.hosts == (Host("box", 4, 0.5, 1e9),)
     assert cl.placed("cpu-8c:0") == cl.placed("cpu-8c:1") == Placement(0, 2, (1, 3))
     assert cl.placed("ps:0") == Placement(0, 1, None)
     dumped = cfg.model_dump(mode="json")["cluster"]
@@ -213,6 +250,7 @@ def test_bad_host_config_is_one_line(cluster: dict[str, object], field: str, msg
     ({"devices": [{"type": "cpu-8c", "threads": 2}]}, "cluster.devices[0]"),
     ({"hosts": [{"name": "a", "cores": 0}]}, "cluster.hosts[0].cores"),
     ({"hosts": [{"name": "a", "cores": 1, "background_threads": -1}]}, "cluster.hosts[0].background_threads"),
+    ({"hosts": [{"name": "a", "cores": 1, "copy_gbps": 0}]}, "cluster.hosts[0].copy_gbps"),
 ])
 def test_bad_host_fields_are_refused(cluster: dict[str, object], field: str) -> None:
     with pytest.raises(ConfigError) as e:
@@ -267,3 +305,18 @@ def test_validate_places_every_rank_on_the_measured_host() -> None:
     assert cl.placed("ps:0") == Placement(0, 2, None)  # shards: runtime.threads, not pinned
     mine = dataclasses.replace(prob, cluster=dataclasses.replace(prob.cluster, hosts=(Host("own", 8),)))
     assert with_host(mine, plan(mine, [10, 10, 10]), opts, host) is mine  # the config's hosts win
+
+
+def test_validate_takes_the_copy_rate_from_the_measured_loopback() -> None:
+    from experiments.validate import with_host
+    from hardware_profiles.schema import NetworkMeasurement
+    from runtime.spec import parse_options
+
+    fast = CPU.model_copy(update={"network": NetworkMeasurement(p2p_bw_Bps=3e9)})
+    slow = CPU.model_copy(update={"name": "cpu-b", "network": NetworkMeasurement(p2p_bw_Bps=2e9)})
+    prob = problem([fast, slow], [PS], LAYER, 20)
+    opts = parse_options({"threads": 1}, "c")
+    cl = with_host(prob, plan(prob, [10, 10]), opts, Host("local", 2, 0.5)).cluster
+    assert cl.hosts == (Host("local", 2, 0.5, 2e9),)  # the lowest of the ranks' (ps: none)
+    cl = with_host(prob, plan(prob, [10, 10]), opts, Host("local", 2, 0.5, 7.0)).cluster
+    assert cl.hosts == (Host("local", 2, 0.5, 7.0),)  # a host that has one keeps it

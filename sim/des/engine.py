@@ -182,11 +182,25 @@ class DataParallelSim:
         placed = [cl.placed(d) for d in (*costs.workers, *costs.shards)]
         self.cpu: HostCPU | None = None
         self.proc: list[int | None] = [None] * (N + S)  # process id on self.cpu
+        # Message copies (a host with copy_Bps): each process moving bytes in or out runs
+        # one more thread, a process of its own on self.cpu (one thread, the same cores),
+        # for nbytes / copy_Bps seconds of CPU per message end (see _transfer).
+        self.copier: list[int | None] = [None] * (N + S)
+        self.copy_s_per_B: list[float] = [0.0] * (N + S)
         if any(pl is not None for pl in placed):
             ids = [i for i, pl in enumerate(placed) if pl is not None]
-            self.cpu = HostCPU(env, cl.hosts, [pl for pl in placed if pl is not None])
+            procs = [pl for pl in placed if pl is not None]
             for k, i in enumerate(ids):
                 self.proc[i] = k
+            for i in ids:
+                pl = placed[i]
+                assert pl is not None
+                rate = cl.hosts[pl.host].copy_Bps
+                if rate > 0:
+                    self.copier[i] = len(procs)
+                    self.copy_s_per_B[i] = 1.0 / rate
+                    procs.append(dataclasses.replace(pl, threads=1))
+            self.cpu = HostCPU(env, cl.hosts, procs)
         self.servers = [ShardServer(env, self._span_cb(s) if trace else None, self._shard_run(s)) for s in range(S)]
         # the host flow of each worker's compute in progress (cancelled if the worker fails)
         self.flow: list[Any] = [None] * N
@@ -328,7 +342,7 @@ class DataParallelSim:
             else:  # the worker asked first and waits on this event (never True: one pull per slot)
                 waiting.succeed()  # type: ignore[union-attr]
 
-        self.net.transfer(self.chunk_up[c], self.N + w, nbytes, delivered)
+        self._transfer(self.N + self.chunk_shard[c], w, self.chunk_up[c], self.N + w, nbytes, delivered)
 
     def _push(self, w: int, it: int, c: int) -> None:
         env = self.env
@@ -346,7 +360,36 @@ class DataParallelSim:
                 self.trace.async_span("network", w, self.c.workers[w], self.push_label[c], t0, env._now)
             self._arrive(w, it, c, agg, apply_one, batch, bits)
 
-        self.net.transfer(w, self.chunk_down[c], self.push_b[w][c], delivered)
+        self._transfer(w, self.N + self.chunk_shard[c], w, self.chunk_down[c], self.push_b[w][c], delivered)
+
+    def _transfer(self, src: int, dst: int, src_link: int, dst_link: int, nbytes: float,
+                  delivered: Callable[[], None]) -> None:
+        """A message from process ``src`` to ``dst`` (workers 0..N-1, shards N..):
+        over the network, and where an end sits on a host with ``copy_Bps``, also
+        ``nbytes / copy_Bps`` seconds of CPU on that host for the end's copy (the
+        sender's into the transport, the receiver's out of it), competing for its
+        cores like any compute. The three run side by side (as a message holds both
+        its links at once); ``delivered`` when all are done."""
+        copier = self.copier
+        a, b = copier[src], copier[dst]
+        if (a is None and b is None) or nbytes <= 0:
+            self.net.transfer(src_link, dst_link, nbytes, delivered)
+            return
+        cpu = self.cpu
+        assert cpu is not None
+        left = 1 + (a is not None) + (b is not None)
+
+        def one() -> None:
+            nonlocal left
+            left -= 1
+            if left == 0:
+                delivered()
+
+        self.net.transfer(src_link, dst_link, nbytes, one)
+        if a is not None:
+            cpu.compute(a, nbytes * self.copy_s_per_B[src], one)
+        if b is not None:
+            cpu.compute(b, nbytes * self.copy_s_per_B[dst], one)
 
     # --------------------------------------------------------------- shard side
     def _arrive(self, w: int, it: int, c: int, agg: float, apply_one: float, batch: int, bits: int) -> None:
