@@ -36,7 +36,8 @@ What the simulator is given, so that it models what the runtime executes:
   local processes (``network.p2p_bw_Bps``; the lowest over the ranks'
   profiles), so each end of a message costs its rank that much CPU. The report
   records what was assumed (``info["host"]``) and, per scheduler, the DES's
-  prediction without the host (``diagnostics["sim_without_host"]``).
+  prediction without the host (``diagnostics["sim_without_host"]``) and with
+  the host but messages that cost no CPU (``diagnostics["sim_without_copies"]``).
 
 Warm-up: every metric leaves out the first ``job.warmup_iterations``
 iterations on both sides (RunResult's iteration statistics already do; the
@@ -545,6 +546,12 @@ def validate(config: str | Path, scheduler_arg: str | None = None, iterations: i
         unhosted, _ = runner.schedule(loaded, problem, name)
         no_host = runner.evaluate(simulated_problem(problem, plan, opts), plan, "des", trace=False,
                                   scheduler=unhosted)
+        # and with the host but messages free of CPU (copy_Bps 0), as before copies were charged
+        cl = sim_problem.cluster
+        no_copy_problem = dataclasses.replace(sim_problem, cluster=dataclasses.replace(
+            cl, hosts=tuple(dataclasses.replace(h, copy_Bps=0.0) for h in cl.hosts)))
+        uncopied, _ = runner.schedule(loaded, problem, name)
+        no_copy = runner.evaluate(no_copy_problem, plan, "des", trace=False, scheduler=uncopied)
         shares = sorted({r.batch for r in plan.replicas})
         standalone = {b: standalone_compute_s(spec, b) for b in shares}
         if on_step:
@@ -569,6 +576,7 @@ def validate(config: str | Path, scheduler_arg: str | None = None, iterations: i
                 "sim_with_real_compute": {"iteration_time_mean_s": oracle.summary()["iteration_time_s"]["mean"],
                                           "compute_factors": factors},
                 "sim_without_host": {"iteration_time_mean_s": no_host.summary()["iteration_time_s"]["mean"]},
+                "sim_without_copies": {"iteration_time_mean_s": no_copy.summary()["iteration_time_s"]["mean"]},
                 "host": info["host"],
                 "shares": {r.device: r.batch for r in plan.replicas},
                 "loadavg_1min": [load_before, os.getloadavg()[0]], "real_wall_s": wall,
