@@ -38,6 +38,9 @@ from sim.result import RunResult
 
 LOOPBACK = "127.0.0.1"
 GRACE_S = 3.0
+#: glibc mallopt parameters (malloc.h) and the value :func:`keep_freed_memory` gives them
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+KEEP_BYTES = 1 << 30
 
 
 class RuntimeFailure(RuntimeError):
@@ -57,6 +60,7 @@ def run_rank(spec: RunSpec, rank: int, world: int, local_rank: int = 0) -> RunRe
 
     if world != spec.n_shards + spec.n_workers:
         raise RuntimeFailure(f"world size {world} != {spec.n_shards} PS shards + {spec.n_workers} workers")
+    keep_freed_memory()
     torch.set_num_threads(spec.threads)
     dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=spec.timeout_s))
@@ -79,6 +83,29 @@ def run_rank(spec: RunSpec, rank: int, world: int, local_rank: int = 0) -> RunRe
         return None
     finally:
         dist.destroy_process_group()
+
+
+def keep_freed_memory() -> bool:
+    """Make this process reuse the memory it frees instead of handing it back to the kernel
+    (glibc; returns False, changing nothing, elsewhere).
+
+    Every message and gradient allocates tensors as large as the model (receive buffers,
+    unpacked gradients, the weighted mean). By default glibc serves such blocks with a
+    fresh ``mmap`` (above its mmap threshold) or trims them off the heap when freed, so
+    the next one is faulted in page by page and zeroed by the kernel again: measured on
+    the 2-core validation machine, that first touch costs about as much CPU per byte as
+    the copy itself (resnet18, 2 workers: 0.347 s per iteration, 0.186 s with freed
+    memory kept; the mlp: 0.0365 s vs 0.0303 s). With the mmap and trim thresholds at
+    1 GiB, blocks below it come from the heap and stay there once freed, so a rank's
+    footprint settles at its peak and each buffer is reused warm, as the profile's
+    measurements (copies, pack/unpack) were taken.
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(M_MMAP_THRESHOLD, KEEP_BYTES)) and bool(mallopt(M_TRIM_THRESHOLD, KEEP_BYTES))
 
 
 def die_with_parent() -> None:
