@@ -373,7 +373,7 @@ def simulated_problem(problem: Problem, plan: Plan, opts: RuntimeOptions, host: 
         factor = (teacher + o.slowdown * student) / (teacher + student)
         extra.append(Dynamic(index[dev.id], 0.0, slowdown=factor))
     out = dataclasses.replace(problem, cluster=cluster,
-                              job=dataclasses.replace(job, model=with_teacher(model)),
+                              job=dataclasses.replace(job, model=with_teacher(model), pipeline_pulls=False),
                               dynamics=tuple(sorted((*problem.dynamics, *extra), key=lambda d: d.at_s)))
     return with_host(out, plan, opts, host) if host is not None else out
 

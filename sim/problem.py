@@ -35,6 +35,14 @@ class Job:
         sync: 'bsp' | 'asp' | 'ssp'.
         staleness: SSP bound.
         pipeline: layer-wise overlap of push/pull with compute.
+        pipeline_pulls: with ``pipeline``, whether pulls are layer-wise too (the
+            DES sends a chunk's parameters as soon as that chunk is applied and a
+            worker's forward of a layer group waits for its chunks only). False:
+            only pushes are; a worker's chunks are sent once all of them are
+            applied (BSP: the whole iteration; ASP/SSP: all of that worker's
+            push) and its forward starts when every one has arrived, as the
+            runtime does (``hetsim validate`` sets it). The DES only; the
+            analytic evaluator models full pipelining.
         quant_bits: gradient bits on the wire (32 = no quantization).
         failure_timeout_s: BSP failure-detection timeout.
         warmup_iterations: iterations excluded from throughput.
@@ -61,6 +69,7 @@ class Job:
     convergence: ConvergenceModel | None = None
     quant_adaptive: Adaptive | None = None
     quant_every: int = 1
+    pipeline_pulls: bool = True
 
 
 @dataclass(frozen=True)

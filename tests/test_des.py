@@ -16,6 +16,7 @@ below the compute time), push = 1.1e-3 s, aggregation = AGG_PASSES * 1e6 /
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 from collections import defaultdict
@@ -509,3 +510,33 @@ def test_des_with_tiny_messages_finishes() -> None:
     with time_limit(5):
         r = des.simulate(prob, plan(prob, [1]))
     assert r.elapsed_s == pytest.approx(5 * 0.0020000062, rel=1e-6)
+
+
+# ----------------------------------------------- pipelined pushes, whole pulls
+@pytest.mark.parametrize("sync", ["bsp", "asp"])
+def test_pipeline_pulls_whole_waits_for_every_chunk(sync: str) -> None:
+    """job.pipeline_pulls false (the runtime's way): pushes stay layer-wise, but a worker's
+    chunks leave the shard only once all are applied and its forward waits for all.
+
+    By hand: one worker (1e12 FLOP/s, NIC 1e9 B/s), batch 10, shard memory 1e20 B/s
+    (its work ~0), no latency, links not shared. Layer a: 1e8 B (a transfer of 0.1 s),
+    fwd 0.1 s, bwd 2.0 s; layer b: 1e9 B (1 s), fwd 0.1 s, bwd 0.1 s. Chunks: c0 = a, c1 = b.
+
+    Layer-wise pulls: c0 arrives at 0.1, c1 at 1.0; fwd a 0.1-0.2, fwd b 1.0-1.1, bwd b
+    1.1-1.2, push c1 1.2-2.2 (applied, pulled again 2.2-3.2), bwd a 1.2-3.2, push c0
+    3.2-3.3: iteration 0 ends at 3.3; c0 back at 3.4, fwd a 3.4-3.5, fwd b 3.5-3.6, bwd b
+    3.6-3.7, bwd a 3.7-5.7, push c0 5.7-5.8: 2.5 s per iteration from then on.
+
+    Whole pulls: fwd a waits for c1 too: fwd a 1.0-1.1, fwd b 1.1-1.2, bwd b 1.2-1.3,
+    bwd a 1.3-3.3, push c0 3.3-3.4 (iteration 0); both chunks leave at 3.4, c1 is back at
+    4.4, and every iteration is 3.4 s.
+    """
+    w = profile("w")
+    ps = profile("ps", kind="cpu", mem_bw=1e20)
+    mdl = model(dense("a", 1e8, fwd_flops=1e10, bwd_flops=2e11), dense("b", 1e9, fwd_flops=1e10, bwd_flops=1e10))
+    prob = problem([w], [ps], mdl, 10, sync=sync, pipeline=True, iterations=3)
+    layerwise = des.simulate(prob, plan(prob, [10]))
+    whole = des.simulate(dataclasses.replace(prob, job=dataclasses.replace(prob.job, pipeline_pulls=False)),
+                         plan(prob, [10]))
+    assert layerwise.iteration_times() == pytest.approx([3.3, 2.5, 2.5], rel=1e-9)
+    assert whole.iteration_times() == pytest.approx([3.4, 3.4, 3.4], rel=1e-9)

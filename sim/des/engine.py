@@ -216,6 +216,10 @@ class DataParallelSim:
         self.apply_all = costs.apply_s.tolist()
         self.apply_one = costs.apply_one_s.tolist()
         self.chunk_shard = [int(s) for s in costs.chunk_shard]
+        # pushes layer-wise but pulls whole (job.pipeline_pulls false, the runtime's way): a
+        # worker's chunks leave the shards together once all are applied, and its forward
+        # waits for all of them
+        self.pull_whole = job.pipeline and not job.pipeline_pulls and C > 1
         self.batch = [int(b) for b in costs.batch]
         self.wbits = [job.quant_bits] * N  # gradient bits of the iteration each worker runs
         self.slow = [1.0] * N
@@ -431,6 +435,13 @@ class DataParallelSim:
                 self._credit(by_bits[bits], samples, 0.0, bits)
             self._end_iteration(samples)
         if it + 1 < self.n_iter:
+            if self.pull_whole:  # every chunk once the iteration's last one is applied
+                if n == self.C:
+                    for w in range(self.N):
+                        if self.alive[w]:
+                            for c_ in range(self.C):
+                                self._pull(w, it + 1, c_)
+                return
             for w in range(self.N):
                 if self.alive[w]:
                     self._pull(w, it + 1, c)
@@ -454,8 +465,13 @@ class DataParallelSim:
         else:
             self.worker_chunks_applied[key] = n
         if not self.finished.triggered and self.alive[w]:
-            self.pulled_version[w][c] = self.version[c]
-            self._pull(w, it + 1, c)
+            if not self.pull_whole:
+                self.pulled_version[w][c] = self.version[c]
+                self._pull(w, it + 1, c)
+            elif n == self.C:  # all of w's chunks applied: it pulls them all
+                for c_ in range(self.C):
+                    self.pulled_version[w][c_] = self.version[c_]
+                    self._pull(w, it + 1, c_)
 
     def _credit(self, samples: int, batch: int, staleness: float, bits: int) -> None:
         """``samples`` samples of an update of ``batch``, sent with ``bits``, were applied:
@@ -516,6 +532,7 @@ class DataParallelSim:
         timeout = env.timeout
         G, bsp, online, batch = self.G, self.sync == "bsp", self.online, self.batch
         adopt_at_pull = self.adopting and bsp  # BSP takes a new share with its first parameters
+        pull_whole, all_chunks = self.pull_whole, list(range(self.C))
         it = 0
         try:
             while it < self.n_iter or not bsp:
@@ -537,7 +554,8 @@ class DataParallelSim:
                     yield from self._ssp_gate(w, it)
                 spent = 0.0
                 for g in range(G):
-                    chunks = groups[g]
+                    # pulled whole: the first group waits for every chunk, the others for none
+                    chunks = groups[g] if not pull_whole else (all_chunks if g == 0 else [])
                     for c in chunks:
                         if ready[c] is None:  # not arrived: wait for it
                             ev = ready[c] = env.event()
