@@ -34,7 +34,10 @@ What the simulator is given, so that it models what the runtime executes:
   between the ranks are loopback copies on these cores: the host's
   ``copy_Bps`` is the point-to-point bandwidth the profile measured between two
   local processes (``network.p2p_bw_Bps``; the lowest over the ranks'
-  profiles), so each end of a message costs its rank that much CPU. The report
+  profiles), so each end of a message costs its rank that much CPU. Its
+  ``wake_s`` is the profile's ``network.wake_latency_s`` (the lowest over the
+  ranks' profiles; :func:`hardware_profiles.profiler.wake_bench`): a message
+  that arrives while every core is busy reaches its rank that much later. The report
   records what was assumed (``info["host"]``) and, per scheduler, the DES's
   prediction without the host (``diagnostics["sim_without_host"]``) and with
   the host but messages that cost no CPU (``diagnostics["sim_without_copies"]``).
@@ -347,6 +350,12 @@ def with_host(problem: Problem, plan: Plan, opts: RuntimeOptions, host: Host) ->
         p2p = [n.p2p_bw_Bps for d in ranks if (n := d.type.network) is not None and n.p2p_bw_Bps]
         if p2p:
             host = dataclasses.replace(host, copy_Bps=float(min(p2p)))
+    if host.wake_s <= 0:
+        ranks = [cl.device(d) for d in (*(r.device for r in plan.replicas), *plan.ps_shards)]
+        wake = [wl for d in ranks if (n := d.type.network) is not None
+                and (wl := getattr(n, "wake_latency_s", None)) is not None]
+        if wake:
+            host = dataclasses.replace(host, wake_s=float(min(wake)))
     return dataclasses.replace(problem, cluster=dataclasses.replace(cl, hosts=(host,), placement=tuple(placement)))
 
 

@@ -53,6 +53,7 @@ __all__ = [
     "check_writable",
     "describe_device",
     "network_bench",
+    "wake_bench",
     "run_profile",
     "setup_host",
     "spec_for",
@@ -797,6 +798,93 @@ def network_bench(device: str = "cpu", sizes: Sequence[int] = (8, 65_536), reps:
     }
 
 
+def _wake_hog(core: int, stop: Any) -> None:
+    """A busy process pinned to ``core``: a 256x256 GEMM loop on one thread until ``stop``."""
+    import torch
+
+    os.sched_setaffinity(0, {core})
+    torch.set_num_threads(1)
+    a = torch.randn(256, 256)
+    while not stop.is_set():
+        a @ a
+
+
+def _wake_rank(rank: int, port: int, rounds: int, core: int, results: Any) -> None:
+    """Rank 0 plays a PS shard (unpinned, ``runtime.wire.Receiver``), rank 1 a worker
+    pinned to ``core``: ``rounds`` round trips of a header-only PUSH and PARAMS."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    from runtime import wire
+
+    if rank == 1:
+        os.sched_setaffinity(0, {core})
+    torch.set_num_threads(1)
+    store = dist.TCPStore("127.0.0.1", port, 2, rank == 0, timeout=datetime.timedelta(seconds=60))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
+    if rank == 0:
+        rx = wire.Receiver()
+        for _ in range(rounds):
+            rx.get(60.0)
+            wire.send(1, wire.PARAMS, 0)
+    else:
+        out = []
+        for _ in range(rounds):
+            a = time.perf_counter()
+            wire.send(0, wire.PUSH, 0)
+            wire.recv(0)
+            out.append(time.perf_counter() - a)
+        results.put(out)
+    time.sleep(0.5)
+    os._exit(0)  # the receiver thread is blocked inside gloo
+
+
+def wake_bench(rounds: int = 1000, warmup: int = 20, timeout_s: float = 120.0) -> dict[str, Any]:
+    """The scheduler's wake-up latency as the runtime's messages meet it (CPU hosts).
+
+    Round trips of two header-only messages through ``runtime.wire`` (a worker-like
+    rank pinned to the first core this process may use sends PUSH and waits for
+    PARAMS; a shard-like rank, unpinned like the runtime's shards, receives with a
+    ``Receiver`` thread and answers), first on idle cores, then with one busy process
+    (a GEMM loop) pinned to every core. Each message wakes its receiver, so
+    ``wake_latency_s = (mean busy - mean idle) / 2``: what a message costs its
+    receiver when every core is taken (``cluster.hosts[].wake_us``; ``hetsim
+    validate`` uses it). Means, not medians: the DES adds it to every such message.
+    """
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
+    means = {}
+    for label, hogs in (("idle", 0), ("busy", len(cores))):
+        stop = ctx.Event()
+        results = ctx.Queue()
+        port = _free_port()
+        procs = [ctx.Process(target=_wake_hog, args=(c, stop), daemon=True) for c in cores[:hogs]]
+        procs += [ctx.Process(target=_wake_rank, args=(r, port, rounds + warmup, cores[0], results), daemon=True)
+                  for r in range(2)]
+        try:
+            for p in procs:
+                p.start()
+            try:
+                got = results.get(timeout=timeout_s)
+            except _queue.Empty:
+                raise HetsimError(f"wake-up benchmark: no result within {timeout_s:g} s") from None
+        finally:
+            stop.set()
+            for p in procs:
+                p.join(5)
+                if p.is_alive():
+                    p.kill()
+                    p.join(5)
+        means[label] = sum(got[warmup:]) / rounds
+    return {"wake_rtt_idle_s": _r(means["idle"]), "wake_rtt_busy_s": _r(means["busy"]),
+            "wake_busy_processes": len(cores), "wake_rounds": rounds,
+            "wake_latency_s": _r(max(0.0, (means["busy"] - means["idle"]) / 2))}
+
+
 # ----------------------------------------------------------------- the run
 def _device_name(dev: Any) -> str:
     import torch
@@ -1010,6 +1098,8 @@ def measure(device: str = "cpu", quick: bool = False, threads: int | None = None
         raw["models"] = zoo_raw
         if network:
             raw["network"] = network_bench(device, spec.net_bytes, spec.net_reps)
+            if dev.type == "cpu":
+                raw["network"].update(wake_bench())
             bar.step("network")
     finally:
         bar.close()

@@ -47,12 +47,16 @@ class Host:
             message (a loopback transfer is copies on the cores, not a NIC's DMA):
             each end of a message costs its process ``bytes / copy_Bps`` seconds of
             CPU on this host. 0: messages cost no CPU.
+        wake_s: seconds a process waits for a core after a message arrives for it
+            while every core of this host is busy (as many runnable threads as
+            cores or more): the OS scheduler's wake-up latency. 0: none.
     """
 
     name: str
     cores: int
     background_threads: float = 0.0
     copy_Bps: float = 0.0
+    wake_s: float = 0.0
 
 
 @dataclass(frozen=True)

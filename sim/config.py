@@ -87,6 +87,9 @@ class HostConfig(_Strict):
         None, gt=0, description="Gbit/s one core copies into or out of a process for a message: "
         "each end of a message then costs its process CPU time on this host (loopback transfers); "
         "absent: messages cost no CPU")
+    wake_us: float | None = Field(
+        None, ge=0, description="microseconds a process waits for a core after a message arrives "
+        "for it while every core of this host is busy (the scheduler's wake-up latency); absent: 0")
 
 
 class NetworkConfig(_Strict):

@@ -223,7 +223,8 @@ def _hosts(cl: ClusterConfig, devices: list[Device], shards: tuple[Device, ...],
             raise ConfigError(source, f"cluster.hosts[{k}].name", f"host {h.name!r} is listed twice")
         index[h.name] = k
     hosts = tuple(Host(h.name, h.cores, float(h.background_threads),
-                       h.copy_gbps * 1e9 / 8 if h.copy_gbps is not None else 0.0) for h in cl.hosts)
+                       h.copy_gbps * 1e9 / 8 if h.copy_gbps is not None else 0.0,
+                       h.wake_us * 1e-6 if h.wake_us is not None else 0.0) for h in cl.hosts)
 
     def place(e: Any, field: str) -> Placement | None:
         if e.host is None:

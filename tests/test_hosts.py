@@ -251,6 +251,7 @@ def test_bad_host_config_is_one_line(cluster: dict[str, object], field: str, msg
     ({"hosts": [{"name": "a", "cores": 0}]}, "cluster.hosts[0].cores"),
     ({"hosts": [{"name": "a", "cores": 1, "background_threads": -1}]}, "cluster.hosts[0].background_threads"),
     ({"hosts": [{"name": "a", "cores": 1, "copy_gbps": 0}]}, "cluster.hosts[0].copy_gbps"),
+    ({"hosts": [{"name": "a", "cores": 1, "wake_us": -1}]}, "cluster.hosts[0].wake_us"),
 ])
 def test_bad_host_fields_are_refused(cluster: dict[str, object], field: str) -> None:
     with pytest.raises(ConfigError) as e:
@@ -320,3 +321,32 @@ def test_validate_takes_the_copy_rate_from_the_measured_loopback() -> None:
     assert cl.hosts == (Host("local", 2, 0.5, 2e9),)  # the lowest of the ranks' (ps: none)
     cl = with_host(prob, plan(prob, [10, 10]), opts, Host("local", 2, 0.5, 7.0)).cluster
     assert cl.hosts == (Host("local", 2, 0.5, 7.0),)  # a host that has one keeps it
+
+
+# ------------------------------------------------------------ wake-up latency
+@pytest.mark.parametrize("shard_on_host", [False, True])
+def test_a_message_to_a_busy_host_waits_wake_s(shard_on_host: bool) -> None:
+    """One worker on a 1-core host with one background thread: its cores are always
+    busy, so it computes at half speed (fwd 0.2 s, bwd 1.8 s: 2 s) and every message to a
+    process on it arrives wake_s = 0.5 s late. Worker only: the pull arrives at 0.5,
+    compute 0.5-2.5, the push reaches the shard (on no host) at 2.5, the next pull
+    arrives at 3.0: 2.5 s per iteration. With the shard on the host too (1 thread, its
+    work ~1e-17 s), the push waits 0.5 s as well: 3 s."""
+    host = [Host("h", 1, background_threads=1.0, wake_s=0.5)]
+    r = _run(_hosted(1, host, [Placement(0)], shard=Placement(0) if shard_on_host else None, iterations=3))
+    assert _spans(r, 0)[:2] == [("fwd", _approx(0.5), _approx(0.7)), ("bwd", _approx(0.7), _approx(2.5))]
+    assert r.iteration_times() == _approx([3.0 if shard_on_host else 2.5] * 3)
+
+
+def test_a_message_to_an_idle_host_does_not_wait() -> None:
+    """Two cores, no background, one worker: when a message arrives the worker is waiting
+    and the shard is not computing, so no core is busy: wake_s costs nothing (1 s each)."""
+    host = [Host("h", 2, wake_s=0.5)]
+    r = _run(_hosted(1, host, [Placement(0)], shard=Placement(0), iterations=3))
+    assert r.iteration_times() == _approx([1.0] * 3)
+
+
+def test_wake_us_from_the_config() -> None:
+    cfg = config_from_dict(_cfg({"hosts": [{"name": "box", "cores": 2, "wake_us": 1500}],
+                                 "devices": [{"type": "cpu-8c", "count": 2, "host": "box"}]}), "c.yaml")
+    assert build_problem(cfg, REPO, "c.yaml").cluster.hosts == (Host("box", 2, 0.0, 0.0, 1.5e-3),)

@@ -186,6 +186,7 @@ class DataParallelSim:
         # one more thread, a process of its own on self.cpu (one thread, the same cores),
         # for nbytes / copy_Bps seconds of CPU per message end (see _transfer).
         self.copier: list[int | None] = [None] * (N + S)
+        self.wake_at: list[tuple[int, float] | None] = [None] * (N + S)
         self.copy_s_per_B: list[float] = [0.0] * (N + S)
         if any(pl is not None for pl in placed):
             ids = [i for i, pl in enumerate(placed) if pl is not None]
@@ -201,6 +202,12 @@ class DataParallelSim:
                     self.copy_s_per_B[i] = 1.0 / rate
                     procs.append(dataclasses.replace(pl, threads=1))
             self.cpu = HostCPU(env, cl.hosts, procs)
+            # a message's receiver on a host with wake_s: that host and its wake-up latency
+            for i in ids:
+                pl = placed[i]
+                assert pl is not None
+                if cl.hosts[pl.host].wake_s > 0:
+                    self.wake_at[i] = (pl.host, cl.hosts[pl.host].wake_s)
         self.servers = [ShardServer(env, self._span_cb(s) if trace else None, self._shard_run(s)) for s in range(S)]
         # the host flow of each worker's compute in progress (cancelled if the worker fails)
         self.flow: list[Any] = [None] * N
@@ -373,7 +380,19 @@ class DataParallelSim:
         ``nbytes / copy_Bps`` seconds of CPU on that host for the end's copy (the
         sender's into the transport, the receiver's out of it), competing for its
         cores like any compute. The three run side by side (as a message holds both
-        its links at once); ``delivered`` when all are done."""
+        its links at once); ``delivered`` when all are done. Where the receiver sits on a
+        host with ``wake_s`` whose cores are all busy at that moment, it gets the message
+        ``wake_s`` later (it waits for a core to be woken on)."""
+        if self.wake_at[dst] is not None:
+            host, wake_s = self.wake_at[dst]  # type: ignore[misc]
+            assert self.cpu is not None
+            busy, env, arrived = self.cpu.busy, self.env, delivered
+
+            def delivered() -> None:
+                if busy(host):
+                    env.timeout(wake_s).callbacks.append(lambda _ev: arrived())
+                else:
+                    arrived()
         copier = self.copier
         a, b = copier[src], copier[dst]
         if (a is None and b is None) or nbytes <= 0:

@@ -61,6 +61,14 @@ class HostCPU(FluidShare):
             return None
         return self._start(self.procs[proc].host, len(self.hosts) + proc, work_s, on_done)
 
+    def busy(self, host: int) -> bool:
+        """Whether every core of ``host`` is taken now: its background threads plus the
+        threads of its processes' running flows at least its cores."""
+        H, n = len(self.hosts), self._n
+        h = self.hosts[host]
+        runnable = h.background_threads + sum(n[H + i] * self.procs[i].threads for i in self._on_host[host])
+        return runnable >= h.cores
+
     def _refresh(self, resources: list[int]) -> None:
         H, n, share = len(self.hosts), self._n, self._share
         for h in resources:
