@@ -9,7 +9,8 @@ draws its samples from the teacher task with the runtime's generators, inside
 the timed iteration in both. Throughput = global batch x timed iterations /
 their wall time, the first ``--warmup`` iterations excluded (rank 0's clock:
 the PS commit in the runtime, the end of the optimizer step in DDP; BSP and
-all-reduce keep the ranks in lock step). Each repeat starts both afresh,
+all-reduce keep the ranks in lock step). Both run with freed memory kept
+(``runtime.launch.keep_freed_memory``). Each repeat starts both afresh,
 runtime and DDP alternating; the figure is the median over repeats. The ratio
 is runtime samples/s over DDP samples/s (1.0: no overhead).
 
@@ -32,7 +33,7 @@ from typing import Any
 import yaml
 
 from runtime import entry, task
-from runtime.launch import LOOPBACK, die_with_parent, free_port, reap, run_local
+from runtime.launch import LOOPBACK, die_with_parent, free_port, keep_freed_memory, reap, run_local
 
 # zoo sizes small enough for a few CPU cores; resnet18 keeps its full width at 32x32 input
 MODELS: dict[str, dict[str, Any]] = {
@@ -74,6 +75,7 @@ def _ddp_rank(rank: int, world: int, port: int, model: str, batch: int, iteratio
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
+    keep_freed_memory()  # as every runtime rank does: the same allocator on both sides
     torch.set_num_threads(threads)
     os.environ.update({"MASTER_ADDR": LOOPBACK, "MASTER_PORT": str(port)})
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=1800))
