@@ -208,6 +208,8 @@ class DataParallelSim:
                 assert pl is not None
                 if cl.hosts[pl.host].wake_s > 0:
                     self.wake_at[i] = (pl.host, cl.hosts[pl.host].wake_s)
+        # messages that cost host CPU or wake-up time (else the network alone carries them)
+        self.host_messages = any(x is not None for x in (*self.copier, *self.wake_at))
         self.servers = [ShardServer(env, self._span_cb(s) if trace else None, self._shard_run(s)) for s in range(S)]
         # the host flow of each worker's compute in progress (cancelled if the worker fails)
         self.flow: list[Any] = [None] * N
@@ -353,7 +355,10 @@ class DataParallelSim:
             else:  # the worker asked first and waits on this event (never True: one pull per slot)
                 waiting.succeed()  # type: ignore[union-attr]
 
-        self._transfer(self.N + self.chunk_shard[c], w, self.chunk_up[c], self.N + w, nbytes, delivered)
+        if self.host_messages:
+            self._transfer(self.N + self.chunk_shard[c], w, self.chunk_up[c], self.N + w, nbytes, delivered)
+        else:
+            self.net.transfer(self.chunk_up[c], self.N + w, nbytes, delivered)
 
     def _push(self, w: int, it: int, c: int) -> None:
         env = self.env
@@ -371,7 +376,10 @@ class DataParallelSim:
                 self.trace.async_span("network", w, self.c.workers[w], self.push_label[c], t0, env._now)
             self._arrive(w, it, c, agg, apply_one, batch, bits)
 
-        self._transfer(w, self.N + self.chunk_shard[c], w, self.chunk_down[c], self.push_b[w][c], delivered)
+        if self.host_messages:
+            self._transfer(w, self.N + self.chunk_shard[c], w, self.chunk_down[c], self.push_b[w][c], delivered)
+        else:
+            self.net.transfer(w, self.chunk_down[c], self.push_b[w][c], delivered)
 
     def _transfer(self, src: int, dst: int, src_link: int, dst_link: int, nbytes: float,
                   delivered: Callable[[], None]) -> None:
