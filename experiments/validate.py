@@ -345,17 +345,15 @@ def with_host(problem: Problem, plan: Plan, opts: RuntimeOptions, host: Host) ->
         aff = tuple(o.affinity) if o is not None and o.affinity is not None else None
         placement.append((r.device, Placement(0, threads, aff)))
     placement += [(s, Placement(0, opts.threads, None)) for s in plan.ps_shards]
-    if host.copy_Bps <= 0:
-        ranks = [cl.device(d) for d in (*(r.device for r in plan.replicas), *plan.ps_shards)]
-        p2p = [n.p2p_bw_Bps for d in ranks if (n := d.type.network) is not None and n.p2p_bw_Bps]
-        if p2p:
-            host = dataclasses.replace(host, copy_Bps=float(min(p2p)))
-    if host.wake_s <= 0:
-        ranks = [cl.device(d) for d in (*(r.device for r in plan.replicas), *plan.ps_shards)]
-        wake = [wl for d in ranks if (n := d.type.network) is not None
-                and (wl := getattr(n, "wake_latency_s", None)) is not None]
-        if wake:
-            host = dataclasses.replace(host, wake_s=float(min(wake)))
+    # the ranks' measured network figures; each host field the lowest of them where unset
+    nets = [n for d in (*(r.device for r in plan.replicas), *plan.ps_shards)
+            if (n := cl.device(d).type.network) is not None]
+
+    def lowest(measured: str) -> float:
+        return float(min((v for n in nets if (v := getattr(n, measured, None))), default=0.0))
+
+    host = dataclasses.replace(host, copy_Bps=host.copy_Bps if host.copy_Bps > 0 else lowest("p2p_bw_Bps"),
+                               wake_s=host.wake_s if host.wake_s > 0 else lowest("wake_latency_s"))
     return dataclasses.replace(problem, cluster=dataclasses.replace(cl, hosts=(host,), placement=tuple(placement)))
 
 

@@ -243,9 +243,12 @@ def solve_milp(c: DagCosts, objective: str = "energy", time_limit_s: float = 10.
     # HiGHS reports "Solve error" (status 4) on some small instances of this model
     # (scipy 1.17): first with presolve, then on some without it too. The same model
     # in a longer horizon unit (looser big-M) solves; up to three units are tried.
-    for slack, presolve in ((1.0, True), (1.0, False), (1.5, True), (1.5, False), (2.5, True)):
+    for slack in (1.0, 1.5, 2.5):
         args, xi, s0 = _milp_model(c, objective, respect_period, horizon * slack)
-        res = milp(**args, options={"time_limit": time_limit_s, "mip_rel_gap": 1e-9, "presolve": presolve})
+        for presolve in (True, False):
+            res = milp(**args, options={"time_limit": time_limit_s, "mip_rel_gap": 1e-9, "presolve": presolve})
+            if res.status != 4:
+                break
         if res.status != 4:
             break
     if res.x is None:

@@ -103,25 +103,22 @@ def test_milp_makespan_equals_brute_force_on_small_graphs(seed: int) -> None:
     assert p.makespan_s(c) == pytest.approx(_brute_makespan(c))
 
 
-def test_milp_survives_the_highs_presolve_failure() -> None:
+@pytest.mark.parametrize(("times", "edges", "best"), [
     # HiGHS's presolve reports "Solve error" on this model (scipy 1.17); the retry without it
     # finds the optimum, 7 (enumeration agrees)
-    c = DagCosts.from_tables([[8, 4], [2, 8], [4, 3], [3, 5], [1, 2]], {(1, 2): 2.0})
+    ([[8, 4], [2, 8], [4, 3], [3, 5], [1, 2]], {(1, 2): 2.0}, 7.0),
+    # hypothesis's seed 2914 of the property above: "Solve error" with presolve and without
+    # it; the model in a longer horizon unit solves. Optimum 12: tasks 0-2 on unit 0
+    # (5 + 3 + 4), 3 and 4 on unit 1 (2 + 9; no transfer on one unit)
+    ([[5, 9], [3, 5], [4, 5], [6, 2], [7, 9]], {(3, 4): 2.0}, 12.0),
+])
+def test_milp_survives_highs_solve_errors(times: list[list[float]], edges: dict[tuple[int, int], float],
+                                          best: float) -> None:
+    c = DagCosts.from_tables(times, edges)
     p = solve_milp(c, "makespan", time_limit_s=30)
     assert p is not None and p.proven
     p.check(c)
-    assert p.makespan_s(c) == pytest.approx(7.0) == _brute_makespan(c)
-
-
-def test_milp_survives_a_solve_error_without_presolve_too() -> None:
-    # hypothesis's seed 2914 of the test above: HiGHS reports "Solve error" with presolve
-    # and without it (scipy 1.17); the model in a longer horizon unit solves. Optimum 12:
-    # tasks 0-2 on unit 0 (5 + 3 + 4), 3 and 4 on unit 1 (2 + 9; no transfer on one unit)
-    c = DagCosts.from_tables([[5, 9], [3, 5], [4, 5], [6, 2], [7, 9]], {(3, 4): 2.0})
-    p = solve_milp(c, "makespan", time_limit_s=30)
-    assert p is not None and p.proven
-    p.check(c)
-    assert p.makespan_s(c) == pytest.approx(12.0) == _brute_makespan(c)
+    assert p.makespan_s(c) == pytest.approx(best) == _brute_makespan(c)
 
 
 def _board_problem(seed: int, board: str, factor: float) -> DagProblem:
