@@ -336,7 +336,9 @@ class LayerTimer:
     the backward pass; on GPUs the marks are CUDA events on the stream.
     Work of no leaf call (glue such as ``torch.cat``, residual adds, the loss)
     is charged to a neighbouring layer (see :meth:`iteration`) so that the layer
-    times add up to the iteration, and reported as ``glue`` too.
+    times add up to the iteration, and reported as ``glue`` too. Each layer's own
+    brackets alone (forward: pre-hook to hook; backward: its own nodes, without
+    the glue nodes charged to it) are kept in :attr:`own` after each iteration.
     """
 
     def __init__(self, module: Any, dev: Any) -> None:
@@ -348,6 +350,9 @@ class LayerTimer:
         self.ranges: list[Any] = []
         self.fqns = {m: n for n, m in module.named_modules()}
         self.handles: list[Any] = []
+        #: after :meth:`iteration`: (forward, backward) seconds per layer inside the
+        #: layer's own brackets only (no glue charged to it)
+        self.own: tuple[dict[str, float], dict[str, float]] = ({}, {})
 
     # hooks ---------------------------------------------------------------
     def _claim(self, tensors: Sequence[Any], call: _Call) -> None:
@@ -438,6 +443,8 @@ class LayerTimer:
         names = self._names()
         fwd: dict[str, float] = {}
         bwd: dict[str, float] = {}
+        own_f: dict[str, float] = {}
+        own_b: dict[str, float] = {}
         own = 0.0  # time inside the layers' own brackets
         # Forward: a layer is charged from the end of the previous layer (the
         # iteration's start for the first) to its own end, so the framework work
@@ -446,7 +453,8 @@ class LayerTimer:
         prev, last = t0, None
         for c in self.calls:
             if c in names:
-                own += self.clock.seconds(c.t_in, c.t_out)
+                own_f[names[c]] = self.clock.seconds(c.t_in, c.t_out)
+                own += own_f[names[c]]
                 fwd[names[c]] = self.clock.seconds(prev, c.t_out)
                 prev, last = c.t_out, names[c]
         if last is not None:
@@ -460,6 +468,7 @@ class LayerTimer:
             sec = self.clock.seconds(m, e)
             if owner is not None and owner in names:
                 own += sec
+                own_b[names[owner]] = own_b.get(names[owner], 0.0) + sec
                 bwd[names[owner]] = bwd.get(names[owner], 0.0) + sec + pending
                 pending, last = 0.0, names[owner]
             else:
@@ -468,6 +477,8 @@ class LayerTimer:
             bwd[last] += pending
         for layer_name in names.values():
             bwd.setdefault(layer_name, 0.0)
+            own_b.setdefault(layer_name, 0.0)
+        self.own = (own_f, own_b)
         total = self.clock.seconds(t0, t_fwd) + self.clock.seconds(t_b0, t_end)
         del nodes, seen
         return fwd, bwd, max(0.0, total - own), total
@@ -518,7 +529,10 @@ def time_model_layers(module: Any, example: Any, dev: Any, spec: ProfileSpec
 
     Returns:
         ``{"layers": {name: [fwd_s, bwd_s, fwd_rel_iqr, bwd_rel_iqr]},
-        "iter_s", "iter_rel_iqr", "hooked_iter_s", "glue_s", "reps"}``.
+        "own": {name: [fwd_s, bwd_s]}, "iter_s", "iter_rel_iqr", "hooked_iter_s",
+        "glue_s", "reps"}``. ``layers`` holds the times charged to each layer
+        (its own brackets and the glue charged to it, adding up to the hooked
+        iteration); ``own`` the medians of its own brackets alone.
     """
     import torch
 
@@ -540,6 +554,8 @@ def time_model_layers(module: Any, example: Any, dev: Any, spec: ProfileSpec
     reps = _reps_for(plain(), spec)
     fw: dict[str, list[float]] = {}
     bw: dict[str, list[float]] = {}
+    ofw: dict[str, list[float]] = {}
+    obw: dict[str, list[float]] = {}
     unattr, hooked, whole = [], [], []
     with LayerTimer(module, dev) as lt:
         lt.iteration(args, kwargs)  # warm the hooks
@@ -549,6 +565,10 @@ def time_model_layers(module: Any, example: Any, dev: Any, spec: ProfileSpec
                 fw.setdefault(k, []).append(v)
             for k, v in b.items():
                 bw.setdefault(k, []).append(v)
+            for k, v in lt.own[0].items():
+                ofw.setdefault(k, []).append(v)
+            for k, v in lt.own[1].items():
+                obw.setdefault(k, []).append(v)
             unattr.append(u)
             hooked.append(tot)
             whole.append(plain())  # interleaved, so slow phases of a noisy host hit both
@@ -557,8 +577,10 @@ def time_model_layers(module: Any, example: Any, dev: Any, spec: ProfileSpec
         fm, fi = _median_iqr(fw[k])
         bm, bi = _median_iqr(bw.get(k, [0.0]))
         layers[k] = [_r(fm), _r(bm), _r(fi), _r(bi)]
+    own = {k: [_r(float(np.median(ofw[k]))), _r(float(np.median(obw.get(k, [0.0]))))]
+           for k in fw if k in ofw}
     it, it_iqr = _median_iqr(whole)
-    return {"layers": layers, "iter_s": _r(it), "iter_rel_iqr": _r(it_iqr),
+    return {"layers": layers, "own": own, "iter_s": _r(it), "iter_rel_iqr": _r(it_iqr),
             "hooked_iter_s": _r(float(np.median(hooked))),
             "glue_s": _r(float(np.median(unattr))), "reps": reps}
 
@@ -1079,7 +1101,8 @@ def measure(device: str = "cpu", quick: bool = False, threads: int | None = None
             rows = []
             for bs in batches:
                 r = time_model_layers(module, make(bs), dev, spec)
-                rows.append({"batch": bs, "iter_s": r["iter_s"], "layers": r["layers"]})
+                rows.append({"batch": bs, "iter_s": r["iter_s"], "layers": r["layers"],
+                             "own": r["own"]})
             micro.append({"name": name, "model": model.to_dict(), "runs": rows})
             bar.step(f"layer {name}")
         raw["micro"] = micro

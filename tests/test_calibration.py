@@ -282,6 +282,12 @@ def test_layer_timer_charges_glue_so_layers_add_up() -> None:
     assert glue > 0
     charged = sum(fwd.values()) + sum(bwd.values())
     assert charged <= total + 1e-9 and charged >= 0.8 * total
+    # each layer's own brackets: inside what is charged to it; with the glue they make the total
+    own_f, own_b = lt.own
+    assert set(own_f) == set(own_b) == {"a", "b"}
+    for k in ("a", "b"):
+        assert 0 < own_f[k] <= fwd[k] + 1e-12 and 0 < own_b[k] <= bwd[k] + 1e-12
+    assert sum(own_f.values()) + sum(own_b.values()) + glue == pytest.approx(total, rel=1e-9)
 
 
 # ------------------------------------------------------------------ errors
