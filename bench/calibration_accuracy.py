@@ -49,14 +49,19 @@ def loo_rows(profile: Any) -> list[dict[str, Any]]:
         for run in runs:
             b = int(run["batch"])
             pf, pb = predict_layers(fitted, model, b)
+            # a layer's own time where the profile has it: the prediction without glue
+            # against the layer's own brackets; else both with the glue charged to it
+            own = run.get("own") or {}
+            of, ob = predict_layers(fitted, model, b, glue=False) if own else (pf, pb)
             errs = []
             measured_sum = 0.0
             for i, ly in enumerate(model.layers):
                 vals = run["layers"].get(ly.name)
                 if vals is None:
                     continue
-                for pred, meas in ((pf[i], vals[0]), (pb[i], vals[1])):
-                    measured_sum += meas
+                measured_sum += vals[0] + vals[1]
+                ref = own.get(ly.name, vals)
+                for pred, meas in ((of[i], ref[0]), (ob[i], ref[1])):
                     if meas > 0:
                         errs.append(abs(pred - meas) / meas)
             whole_pred = float(sum(pf) + sum(pb))
@@ -70,6 +75,7 @@ def loo_rows(profile: Any) -> list[dict[str, Any]]:
                 "glue_frac": float(run.get("glue_s", run.get("unattributed_s", 0.0)))
                 / float(run["hooked_iter_s"]),
                 "layers_over_iter": measured_sum / whole,
+                "layer_ref": "own" if own else "charged",
             })
     return rows
 
@@ -144,6 +150,11 @@ def print_report(rows: list[dict[str, Any]], rep: dict[str, Any] | None,
                  noise: dict[str, Any] | None = None) -> bool:
     print("leave-one-model-out: fit on the other zoo models + single-layer benchmarks, "
           "predict the held-out model (no per-layer tables)")
+    refs = {r.get("layer_ref", "charged") for r in rows}
+    print("per-layer reference: " + " and ".join(
+        {"own": "each layer's own brackets (prediction without the glue charged to it)",
+         "charged": "the time charged to each layer (its own brackets and glue)"}[x]
+        for x in sorted(refs, reverse=True)))
     print(f"{'model':<12}{'batch':>6}{'passes':>7}{'med |layer err|':>17}{'p90':>8}"
           f"{'iter pred s':>13}{'iter meas s':>13}{'iter err':>10}{'glue':>7}{'L/it':>7}  ok")
     ok_all = True

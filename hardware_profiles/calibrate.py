@@ -11,6 +11,17 @@ see :mod:`hardware_profiles.profiler`) as a point ``(op, phase, flops, bytes,
 kernels, t)`` with the work computed by :func:`sim.costmodel.layer_work`, and
 fits, per phase:
 
+* ``t`` is the layer's own time (its own brackets, a run's ``own``) where the
+  profile records it, else the time charged to it. The charged time adds the
+  glue around the layer (work of no layer: the measurement's and the
+  framework's per-call dispatch, residual adds, concatenations, gradient
+  accumulation, the loss on the last layer), which the layer record does not
+  describe and which differs between layers of one record (a ReLU after a
+  residual add against one after a BatchNorm). With own times the glue is
+  fitted apart, per layer pass: ``layer_glue_s`` (:func:`fit_glue`), which the
+  cost model adds to every layer it prices from the curves, so that an
+  iteration still comes out whole;
+
 * compute efficiency curves, per op class and per compute kind
   (``conv/spatial``, ``conv/pointwise``: :func:`sim.costmodel.compute_kind`),
   from the passes with FLOPs: each gives ``eff = flops / (peak * (t - launch
@@ -48,7 +59,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -61,7 +72,7 @@ from hardware_profiles.schema import (
     LayerTable,
     mem_key,
 )
-from sim.costmodel import compute_kind, layer_time_s, layer_work
+from sim.costmodel import compute_kind, glue_time_s, layer_time_s, layer_work
 from sim.workload import Model, model_from_dict
 
 __all__ = [
@@ -131,12 +142,15 @@ def _model_points(model: Model, source: str, runs: Iterable[dict[str, Any]], dty
     out = []
     for run in runs:
         b = int(run["batch"])
+        own = run.get("own") or {}
         for name, vals in run["layers"].items():
             i = index.get(name)
             if i is None:
                 continue
             ly = model.layers[i]
-            for phase, t in zip(PHASES, vals[:2], strict=True):
+            # a layer's own brackets where measured (no glue charged to it), else its charged time
+            times = own.get(name, vals)
+            for phase, t in zip(PHASES, times[:2], strict=True):
                 flops, kernels, nbytes = layer_work(ly, phase, b, dtype, model.input_bytes_of(i),
                                                     dense_sparse_grad)
                 if flops == 0 and nbytes == 0:
@@ -272,6 +286,7 @@ class FitResult:
     points: tuple[Point, ...]
     call_overhead: dict[str, float] = field(default_factory=dict)
     call_overhead_bwd: dict[str, float] = field(default_factory=dict)
+    glue: dict[str, tuple[float, float]] | None = None
 
 
 def _bandwidth_fit(nbytes: np.ndarray, busy: np.ndarray, sources: np.ndarray, mem_bw: float,
@@ -418,6 +433,7 @@ def _with_fit(profile: DeviceProfile, f: FitResult, keep_tables: bool) -> Device
         mem_efficiency_bwd={op: c.model_dump() for op, c in f.mem_efficiency_bwd.items()} or None,
         call_overhead_s=f.call_overhead if any(f.call_overhead.values()) else None,
         call_overhead_bwd_s=f.call_overhead_bwd if any(f.call_overhead_bwd.values()) else None,
+        layer_glue_s=f.glue,
     )
     if not keep_tables:
         data.pop("layers", None)
@@ -473,7 +489,85 @@ def fit(profile: DeviceProfile, exclude: Sequence[str] = (), micro: bool = True
         if best is None or err < best[0]:
             best = (err, prof, f)
     assert best is not None
-    return best[1], best[2]
+    glue = fit_glue(raw, exclude)
+    if glue is None:
+        return best[1], best[2]
+    f = replace(best[2], glue=glue)
+    return _with_fit(profile, f, keep_tables=False), f
+
+
+def _nonneg_lsq(A: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """min |A x - y| over x >= 0 for two or fewer columns: the unconstrained solution
+    when it is non-negative, else the best with some coefficients held at 0."""
+    k = A.shape[1]
+    best: tuple[float, np.ndarray] | None = None
+    for mask in range(1, 2**k):
+        cols = [j for j in range(k) if mask >> j & 1]
+        sol = np.linalg.lstsq(A[:, cols], y, rcond=None)[0]
+        if np.any(sol < 0):
+            continue
+        x = np.zeros(k)
+        x[cols] = sol
+        r = float(np.sum((A @ x - y) ** 2))
+        if best is None or r < best[0] - 1e-300:
+            best = (r, x)
+    return best[1] if best is not None else np.zeros(k)
+
+
+def glue_rows(raw: dict[str, Any], exclude: Sequence[str] = ()) -> dict[str, list[tuple[float, ...]]]:
+    """Per phase, one row per zoo-model run that has its layers' own times: (layers,
+    output bytes of those layers, glue seconds, iteration seconds). The glue is what the
+    profiler charged to the layers beyond their own brackets, summed over them."""
+    rows: dict[str, list[tuple[float, ...]]] = {ph: [] for ph in PHASES}
+    for name, runs in raw.get("models", {}).items():
+        if name in exclude:
+            continue
+        act = {ly.name: ly.activation_bytes for ly in _zoo_model(name).layers}
+        for run in runs:
+            own = run.get("own")
+            if not own:
+                continue
+            b = float(run["batch"])
+            n, out_bytes, g = 0, 0.0, [0.0, 0.0]
+            for lname, vals in run["layers"].items():
+                if lname not in act or lname not in own:
+                    continue
+                n += 1
+                out_bytes += b * act[lname]
+                for j in (0, 1):
+                    g[j] += float(vals[j]) - float(own[lname][j])
+            if n:
+                for j, ph in enumerate(PHASES):
+                    rows[ph].append((float(n), out_bytes, max(0.0, g[j]), float(run["iter_s"])))
+    return rows
+
+
+def fit_glue(raw: dict[str, Any], exclude: Sequence[str] = ()) -> dict[str, tuple[float, float]] | None:
+    """The glue per layer pass, ``a + c * output bytes`` per phase (``layer_glue_s``).
+
+    Fitted to the glue the profiler charged to the layers of the zoo models (not
+    ``exclude``) beyond their own brackets (:func:`glue_rows`): ``a, c >= 0`` minimise
+    the squared error of each run's glue relative to its iteration, ``sum ((n a + B c -
+    G) / iteration)^2`` over runs (``n`` layers, ``B`` output bytes, ``G`` glue), so
+    that the glue's share of each iteration is what is matched. None when no run has
+    its layers' own times (an older profile: its curves were fitted to the charged
+    times, glue included).
+    """
+    rows = glue_rows(raw, exclude)
+    if not any(rows.values()):
+        return None
+    out = {}
+    for ph, rs in rows.items():
+        if not rs:
+            out[ph] = (0.0, 0.0)
+            continue
+        r = np.asarray(rs, dtype=float)
+        A = r[:, :2] / r[:, 3:4]
+        scale = A.max(axis=0)
+        scale[scale <= 0] = 1.0
+        x = _nonneg_lsq(A / scale, r[:, 2] / r[:, 3]) / scale
+        out[ph] = (float(f"{x[0]:.4g}"), float(f"{x[1]:.4g}"))
+    return out
 
 
 # ------------------------------------------------------------ residual report
@@ -527,14 +621,16 @@ def format_residuals(rows: Sequence[dict[str, Any]]) -> str:
 
 
 # --------------------------------------------------------------- predictions
-def predict_layers(profile: DeviceProfile, model: Model, batch: int, dtype: str = "fp32"
-                   ) -> tuple[list[float], list[float]]:
-    """Cost-model forward and backward seconds of each layer of ``model``."""
-    fwd = [layer_time_s(ly, "fwd", batch, profile, dtype, model.input_bytes_of(i))
-           for i, ly in enumerate(model.layers)]
-    bwd = [layer_time_s(ly, "bwd", batch, profile, dtype, model.input_bytes_of(i))
-           for i, ly in enumerate(model.layers)]
-    return fwd, bwd
+def predict_layers(profile: DeviceProfile, model: Model, batch: int, dtype: str = "fp32",
+                   glue: bool = True) -> tuple[list[float], list[float]]:
+    """Cost-model forward and backward seconds of each layer of ``model``; with
+    ``glue=False`` without the glue charged to it (``layer_glue_s``): its own time."""
+    def one(ly: Any, phase: str, i: int) -> float:
+        t = layer_time_s(ly, phase, batch, profile, dtype, model.input_bytes_of(i))
+        return t if glue else t - glue_time_s(ly, phase, batch, profile, dtype)
+
+    return ([one(ly, "fwd", i) for i, ly in enumerate(model.layers)],
+            [one(ly, "bwd", i) for i, ly in enumerate(model.layers)])
 
 
 # ------------------------------------------------------ tables and spread

@@ -245,6 +245,13 @@ class DeviceProfile(_Strict):
     call_overhead_bwd_s: dict[str, Annotated[float, Field(ge=0, le=1)]] | None = Field(
         default=None, description="fixed seconds per call of a memory-bound layer kind, backward "
         "(missing: 0; no fallback to the forward's); keys as mem_efficiency's")
+    layer_glue_s: dict[Literal["fwd", "bwd"], tuple[Annotated[float, Field(ge=0, le=1)],
+                                                      Annotated[float, Field(ge=0, le=1)]]] | None = Field(
+        default=None, description="glue charged to each layer priced by the curves, per pass "
+        "('fwd', 'bwd'): [seconds per layer, seconds per byte of the layer's output]: the work of "
+        "no layer (module calls, residual adds, concatenations, gradient accumulation, the loss) "
+        "that falls between layers and that the curves, fitted to the layers' own times, leave "
+        "out (missing: none)")
     dense_sparse_grad: bool = Field(
         default=False, description="the backward of a sparse (embedding) layer writes a dense "
         "gradient of its whole table (torch's nn.Embedding default): adds param_bytes to its bytes")
@@ -364,6 +371,12 @@ class DeviceProfile(_Strict):
         if isinstance(e, BandwidthCurve):
             return e.at(nbytes)
         return float(e)
+
+    def glue(self, phase: str, out_bytes: float) -> float:
+        """Glue seconds charged to one ``phase`` pass of a layer whose output is ``out_bytes``:
+        ``a + c * out_bytes`` from ``layer_glue_s[phase] = [a, c]``; 0 when missing."""
+        g = (self.layer_glue_s or {}).get(phase)  # type: ignore[call-overload]
+        return 0.0 if g is None else float(g[0] + g[1] * out_bytes)
 
     def call_overhead(self, op: str, phase: str = "fwd", kernels: int | None = None,
                       has_params: bool = False, reduces: bool = False) -> float:

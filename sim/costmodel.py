@@ -4,6 +4,8 @@ time(layer, phase, b, d) = d.launch_overhead_s * kernels(layer, phase)
                          + max(flops / (peak[dtype] * eff(op, flops)), bytes / mem_bw)
                          (+ d.call_overhead(...) for a layer without FLOPs; 0 unless
                           the profile has call_overhead_s / call_overhead_bwd_s)
+                         (+ glue_time_s(...): work of no layer charged to it; 0 unless
+                          the profile has layer_glue_s)
 
 unless the device's measured profile has a per-layer table for the layer's
 signature, which is then interpolated in batch size. A message of n bytes on
@@ -85,8 +87,19 @@ def layer_time_s(layer: Layer, phase: str, b: float, dev: DeviceProfile, dtype: 
     has_params, reduces = layer.param_bytes > 0, layer.activation_bytes < input_bytes
     mem_eff = dev.mem_eff(layer.op, nbytes, phase, layer.kernels, has_params, reduces)
     fixed = dev.call_overhead(layer.op, phase, layer.kernels, has_params, reduces) if flops == 0 else 0.0
+    if dev.layer_glue_s:
+        fixed += glue_time_s(layer, phase, b, dev, dtype)
     return fixed + roofline_s(dev, layer.op, flops, nbytes, kernels, dtype, mem_eff, phase,
                               compute_kind(layer, input_bytes))
+
+
+def glue_time_s(layer: Layer, phase: str, b: float, dev: DeviceProfile, dtype: str) -> float:
+    """The part of :func:`layer_time_s` that is glue (work of no layer charged to this one,
+    :meth:`DeviceProfile.glue` of its output bytes): 0 without ``layer_glue_s``, for
+    ``b <= 0`` and for a layer priced by a measured table (which holds its glue already)."""
+    if not dev.layer_glue_s or b <= 0 or (dev.layers and layer.signature in dev.layers):
+        return 0.0
+    return dev.glue(phase, b * _ACT_SCALE.get(dtype, 1.0) * layer.activation_bytes)
 
 
 def roofline_s(dev: DeviceProfile, op: str, flops: float, nbytes: float, kernels: int, dtype: str,
