@@ -54,7 +54,9 @@ Per-worker times, per measured iteration (seconds), from each side's trace:
 * ``comm_s``: time during which the worker has a transfer of its own in
   flight, the union of its pull and push intervals (DES: its network spans;
   runtime: its ``pull`` and ``push`` spans and, pipelined, its sender
-  thread's spans). Waiting for others (the barrier) is in neither.
+  thread's spans, and with pipelined pulls its receiver thread's). Waiting
+  for others (the barrier) is in neither. With pipelined pulls the runtime's
+  ``compute`` span also holds forward's waits for parameters.
 
 ``time_to_target_s`` (configs with ``job.target_loss``): DES from the
 convergence model; runtime: the end of the first iteration at which the mean
@@ -174,12 +176,13 @@ def worker_intervals(trace: list[dict[str, Any]]) -> dict[str, dict[str, list[tu
     Both write the same tracks (:class:`sim.result.Trace`): ``workers`` (pid 0)
     with one thread per worker named by its device, ``network`` (pid 1) with
     the worker's messages (DES) or its sender thread ``DEVICE sender``
-    (runtime, pipelined).
+    (runtime, pipelined) and receiver thread ``DEVICE receiver`` (runtime,
+    ``runtime.pipeline_pulls``).
     """
     names: dict[tuple[int, int], str] = {}
     for e in trace:
         if e.get("ph") == "M" and e.get("name") == "thread_name":
-            names[(e["pid"], e["tid"])] = str(e["args"]["name"]).removesuffix(" sender")
+            names[(e["pid"], e["tid"])] = str(e["args"]["name"]).removesuffix(" sender").removesuffix(" receiver")
     out: dict[str, dict[str, list[tuple[float, float]]]] = {}
     per_thread: dict[tuple[int, int], list[tuple[float, float, str]]] = {}
     opened: dict[tuple[int, int, int], float] = {}
@@ -380,7 +383,8 @@ def simulated_problem(problem: Problem, plan: Plan, opts: RuntimeOptions, host: 
         factor = (teacher + o.slowdown * student) / (teacher + student)
         extra.append(Dynamic(index[dev.id], 0.0, slowdown=factor))
     out = dataclasses.replace(problem, cluster=cluster,
-                              job=dataclasses.replace(job, model=with_teacher(model), pipeline_pulls=False),
+                              job=dataclasses.replace(job, model=with_teacher(model),
+                                                      pipeline_pulls=opts.pipeline_pulls),
                               dynamics=tuple(sorted((*problem.dynamics, *extra), key=lambda d: d.at_s)))
     return with_host(out, plan, opts, host) if host is not None else out
 

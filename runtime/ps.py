@@ -42,6 +42,7 @@ from typing import Any
 import torch
 
 from runtime import checkpoint, quant, task, wire
+from runtime.pulls import ShardPulls
 from runtime.spec import RunSpec
 from sim.observation import Observation, WorkerStatus, accepted_shares, full_membership, rate_sps
 from sim.result import DeviceUsage, RunResult, Trace
@@ -117,6 +118,8 @@ class Shard:
                                    f"{self.flat.numel()} expected")
             self.flat.copy_(st["flat"])
             self.version, self.busy_s = int(st["version"]), float(st["busy_s"])
+        # runtime.pipeline_pulls: tensors applied and sent one by one (runtime.pulls)
+        self.pulls = ShardPulls(self) if spec.pipeline_pulls else None
 
     # ------------------------------------------------------------ common
     def numels_of(self, rank: int) -> list[int]:
@@ -241,7 +244,17 @@ class Shard:
                 # of that iteration may still be on its way: apply (and save) it first
                 stopping = True
             elif m.kind == wire.PULL:
-                self.on_pull(m)
+                if self.pulls is not None:
+                    self.pulls.on_pull(m)
+                else:
+                    self.on_pull(m)
+            elif self.pulls is not None and m.kind == wire.PUSH_PART:
+                self.pulls.on_part(m)
+            elif self.pulls is not None and m.kind == wire.PUSH_DONE:
+                self.pulls.on_done(m)
+            elif m.kind == wire.EXPECT:
+                assert self.pulls is not None
+                self.pulls.on_expect(m.iteration, [] if m.payload is None else m.payload.view(torch.int64).tolist())
             elif m.kind in (wire.PUSH, wire.PUSH_PART, wire.PUSH_DONE):
                 push = self.take_push(m)
                 if push is not None:
@@ -257,15 +270,19 @@ class Shard:
                 assert m.payload is not None
                 commits[m.iteration] = m.payload.view(torch.int64).tolist()
             # apply committed iterations whose members' pushes are all here, in order
-            while bsp and self.version in commits and all(
-                    r in self.grads[self.version] for r in commits[self.version]):
+            while bsp and self.version in commits and (
+                    self.pulls.complete(self.version, commits[self.version]) if self.pulls is not None
+                    else all(r in self.grads[self.version] for r in commits[self.version])):
                 members = commits.pop(self.version)
-                t0 = time.perf_counter()
-                got = self.grads.pop(self.version)
-                if sum(got[r][1] for r in members):
-                    self.apply(self.combine(got, members), 1.0)
+                if self.pulls is not None:
+                    self.pulls.commit(self.version, members)
+                else:
+                    t0 = time.perf_counter()
+                    got = self.grads.pop(self.version)
+                    if sum(got[r][1] for r in members):
+                        self.apply(self.combine(got, members), 1.0)
+                    self.busy_s += time.perf_counter() - t0
                 self.version += 1
-                self.busy_s += time.perf_counter() - t0
                 if self.checkpoint_due():
                     name, sha = self.save()
                     wire.send(0, wire.SAVED, self.version, payload=wire.json_payload({"file": name, "sha256": sha}))
@@ -383,7 +400,7 @@ class Coordinator(Shard):
             self.max_ahead = max(self.max_ahead, it - min(live))
         try:
             wire.send(self.ranks[w], wire.PARAMS, self.version, self.shares[w], int(stop), self.bits,
-                      payload=None if stop else self.params_payload(self.ranks[w]))
+                      payload=None if stop or self.pulls is not None else self.params_payload(self.ranks[w]))
         except RuntimeError as e:  # the connection is gone: the worker died
             self.fail(w, f"send failed: {str(e).splitlines()[0][:120]}")
 
@@ -454,6 +471,17 @@ class Coordinator(Shard):
                     self.spec.workers[w].device: self.shares[w] for w in range(self.W) if self.alive[w]})
 
     # ----------------------------------------------------------------- BSP
+    def expect(self) -> None:
+        """Pipelined pulls: tell every shard who is expected to push the current version
+        (the live workers with a share, after the rebalance that ended the last one)."""
+        if self.pulls is None or self.done:
+            return
+        ranks = [self.ranks[w] for w in range(self.W) if self.alive[w] and self.shares[w] > 0]
+        payload = torch.tensor(ranks, dtype=torch.int64).view(torch.uint8) if ranks else None
+        for k in range(1, self.S):
+            wire.send(k, wire.EXPECT, self.version, payload=payload)
+        self.pulls.on_expect(self.version, ranks)
+
     def maybe_commit(self) -> None:
         got = self.grads.get(self.version, {})
         expected = [self.ranks[w] for w in range(self.W) if self.alive[w] and self.shares[w] > 0]
@@ -463,7 +491,9 @@ class Coordinator(Shard):
         members = sorted(r for r in got if self.alive[r - self.S])
         entries = self.grads.pop(self.version)
         total = sum(entries[r][1] for r in members)
-        if total:
+        if self.pulls is not None:
+            self.pulls.commit(self.version, members)  # the tensors not applied yet
+        elif total:
             self.apply(self.combine(entries, members), 1.0)
         self.busy_s += time.perf_counter() - t0
         self.apply_spans.append((a, self.now()))
@@ -479,6 +509,7 @@ class Coordinator(Shard):
         per = [entries[self.ranks[w]][1] if self.ranks[w] in members else 0 for w in range(self.W)]
         self.version += 1
         self.end_iteration(total, loss, per)
+        self.expect()
         self.checkpoint()
         if self.spec.crash_after_iteration == len(self.iter_end) - 1:
             os.kill(os.getpid(), signal.SIGKILL)  # fault injection: no goodbye, no flush
@@ -547,6 +578,7 @@ class Coordinator(Shard):
     def run(self) -> RunResult:
         self.last_seen = [self.now()] * self.W
         bsp = self.spec.sync == "bsp"
+        self.expect()
         while True:
             m = self.rx.get(timeout_s=POLL_S)
             if m is not None and m.kind == wire.SAVED:
@@ -555,7 +587,9 @@ class Coordinator(Shard):
                 w = m.src - self.S
                 self.last_seen[w] = self.now()
                 if m.kind == wire.PULL:
-                    self.on_pull(m)
+                    self.on_pull(m)  # shard 0 answers with the share (and, pulled whole, the values)
+                    if self.pulls is not None:
+                        self.pulls.on_pull(m)
                 elif m.kind in (wire.PUSH, wire.PUSH_PART, wire.PUSH_DONE):
                     self.on_push(w, m, bsp)
                 elif m.kind == wire.REPORT:
@@ -586,10 +620,16 @@ class Coordinator(Shard):
         return self.result()
 
     def on_push(self, w: int, m: wire.Message, bsp: bool) -> None:
-        got = self.take_push(m)
-        if got is None:
-            return
-        g, nbytes = got
+        if self.pulls is not None:  # pipelined pulls: the parts go to the tensors, not to a flat push
+            if m.kind == wire.PUSH_PART:
+                self.pulls.on_part(m)
+                return
+            g, nbytes = torch.zeros(0), self.pulls.on_done(m)
+        else:
+            got = self.take_push(m)
+            if got is None:
+                return
+            g, nbytes = got
         h = m.header
         samples, loss, comp = int(h[wire.F_A]), float(h[wire.F_B]), float(h[wire.F_C])
         free, bits, pulled = float(h[wire.F_D]), int(h[wire.F_E]), int(h[wire.F_E + 1])
@@ -626,6 +666,9 @@ class Coordinator(Shard):
             for name, a, b in rep.get("send_spans", []):  # job.pipeline: the sender thread
                 trace.span("network", w, f"{ws.device} sender", name, max(0.0, a - self.t0),
                            max(0.0, b - self.t0))
+            for name, a, b in rep.get("recv_spans", []):  # runtime.pipeline_pulls: the receiver
+                trace.span("network", self.W + w, f"{ws.device} receiver", name, max(0.0, a - self.t0),
+                           max(0.0, b - self.t0))
         for k, sid in enumerate(spec.shards):
             dev = spec.devices[self.W + k]
             busy = self.busy_s if k == 0 else self.shard_busy.get(k, 0.0)
@@ -648,6 +691,7 @@ class Coordinator(Shard):
                 "emulation": {spec.workers[w].device: self.reports.get(w, {}).get("emulation")
                               for w in range(self.W)},
                 "pipeline": spec.pipeline,
+                "pipeline_pulls": spec.pipeline_pulls,
             },
         }
         if spec.multistage:

@@ -67,6 +67,9 @@ class RuntimeOptions(_Strict):
     micro_batches: int | None = Field(
         None, ge=1, description="multi-stage plans: micro-batches per iteration (default: the number "
         "of stages)")
+    pipeline_pulls: bool = Field(
+        False, description="with job.pipeline: pulls layer-wise too (each tensor applied and sent as soon "
+        "as every worker's gradient of it is in; forward waits per layer); BSP, one-stage plans")
 
 
 @dataclass
@@ -114,7 +117,8 @@ class RunSpec:
     workers: list[WorkerSpec]
     shards: list[str]
     plan: Plan
-    pipeline: bool = False  # push each gradient as its backward finishes (pulls stay whole)
+    pipeline: bool = False  # push each gradient as its backward finishes
+    pipeline_pulls: bool = False  # and pull each tensor as it is applied (runtime.pulls)
     device: str = "cpu"
     threads: int = 1
     timeout_s: float = 600.0
@@ -195,6 +199,12 @@ def build_spec(problem: Problem, plan: Plan, opts: RuntimeOptions, scheduler: An
     if opts.checkpoint_every and job.sync != "bsp":
         raise ConfigError(source, "runtime.checkpoint_every", f"checkpoints are built for job.sync: bsp "
                           f"only, not {job.sync} (shards applying pushes on arrival have no common cut)")
+    if opts.pipeline_pulls:
+        why = ("needs job.pipeline: true (the pushes pipelined)" if not job.pipeline
+               else f"is built for job.sync: bsp only, not {job.sync}" if job.sync != "bsp"
+               else "is built for one-stage plans only" if stages else "")
+        if why:
+            raise ConfigError(source, "runtime.pipeline_pulls", why)
     devices = [r.device for r in plan.replicas]
     if len(opts.workers) > len(devices):
         raise ConfigError(source, "runtime.workers",
@@ -234,7 +244,7 @@ def build_spec(problem: Problem, plan: Plan, opts: RuntimeOptions, scheduler: An
         staleness=job.staleness, bits=job.quant_bits, adaptive=job.quant_adaptive,
         quant_every=job.quant_every, lr=opts.lr, failure_timeout_s=job.failure_timeout_s,
         warmup=job.warmup_iterations, workers=workers, shards=list(plan.ps_shards), plan=plan,
-        pipeline=job.pipeline, device=opts.device, threads=opts.threads, timeout_s=timeout_s,
+        pipeline=job.pipeline, pipeline_pulls=opts.pipeline_pulls, device=opts.device, threads=opts.threads, timeout_s=timeout_s,
         max_trace_spans=opts.max_trace_spans, scheduler=online, devices=devs, ignored=ignored,
         checkpoint_every=opts.checkpoint_every, crash_after_iteration=opts.crash_after_iteration,
         stages=stages, micro_batches=(opts.micro_batches or len(plan.stages)) if stages else 1,

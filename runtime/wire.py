@@ -43,6 +43,10 @@ SAVED = 9     # shard k -> shard 0: [kind, version, ..., nbytes] + JSON {file, s
 ACT = 10      # stage s -> s+1: [kind, iteration, micro-batch, first sample, samples, nbytes] + activations
 GRAD = 11     # stage s+1 -> s: the same fields + the gradients of those activations
 TARGET = 12   # first stage -> last stage: the same fields + the targets of those samples
+# pulls pipelined (runtime.pipeline_pulls, runtime.pulls):
+PARAMS_PART = 13  # shard -> worker: [kind, version, nbytes] + int64 tensor indices in the shard, then
+#                   one more TAG_PAYLOAD message per tensor: its fp32 values
+EXPECT = 14   # shard 0 -> shard k: [kind, iteration, ..., nbytes] + int64 ranks expected to push it
 
 # field positions
 F_KIND, F_ITER, F_A, F_B, F_C, F_D, F_E, F_NBYTES = 0, 1, 2, 3, 4, 5, 6, 9

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from runtime import quant, task, wire
+from runtime.pulls import Puller
 from runtime.spec import RunSpec, WorkerSpec
 
 ASP_IDLE_S = 0.01
@@ -79,7 +80,7 @@ class Sender:
         self.where = {i: (s, k) for s, idx in enumerate(owned) for k, i in enumerate(idx)}
         self.q: queue.Queue[int | None] = queue.Queue()
         self.sent: set[int] = set()
-        self.iteration, self.bits = 0, 32
+        self.iteration, self.bits, self.samples = 0, 32, 0
         self.spans: list[list[object]] = []
         self.error: BaseException | None = None
         for i, p in enumerate(params):
@@ -87,8 +88,8 @@ class Sender:
         self.thread = threading.Thread(target=self._loop, name="hetsim-push", daemon=True)
         self.thread.start()
 
-    def begin(self, iteration: int, bits: int, gen: torch.Generator) -> None:
-        self.iteration, self.bits, self.gen, self.sent = iteration, bits, gen, set()
+    def begin(self, iteration: int, bits: int, gen: torch.Generator, samples: int) -> None:
+        self.iteration, self.bits, self.gen, self.sent, self.samples = iteration, bits, gen, set(), samples
 
     def _loop(self) -> None:
         while (i := self.q.get()) is not None:
@@ -100,7 +101,7 @@ class Sender:
                     payload = quant.pack(g if g is not None else torch.zeros_like(self.params[i]),
                                          self.bits, self.gen)
                     self.totals["pushed_bytes"] += wire.send(s, wire.PUSH_PART, self.iteration, k,
-                                                             self.bits, payload=payload)
+                                                             self.bits, self.samples, payload=payload)
                     if len(self.spans) < self.max_spans:
                         self.spans.append([f"push {i}", a, time.time()])
                     self.sent.add(i)
@@ -215,13 +216,21 @@ def run_worker(spec: RunSpec, w: int, local_rank: int = 0) -> None:
 
     ps = PSClient(spec, params, owned, totals, span)
     sender = Sender(params, owned, totals, spec.max_trace_spans) if spec.pipeline else None
+    puller = (Puller(module, params, owned, totals, spec.timeout_s, spec.max_trace_spans)
+              if spec.pipeline_pulls else None)
     start = time.time()
     # BSP resume: every worker continues with the checkpoint's iteration, the one the shards expect
     t = spec.resume.version if spec.resume is not None else 0
     while True:
         if ws.fail_at_iteration == t or (ws.fail_at_s is not None and time.time() - start >= ws.fail_at_s):
             os.kill(os.getpid(), signal.SIGKILL)  # emulated crash: no goodbye, no flush
-        version, share, stop, bits = ps.pull(t)
+        if puller is not None:
+            a = time.time()
+            version, share, stop, bits = puller.request(t)
+            totals["wait_s"] += time.time() - a
+            span("wait", a, time.time())
+        else:
+            version, share, stop, bits = ps.pull(t)
         if stop:
             break
         if share > 0:
@@ -229,16 +238,19 @@ def run_worker(spec: RunSpec, w: int, local_rank: int = 0) -> None:
             x, y = teacher.batch(share, gen)
             module.zero_grad(set_to_none=False)
             if sender is not None:
-                sender.begin(t, bits, qgen)
+                sender.begin(t, bits, qgen, share)
             a, p0 = time.time(), time.perf_counter()
             loss = task.loss_fn(task.call(module, x), y)
             loss.backward()
             if device.startswith("cuda"):
                 torch.cuda.synchronize()
+            # pipelined pulls: forward's waits for parameters are waiting, not compute
+            waited = puller.waited if puller is not None else 0.0
+            totals["wait_s"] += waited
             factor = slowdown_at(ws, time.time() - start)
             if factor > 1.0:
-                time.sleep((factor - 1.0) * (time.perf_counter() - p0))
-            comp = time.perf_counter() - p0
+                time.sleep((factor - 1.0) * (time.perf_counter() - p0 - waited))
+            comp = time.perf_counter() - p0 - waited
             b = time.time()
             totals["compute_s"] += comp
             span("compute", a, b)
@@ -259,7 +271,8 @@ def run_worker(spec: RunSpec, w: int, local_rank: int = 0) -> None:
         t += 1
     if sender is not None:
         sender.close()
-    send_report(ws, t, totals, spans, sender.spans if sender is not None else [])
+    send_report(ws, t, totals, spans, sender.spans if sender is not None else [],
+                recv_spans=puller.spans if puller is not None else [])
 
 
 def send_report(ws: WorkerSpec, t: int, totals: dict[str, Any], spans: list[list[object]],
