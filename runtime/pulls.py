@@ -11,7 +11,8 @@ the pull side is layer-wise too, as the DES models ``job.pipeline`` by default
   gradient of it from every worker expected to push iteration ``t`` is in,
   and goes at once (``PARAMS_PART``) to every worker whose ``PULL(t + 1)`` is
   waiting; the tensors ready at that moment (all that were applied before
-  the pull came, typically) go together in one message, in model order. Shard 0 tells the other shards which
+  the pull came, typically) go together: one header naming them, then each
+  one's values, in model order. Shard 0 tells the other shards which
   workers are expected (``EXPECT``: the live workers with a share, after the
   rebalance that ends the previous iteration). The commit of ``t`` (shard 0's
   bookkeeping, ``COMMIT`` to the others) applies any tensor still waiting,
