@@ -137,7 +137,7 @@ def _zoo_model(name: str) -> Model:
 
 
 def _model_points(model: Model, source: str, runs: Iterable[dict[str, Any]], dtype: str,
-                  dense_sparse_grad: bool) -> list[Point]:
+                  dense_sparse_grad: bool, weight_grad_only: bool = False) -> list[Point]:
     index = {ly.name: i for i, ly in enumerate(model.layers)}
     out = []
     for run in runs:
@@ -152,7 +152,7 @@ def _model_points(model: Model, source: str, runs: Iterable[dict[str, Any]], dty
             times = own.get(name, vals)
             for phase, t in zip(PHASES, times[:2], strict=True):
                 flops, kernels, nbytes = layer_work(ly, phase, b, dtype, model.input_bytes_of(i),
-                                                    dense_sparse_grad)
+                                                    dense_sparse_grad, weight_grad_only)
                 if flops == 0 and nbytes == 0:
                     continue
                 ck = compute_kind(ly, model.input_bytes_of(i))
@@ -164,18 +164,21 @@ def _model_points(model: Model, source: str, runs: Iterable[dict[str, Any]], dty
 
 
 def points_from_raw(raw: dict[str, Any], exclude: Sequence[str] = (), dtype: str = "fp32",
-                    micro: bool = True, dense_sparse_grad: bool = True) -> list[Point]:
+                    micro: bool = True, dense_sparse_grad: bool = True,
+                    weight_grad_only: bool = False) -> list[Point]:
     """Every measured layer pass in ``raw``, leaving out the zoo models in ``exclude``.
 
     ``dense_sparse_grad``: the profile's flag of that name (bytes of an
-    embedding's backward), as :func:`sim.costmodel.layer_work` takes it.
+    embedding's backward), ``weight_grad_only`` its ``weight_grad_only_bwd`` (bytes
+    of a backward computing no input gradient), as :func:`sim.costmodel.layer_work`
+    takes them.
     """
     pts: list[Point] = []
     if micro:
         for entry in raw.get("micro", []):
             model = model_from_dict(entry["model"], source=f"micro:{entry['name']}")
             pts += _model_points(model, f"micro:{entry['name']}", entry["runs"], dtype,
-                                 dense_sparse_grad)
+                                 dense_sparse_grad, weight_grad_only)
         # the GEMM grid: forward passes of one kernel, bytes = both operands and the result
         for row in raw.get("gemm", []):
             if row["dtype"] != dtype:
@@ -186,7 +189,8 @@ def points_from_raw(raw: dict[str, Any], exclude: Sequence[str] = (), dtype: str
     for name, runs in raw.get("models", {}).items():
         if name in exclude:
             continue
-        pts += _model_points(_zoo_model(name), name, runs, dtype, dense_sparse_grad)
+        pts += _model_points(_zoo_model(name), name, runs, dtype, dense_sparse_grad,
+                             weight_grad_only)
     return pts
 
 
@@ -478,7 +482,8 @@ def fit(profile: DeviceProfile, exclude: Sequence[str] = (), micro: bool = True
     if not raw or ("models" not in raw and "micro" not in raw):
         raise ValueError("the profile has no raw layer measurements (run hetsim profile)")
     pts = [p for p in points_from_raw(raw, exclude, micro=micro,
-                                      dense_sparse_grad=profile.dense_sparse_grad) if p.t_s > 0]
+                                      dense_sparse_grad=profile.dense_sparse_grad,
+                                      weight_grad_only=profile.weight_grad_only_bwd) if p.t_s > 0]
     peak, mem_bw = profile.peak("fp32"), profile.mem_bw_Bps
     dispatch = float(raw.get("dispatch_s") or profile.launch_overhead_s or 1e-6)
     best: tuple[float, DeviceProfile, FitResult] | None = None

@@ -1261,6 +1261,8 @@ def build_profile(raw: dict[str, Any], name: str, fit: bool = True) -> DevicePro
                     {"idle": round(0.3 * 4.6875 * cpus, 4), "active": round(4.6875 * cpus, 4)}),
         "source": source,
         "dense_sparse_grad": True,  # nn.Embedding's default: a dense gradient of the table
+        # a first layer's backward computes the weight gradient only (its bytes as such)
+        "weight_grad_only_bwd": True,
         "layers": calibrate.layer_tables(raw),
         "spread": calibrate.spread_of(raw),
         "raw": raw,

@@ -255,6 +255,13 @@ class DeviceProfile(_Strict):
     dense_sparse_grad: bool = Field(
         default=False, description="the backward of a sparse (embedding) layer writes a dense "
         "gradient of its whole table (torch's nn.Embedding default): adds param_bytes to its bytes")
+    weight_grad_only_bwd: bool = Field(
+        default=False, description="the backward of a GEMM or convolution that computes no input "
+        "gradient (its input needs none: a model's first layer; backward FLOPs equal to its "
+        "forward FLOPs, see sim.costmodel.computes_input_grad) moves param_bytes + batch * "
+        "(input + output bytes): it writes the weight gradient and reads its input and the output "
+        "gradient, but reads no weights and writes no input gradient (missing: priced with the "
+        "bytes of a layer computing both gradients)")
     quant: dict[str, QuantCost] | None = Field(
         default=None, description="measured (de)quantization cost per bit width ('2', '4', '8', '16'); "
         "missing: one memory pass over the fp32 and packed bytes")

@@ -83,7 +83,8 @@ def layer_time_s(layer: Layer, phase: str, b: float, dev: DeviceProfile, dtype: 
     if dev.layers and layer.signature in dev.layers:
         t = dev.layers[layer.signature]
         return _table_time(t.batch, t.fwd_s if phase == "fwd" else t.bwd_s, b)
-    flops, kernels, nbytes = layer_work(layer, phase, b, dtype, input_bytes, dev.dense_sparse_grad)
+    flops, kernels, nbytes = layer_work(layer, phase, b, dtype, input_bytes, dev.dense_sparse_grad,
+                                        dev.weight_grad_only_bwd)
     has_params, reduces = layer.param_bytes > 0, layer.activation_bytes < input_bytes
     mem_eff = dev.mem_eff(layer.op, nbytes, phase, layer.kernels, has_params, reduces)
     fixed = dev.call_overhead(layer.op, phase, layer.kernels, has_params, reduces) if flops == 0 else 0.0
@@ -132,14 +133,36 @@ def compute_kind(layer: Layer, input_bytes: float) -> str | None:
     return "spatial" if weights * positions**2 / (out_el * in_el) >= 2.0 else "pointwise"
 
 
+def computes_input_grad(layer: Layer) -> bool:
+    """Whether the backward of ``layer`` computes the gradient of its input.
+
+    False for a GEMM or convolution with parameters whose backward FLOPs are
+    below 1.5 times its forward FLOPs: its input needs no gradient (a model's
+    first layer, fed by data), so its backward computes only the weight
+    gradient, which costs as many FLOPs as the forward (the input gradient costs
+    as many again: a layer computing both has twice its forward FLOPs). The
+    record's FLOPs are counted from the backward's own ops
+    (:func:`sim.torch_extract.from_torch`), so the ratio is exactly 1 or 2.
+    True for every other layer.
+    """
+    return not (layer.op in ("gemm", "conv") and layer.param_bytes > 0 and layer.fwd_flops > 0
+                and layer.bwd_flops < 1.5 * layer.fwd_flops)
+
+
 def layer_work(layer: Layer, phase: str, b: float, dtype: str, input_bytes: float,
-               dense_sparse_grad: bool = False) -> tuple[float, int, float]:
+               dense_sparse_grad: bool = False, weight_grad_only: bool = False
+               ) -> tuple[float, int, float]:
     """(FLOPs, kernel launches, bytes moved) of one pass of ``layer`` on ``b`` samples.
 
     The quantities the cost model prices; :mod:`hardware_profiles.calibrate`
     fits efficiencies against the same ones. With ``dense_sparse_grad`` (a
     device profile's flag) the backward of a sparse layer also writes a dense
-    gradient of its whole table, ``param_bytes``.
+    gradient of its whole table, ``param_bytes``. With ``weight_grad_only`` (the
+    profile's ``weight_grad_only_bwd``) the backward of a layer that computes no
+    input gradient (:func:`computes_input_grad`) moves ``param_bytes + b *
+    (input + output)``: it reads its input and the output gradient and writes
+    the weight gradient, but reads no weights and writes no input gradient;
+    without the flag it is priced as a layer computing both.
     """
     act = _ACT_SCALE.get(dtype, 1.0)
     if phase == "fwd":
@@ -147,6 +170,11 @@ def layer_work(layer: Layer, phase: str, b: float, dtype: str, input_bytes: floa
         kernels = layer.kernels
         weights = _touched_param_bytes(layer, b)
         nbytes = weights + b * act * (input_bytes + layer.activation_bytes)
+    elif weight_grad_only and not computes_input_grad(layer):
+        flops = layer.bwd_flops * b
+        kernels = 2 * layer.kernels
+        # write the weight gradient; read the input and the output gradient
+        nbytes = _touched_param_bytes(layer, b) + b * act * (input_bytes + layer.activation_bytes)
     else:
         flops = layer.bwd_flops * b
         kernels = 2 * layer.kernels
