@@ -4,8 +4,6 @@ prices its bytes as such. Every expected figure is worked by hand."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from hardware_profiles.calibrate import points_from_raw
@@ -13,18 +11,7 @@ from hardware_profiles.schema import DeviceProfile
 from sim import zoo
 from sim.costmodel import computes_input_grad, layer_time_s, layer_work
 from sim.workload import Layer
-
-
-def _base(**kw: Any) -> DeviceProfile:
-    data: dict[str, Any] = {
-        "schema": 1, "name": "m", "kind": "cpu", "peak_flops": {"fp32": 1e9},
-        "mem_bw_Bps": 1e9, "memory_bytes": 1e9, "launch_overhead_s": 1e-6,
-        "nic_bw_Bps": 1e9, "price_per_hour": 0.0, "power_w": {"idle": 0, "active": 0},
-        "source": {"kind": "measured", "date": "2026-11-30"},
-    }
-    data.update(kw)
-    return DeviceProfile.model_validate(data)
-
+from tests.helpers_profiles import bare_profile
 
 # a first layer: backward FLOPs = forward FLOPs (weight gradient only)
 FIRST = Layer("first", "gemm", fwd_flops=2e3, bwd_flops=2e3, param_bytes=4e3, activation_bytes=40.0)
@@ -62,8 +49,8 @@ def test_weight_grad_only_bytes() -> None:
 
 def test_profile_flag_prices_it_and_old_profiles_price_as_before() -> None:
     # peak 1e9 FLOP/s, 1e9 B/s, no curves: 2 launches of 1e-6 + max(4e3 / 1e9, bytes / 1e9)
-    new = _base(weight_grad_only_bwd=True)
-    old = _base()
+    new = bare_profile(weight_grad_only_bwd=True)
+    old = bare_profile()
     assert layer_time_s(FIRST, "bwd", 2, new, "fp32", 100.0) == pytest.approx(2e-6 + 4.28e-6)
     assert layer_time_s(FIRST, "bwd", 2, old, "fp32", 100.0) == 2e-6 + max(4e3 / 1e9, 8360.0 / 1e9)
     assert layer_time_s(INNER, "bwd", 2, new, "fp32", 100.0) == layer_time_s(INNER, "bwd", 2, old,
