@@ -154,6 +154,49 @@ def test_pipelined_push_sends_each_gradient_as_backward_makes_it(bsp: tuple[Path
     assert sends[:8] == ["push 3", "push 2", "push 1", "push 0"] * 2 and len(sends) == 4 * 20
 
 
+def test_pipelined_parts_are_packed_on_the_backward_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Sender packs each gradient inside backward, on the thread running it, in the order
+    backward makes them (mlp 16-32-4: bias 3, weight 2, bias 1, weight 0), and its own thread
+    only sends: by the time backward returns all four parts are packed, at 8 bits each
+    exactly ``packed_bytes(numel, 8)`` bytes."""
+    import threading
+
+    from runtime import wire, worker
+
+    packed: list[tuple[int, int]] = []  # (numel, packing thread)
+    real_pack = quant.pack
+
+    def pack(x: torch.Tensor, bits: int, gen: torch.Generator | None = None) -> torch.Tensor:
+        packed.append((x.numel(), threading.get_ident()))
+        return real_pack(x, bits, gen)
+
+    sent: list[tuple[int, int, int, int]] = []  # (shard, part, bytes, sending thread)
+
+    def send(dst: int, kind: int, iteration: int = 0, *fields: float, payload: Any = None) -> int:
+        assert kind == wire.PUSH_PART and payload is not None
+        sent.append((dst, int(fields[0]), payload.numel(), threading.get_ident()))
+        return int(payload.numel())
+
+    monkeypatch.setattr(quant, "pack", pack)
+    monkeypatch.setattr(wire, "send", send)
+    module, _ = task.build("mlp", 0, {"in_features": 16, "hidden": [32], "classes": 4})
+    params = list(module.parameters())
+    totals: dict[str, Any] = {"pushed_bytes": 0}
+    sender = worker.Sender(params, [list(range(len(params)))], totals, 100)
+    try:
+        sender.begin(0, 8, torch.Generator().manual_seed(0))
+        module(torch.randn(5, 16)).sum().backward()
+        me = threading.get_ident()
+        assert packed == [(4, me), (4 * 32, me), (32, me), (32 * 16, me)]  # before finish()
+        sender.finish()
+    finally:
+        sender.close()
+    assert [(d, k, n) for d, k, n, _ in sent] == [(0, 3, packed_bytes(4, 8)), (0, 2, packed_bytes(128, 8)),
+                                                  (0, 1, packed_bytes(32, 8)), (0, 0, packed_bytes(512, 8))]
+    assert {t for *_, t in sent} == {sender.thread.ident} and sender.thread.ident != me
+    assert totals["pushed_bytes"] == sum(n for _, _, n, _ in sent)
+
+
 def test_quantized_pushes_carry_packed_bytes(tmp_path: Path) -> None:
     res = run(config(tmp_path, job={"quantization": 4, "iterations": 8},
                      runtime={"workers": [{"threads": 2, "affinity": [0]}]}))
