@@ -355,9 +355,42 @@ def with_host(problem: Problem, plan: Plan, opts: RuntimeOptions, host: Host) ->
     def lowest(measured: str) -> float:
         return float(min((v for n in nets if (v := getattr(n, measured, None))), default=0.0))
 
-    host = dataclasses.replace(host, copy_Bps=host.copy_Bps if host.copy_Bps > 0 else lowest("p2p_bw_Bps"),
+    # CPU per byte at each end of a message: the runtime's own message path as the profile
+    # measured it (wire_cpu_Bps, hardware_profiles.profiler.wire_bench), else gloo's bare p2p
+    cpu_Bps = lowest("wire_cpu_Bps") or lowest("p2p_bw_Bps")
+    host = dataclasses.replace(host, copy_Bps=host.copy_Bps if host.copy_Bps > 0 else cpu_Bps,
                                wake_s=host.wake_s if host.wake_s > 0 else lowest("wake_latency_s"))
-    return dataclasses.replace(problem, cluster=dataclasses.replace(cl, hosts=(host,), placement=tuple(placement)))
+    devices, shards = cl.devices, cl.shards
+    rate = wire_rate_Bps(nets)
+    if rate > 0:
+        # every rank on this host: no message touches a NIC, each is the runtime's loopback
+        # path, whose rate the profile measured (a process's one link serves both directions)
+        devices = tuple(dataclasses.replace(d, nic_bw_Bps=rate) for d in cl.devices)
+        shards = tuple(dataclasses.replace(d, nic_bw_Bps=rate) for d in cl.shards)
+    return dataclasses.replace(problem, cluster=dataclasses.replace(
+        cl, devices=devices, shards=shards, hosts=(host,), placement=tuple(placement)))
+
+
+def wire_rate_Bps(nets: Sequence[Any]) -> float:
+    """The bandwidth of a process's link when every rank runs on this host: the rate at which
+    the runtime moves one pull and one push of the same bytes, ``2 / (1 / pull + 1 / push)``
+    with the profile's ``wire_pull_Bps`` and ``wire_push_Bps`` (the lowest over ``nets``,
+    the ranks' profiles' network measurements); 0 where a profile lacks them.
+
+    The DES gives a process one link bandwidth for both directions, while the runtime's
+    pushes are slower per byte than its pulls (at fp32 the worker packs and concatenates,
+    the shard unpacks and concatenates: two more copies each side): the rate of the pair
+    is exact for a fp32 iteration, which moves the same bytes each way. A quantized push
+    packs into a new buffer instead (its pack is priced on its own, ``quant``), so with
+    quantization the pulls are priced slow (``this_machine``: pulls 4.27 GB/s, pushes
+    2.41 GB/s, the pair's rate 3.09 GB/s).
+    """
+    pulls = [v for n in nets if (v := getattr(n, "wire_pull_Bps", None))]
+    pushes = [v for n in nets if (v := getattr(n, "wire_push_Bps", None))]
+    if not pulls or not pushes or len(pulls) < len(nets) or len(pushes) < len(nets):
+        return 0.0
+    pull, push = float(min(pulls)), float(min(pushes))
+    return 2.0 / (1.0 / pull + 1.0 / push)
 
 
 def simulated_problem(problem: Problem, plan: Plan, opts: RuntimeOptions, host: Host | None = None) -> Problem:

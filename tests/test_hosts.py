@@ -323,6 +323,47 @@ def test_validate_takes_the_copy_rate_from_the_measured_loopback() -> None:
     assert cl.hosts == (Host("local", 2, 0.5, 7.0),)  # a host that has one keeps it
 
 
+def test_validate_prices_messages_by_the_runtimes_measured_wire_path() -> None:
+    """Profiles with the runtime's own message path measured (wire_bench): pulls at 3e9 B/s,
+    pushes at 1.5e9 B/s, 4e9 B/s of CPU per message end. Every rank on the host, so every
+    process's link gets the pair's rate 2 / (1/3e9 + 1/1.5e9) = 2e9 B/s (not the config's
+    NIC) and the host's copies 4e9 B/s (not gloo's p2p 1e9). One worker pinned to core 0 of
+    2, the shard unpinned, a layer of 1e8 parameter bytes: a pull takes 1e8 / 2e9 = 0.05 s
+    on the link while each end copies for 1e8 / 4e9 = 0.025 s on a core of its own, so the
+    link decides; alone the worker computes 1 s; the push takes 0.05 s too, and the shard's
+    work is ~1e-12 s. Iteration: 0.05 + 1 + 0.05 = 1.1 s."""
+    from experiments.validate import wire_rate_Bps, with_host
+    from hardware_profiles.schema import NetworkMeasurement
+    from runtime.spec import parse_options
+
+    net = NetworkMeasurement(p2p_bw_Bps=1e9, wire_pull_Bps=3e9, wire_push_Bps=1.5e9, wire_cpu_Bps=4e9)
+    assert wire_rate_Bps([net]) == pytest.approx(2e9, rel=EXACT)
+    assert wire_rate_Bps([net, NetworkMeasurement(p2p_bw_Bps=1e9)]) == 0.0  # one rank unmeasured
+    cpu = CPU.model_copy(update={"network": net})
+    ps = PS.model_copy(update={"network": net})
+    prob = problem([cpu], [ps], model(dense("fc", 1e8, fwd_flops=1e10, bwd_flops=9e10)), 10,
+                   worker_nic=[1e18], shard_nic=[1e18])
+    opts = parse_options({"threads": 1, "workers": [{"affinity": [0]}]}, "c")
+    p = plan(prob, [10])
+    hosted = with_host(prob, p, opts, Host("local", 2, 0.0))
+    cl = hosted.cluster
+    assert cl.hosts == (Host("local", 2, 0.0, 4e9),)
+    assert [d.nic_bw_Bps for d in (*cl.devices, *cl.shards)] == _approx([2e9, 2e9])
+    with time_limit(60):
+        r = des.simulate(hosted, p)
+    assert r.summary()["iteration_time_s"]["mean"] == _approx(1.1)
+    # without the wire figures: gloo's p2p for the copies (1e9: 0.1 s per end, now the
+    # slowest of the three) and the config's NIC; iteration 0.1 + 1 + 0.1 = 1.2 s
+    old = NetworkMeasurement(p2p_bw_Bps=1e9)
+    prob_old = problem([CPU.model_copy(update={"network": old})], [PS.model_copy(update={"network": old})],
+                       prob.job.model, 10, worker_nic=[1e18], shard_nic=[1e18])
+    hosted_old = with_host(prob_old, plan(prob_old, [10]), opts, Host("local", 2, 0.0))
+    assert hosted_old.cluster.hosts[0].copy_Bps == 1e9
+    with time_limit(60):
+        r = des.simulate(hosted_old, plan(prob_old, [10]))
+    assert r.summary()["iteration_time_s"]["mean"] == _approx(1.2)
+
+
 # ------------------------------------------------------------ wake-up latency
 @pytest.mark.parametrize("shard_on_host", [False, True])
 def test_a_message_to_a_busy_host_waits_wake_s(shard_on_host: bool) -> None:
@@ -350,3 +391,18 @@ def test_wake_us_from_the_config() -> None:
     cfg = config_from_dict(_cfg({"hosts": [{"name": "box", "cores": 2, "wake_us": 1500}],
                                  "devices": [{"type": "cpu-8c", "count": 2, "host": "box"}]}), "c.yaml")
     assert build_problem(cfg, REPO, "c.yaml").cluster.hosts == (Host("box", 2, 0.0, 0.0, 1.5e-3),)
+
+
+def test_wire_bench_measures_the_runtimes_message_path() -> None:
+    """hardware_profiles.profiler.wire_bench on two small sizes: positive rates, the CPU
+    of the four (message, end) pairs, and no rank left running."""
+    import multiprocessing as mp
+
+    from hardware_profiles.profiler import wire_bench
+
+    with time_limit(120):
+        r = wire_bench(sizes=(1 << 20, 4 << 20), reps=3, warmup=1)
+    assert r["wire_pull_Bps"] > 0 and r["wire_push_Bps"] > 0 and r["wire_cpu_Bps"] > 0
+    assert set(r["wire_cpu_s_per_B"]) == {"w_push", "s_push", "s_pull", "w_pull"}
+    assert r["wire_sizes_bytes"] == [1 << 20, 4 << 20] and r["wire_reps"] == 3
+    assert not mp.active_children()
