@@ -358,8 +358,11 @@ def with_host(problem: Problem, plan: Plan, opts: RuntimeOptions, host: Host) ->
     # CPU per byte at each end of a message: the runtime's own message path as the profile
     # measured it (wire_cpu_Bps, hardware_profiles.profiler.wire_bench), else gloo's bare p2p
     cpu_Bps = lowest("wire_cpu_Bps") or lowest("p2p_bw_Bps")
+    # the runtime's ranks send with blocking sends from one thread and a shard receives with
+    # one thread and answers pulls in turn from its main thread: messages go one at a time
     host = dataclasses.replace(host, copy_Bps=host.copy_Bps if host.copy_Bps > 0 else cpu_Bps,
-                               wake_s=host.wake_s if host.wake_s > 0 else lowest("wake_latency_s"))
+                               wake_s=host.wake_s if host.wake_s > 0 else lowest("wake_latency_s"),
+                               serial_messages=True)
     devices, shards = cl.devices, cl.shards
     rate = wire_rate_Bps(nets)
     if rate > 0:

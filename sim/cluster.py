@@ -50,6 +50,11 @@ class Host:
         wake_s: seconds a process waits for a core after a message arrives for it
             while every core of this host is busy (as many runnable threads as
             cores or more): the OS scheduler's wake-up latency. 0: none.
+        serial_messages: each process on this host sends one message at a time and
+            receives one at a time, in the order they were issued (the runtime's
+            ranks: blocking sends from one thread, a shard's one receiver thread and
+            its main thread answering pulls in turn); False: a process's messages
+            share its links at once.
     """
 
     name: str
@@ -57,6 +62,7 @@ class Host:
     background_threads: float = 0.0
     copy_Bps: float = 0.0
     wake_s: float = 0.0
+    serial_messages: bool = False
 
 
 @dataclass(frozen=True)

@@ -300,7 +300,7 @@ def test_validate_places_every_rank_on_the_measured_host() -> None:
     opts = parse_options({"threads": 2, "workers": [{"affinity": [0]}, {"threads": 1, "affinity": [1]}]}, "c")
     host = Host("local", 2, 1.25)
     cl = with_host(prob, plan(prob, [10, 10, 10]), opts, host).cluster
-    assert cl.hosts == (host,)
+    assert cl.hosts == (dataclasses.replace(host, serial_messages=True),)  # the runtime's messages
     assert [cl.placed(d.id) for d in cl.devices] == [Placement(0, 2, (0,)), Placement(0, 1, (1,)),
                                                       Placement(0, 2, None)]
     assert cl.placed("ps:0") == Placement(0, 2, None)  # shards: runtime.threads, not pinned
@@ -318,9 +318,10 @@ def test_validate_takes_the_copy_rate_from_the_measured_loopback() -> None:
     prob = problem([fast, slow], [PS], LAYER, 20)
     opts = parse_options({"threads": 1}, "c")
     cl = with_host(prob, plan(prob, [10, 10]), opts, Host("local", 2, 0.5)).cluster
-    assert cl.hosts == (Host("local", 2, 0.5, 2e9),)  # the lowest of the ranks' (ps: none)
+    # the lowest of the ranks' (ps: none); the runtime's messages go one at a time
+    assert cl.hosts == (Host("local", 2, 0.5, 2e9, serial_messages=True),)
     cl = with_host(prob, plan(prob, [10, 10]), opts, Host("local", 2, 0.5, 7.0)).cluster
-    assert cl.hosts == (Host("local", 2, 0.5, 7.0),)  # a host that has one keeps it
+    assert cl.hosts == (Host("local", 2, 0.5, 7.0, serial_messages=True),)  # a host that has one keeps it
 
 
 def test_validate_prices_messages_by_the_runtimes_measured_wire_path() -> None:
@@ -347,7 +348,7 @@ def test_validate_prices_messages_by_the_runtimes_measured_wire_path() -> None:
     p = plan(prob, [10])
     hosted = with_host(prob, p, opts, Host("local", 2, 0.0))
     cl = hosted.cluster
-    assert cl.hosts == (Host("local", 2, 0.0, 4e9),)
+    assert cl.hosts == (Host("local", 2, 0.0, 4e9, serial_messages=True),)
     assert [d.nic_bw_Bps for d in (*cl.devices, *cl.shards)] == _approx([2e9, 2e9])
     with time_limit(60):
         r = des.simulate(hosted, p)
@@ -362,6 +363,32 @@ def test_validate_prices_messages_by_the_runtimes_measured_wire_path() -> None:
     with time_limit(60):
         r = des.simulate(hosted_old, plan(prob_old, [10]))
     assert r.summary()["iteration_time_s"]["mean"] == _approx(1.2)
+
+
+@pytest.mark.parametrize(("serial", "sharing", "iteration_s"),
+                         [(True, "fair", 1.3), (False, "none", 1.2), (False, "fair", 1.4)])
+def test_serial_messages_go_one_at_a_time_per_link(serial: bool, sharing: str, iteration_s: float) -> None:
+    """Two workers pinned to cores 0 and 1 of a 3-core host, the shard unpinned (a core each,
+    no contention); a layer of 1e8 parameter bytes over links of 1e9 B/s: a message alone
+    takes 0.1 s. Serial messages (the runtime's ranks): after the commit the shard sends
+    worker 0's parameters (0 - 0.1 s), then worker 1's (0.1 - 0.2); worker 0 computes
+    0.1 - 1.1 and pushes 1.1 - 1.2, worker 1 computes 0.2 - 1.2 and pushes 1.2 - 1.3 (the
+    shard's receiving link is free again just then); iteration 1.3 s. Unshared links
+    ('none'): both pulls 0 - 0.1, both pushes 1.1 - 1.2: 1.2 s. Fair sharing: both pulls
+    0 - 0.2, both pushes 1.2 - 1.4: 1.4 s."""
+    big = model(dense("fc", 1e8, fwd_flops=1e10, bwd_flops=9e10))
+    prob = problem([CPU, CPU], [PS], big, 20, sharing=sharing, worker_nic=[1e9, 1e9], shard_nic=[1e9])
+    cl = prob.cluster
+    host = Host("h", 3, serial_messages=serial)
+    placement = ((cl.devices[0].id, Placement(0, 1, (0,))), (cl.devices[1].id, Placement(0, 1, (1,))),
+                 ("ps:0", Placement(0, 1, None)))
+    prob = dataclasses.replace(prob, cluster=dataclasses.replace(cl, hosts=(host,), placement=placement))
+    r = _run(prob)
+    assert r.summary()["iteration_time_s"]["mean"] == _approx(iteration_s)
+    if serial:  # deliveries: pulls to worker 0 then 1, pushes from worker 0 then 1
+        ends = sorted((e["ts"] * 1e-6, e["tid"]) for e in r.trace if e.get("ph") == "e" and e["pid"] == 1)
+        assert [w for _, w in ends[:4]] == [0, 1, 0, 1]
+        assert [t for t, _ in ends[:4]] == _approx([0.1, 0.2, 1.2, 1.3])
 
 
 # ------------------------------------------------------------ wake-up latency

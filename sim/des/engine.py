@@ -56,6 +56,7 @@ each worker takes from its next iteration like a rebalanced share.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import gc
@@ -208,8 +209,18 @@ class DataParallelSim:
                 assert pl is not None
                 if cl.hosts[pl.host].wake_s > 0:
                     self.wake_at[i] = (pl.host, cl.hosts[pl.host].wake_s)
-        # messages that cost host CPU or wake-up time (else the network alone carries them)
-        self.host_messages = any(x is not None for x in (*self.copier, *self.wake_at))
+        # Serial messages (a host with serial_messages): each of its processes' links carries
+        # one message at a time, first issued first served; a message starts once it heads
+        # the queue of both its links (see _transfer). Link ids as for ``bw`` above.
+        self.link_queue: list[collections.deque[list[Any]] | None] = [None] * (2 * N + 2 * S)
+        for i, pl in enumerate(placed):
+            if pl is not None and cl.hosts[pl.host].serial_messages:
+                ups = (i, N + i) if i < N else (2 * N + (i - N), 2 * N + S + (i - N))
+                for link in ups:
+                    self.link_queue[link] = collections.deque()
+        # messages that cost host CPU or wake-up time or wait their turn (else the network
+        # alone carries them)
+        self.host_messages = any(x is not None for x in (*self.copier, *self.wake_at, *self.link_queue))
         self.servers = [ShardServer(env, self._span_cb(s) if trace else None, self._shard_run(s)) for s in range(S)]
         # the host flow of each worker's compute in progress (cancelled if the worker fails)
         self.flow: list[Any] = [None] * N
@@ -390,7 +401,46 @@ class DataParallelSim:
         cores like any compute. The three run side by side (as a message holds both
         its links at once); ``delivered`` when all are done. Where the receiver sits on a
         host with ``wake_s`` whose cores are all busy at that moment, it gets the message
-        ``wake_s`` later (it waits for a core to be woken on)."""
+        ``wake_s`` later (it waits for a core to be woken on).
+
+        Where a link is serial (its process's host has ``serial_messages``), the message
+        first waits until every earlier message on that link is delivered: it joins the
+        queues of both its links at once and starts when it heads both, so messages start
+        in the order they were issued and two never wait for each other."""
+        qa, qb = self.link_queue[src_link], self.link_queue[dst_link]
+        if qa is not None or qb is not None:
+            msg: list[Any] = [False, None]  # started, start()
+            first = delivered
+
+            def done() -> None:
+                for q in (qa, qb):
+                    if q is not None:
+                        q.popleft()  # a running message heads its queues
+                first()
+                for q in (qa, qb):
+                    if q:
+                        self._serial_start(q[0])
+
+            msg[1] = lambda: self._transfer_now(src, dst, src_link, dst_link, nbytes, done)
+            msg.append((qa, qb))
+            for q in (qa, qb):
+                if q is not None:
+                    q.append(msg)
+            self._serial_start(msg)
+            return
+        self._transfer_now(src, dst, src_link, dst_link, nbytes, delivered)
+
+    @staticmethod
+    def _serial_start(msg: list[Any]) -> None:
+        """Start a queued message if it heads the queue of each of its serial links."""
+        if msg[0] or any(q is not None and q[0] is not msg for q in msg[2]):
+            return
+        msg[0] = True
+        msg[1]()
+
+    def _transfer_now(self, src: int, dst: int, src_link: int, dst_link: int, nbytes: float,
+                      delivered: Callable[[], None]) -> None:
+        """:meth:`_transfer` once the message may go: the network, the copies and the wake-up."""
         if self.wake_at[dst] is not None:
             host, wake_s = self.wake_at[dst]  # type: ignore[misc]
             assert self.cpu is not None
