@@ -355,19 +355,27 @@ def with_host(problem: Problem, plan: Plan, opts: RuntimeOptions, host: Host) ->
     def lowest(measured: str) -> float:
         return float(min((v for n in nets if (v := getattr(n, measured, None))), default=0.0))
 
-    # CPU per byte at each end of a message: the runtime's own message path as the profile
-    # measured it (wire_cpu_Bps, hardware_profiles.profiler.wire_bench), else gloo's bare p2p
-    cpu_Bps = lowest("wire_cpu_Bps") or lowest("p2p_bw_Bps")
+    # Every rank on this host: no message touches a NIC. Each is the runtime's loopback path
+    # (runtime.wire over gloo's TCP): the sender packs and writes into the socket while the
+    # receiver reads out of it and unpacks, so both ends work on the message for its whole
+    # duration, and it goes at the pace of the slower end. Where the profile measured that
+    # path (wire_bench), each end's share (copy_Bps) and the link run at its rate alone
+    # (wire_rate_Bps): as fast as measured when both ends have a core, as slow as the end
+    # with the smaller share of one when they do not. Measured on this_machine with a busy
+    # process on each core (each end half a core): pulls 4.02 -> 1.57 GB/s, pushes 2.39 ->
+    # 1.03 GB/s, i.e. 2.3-2.6x slower, where this model gives 2x; charging each end only
+    # its CPU (wire_cpu_Bps, 4.7 GB/s) beside a link at the lone rate would give 1.4x.
+    # The cost: an end counts as runnable for the whole message while it really uses
+    # 64% of it on the mean (wire_cpu_Bps / the pair's rate).
+    # Without those figures: gloo's bare p2p bandwidth for the copies and the NICs as given.
+    rate = wire_rate_Bps(nets)
     # the runtime's ranks send with blocking sends from one thread and a shard receives with
     # one thread and answers pulls in turn from its main thread: messages go one at a time
-    host = dataclasses.replace(host, copy_Bps=host.copy_Bps if host.copy_Bps > 0 else cpu_Bps,
+    host = dataclasses.replace(host, copy_Bps=host.copy_Bps if host.copy_Bps > 0 else (rate or lowest("p2p_bw_Bps")),
                                wake_s=host.wake_s if host.wake_s > 0 else lowest("wake_latency_s"),
                                serial_messages=True)
     devices, shards = cl.devices, cl.shards
-    rate = wire_rate_Bps(nets)
     if rate > 0:
-        # every rank on this host: no message touches a NIC, each is the runtime's loopback
-        # path, whose rate the profile measured (a process's one link serves both directions)
         devices = tuple(dataclasses.replace(d, nic_bw_Bps=rate) for d in cl.devices)
         shards = tuple(dataclasses.replace(d, nic_bw_Bps=rate) for d in cl.shards)
     return dataclasses.replace(problem, cluster=dataclasses.replace(

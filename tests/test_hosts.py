@@ -326,13 +326,12 @@ def test_validate_takes_the_copy_rate_from_the_measured_loopback() -> None:
 
 def test_validate_prices_messages_by_the_runtimes_measured_wire_path() -> None:
     """Profiles with the runtime's own message path measured (wire_bench): pulls at 3e9 B/s,
-    pushes at 1.5e9 B/s, 4e9 B/s of CPU per message end. Every rank on the host, so every
-    process's link gets the pair's rate 2 / (1/3e9 + 1/1.5e9) = 2e9 B/s (not the config's
-    NIC) and the host's copies 4e9 B/s (not gloo's p2p 1e9). One worker pinned to core 0 of
-    2, the shard unpinned, a layer of 1e8 parameter bytes: a pull takes 1e8 / 2e9 = 0.05 s
-    on the link while each end copies for 1e8 / 4e9 = 0.025 s on a core of its own, so the
-    link decides; alone the worker computes 1 s; the push takes 0.05 s too, and the shard's
-    work is ~1e-12 s. Iteration: 0.05 + 1 + 0.05 = 1.1 s."""
+    pushes at 1.5e9 B/s. Every rank on the host, so every process's link and each end's
+    share of a message (copy_Bps) go at the pair's rate 2 / (1/3e9 + 1/1.5e9) = 2e9 B/s
+    (not the config's NIC, not gloo's p2p 1e9, not the CPU-only 4e9). One worker pinned to
+    core 0 of 2, the shard unpinned, a layer of 1e8 parameter bytes: a pull takes 1e8 / 2e9
+    = 0.05 s, each end having a core of its own; alone the worker computes 1 s; the push
+    takes 0.05 s too, and the shard's work is ~1e-12 s. Iteration: 0.05 + 1 + 0.05 = 1.1 s."""
     from experiments.validate import wire_rate_Bps, with_host
     from hardware_profiles.schema import NetworkMeasurement
     from runtime.spec import parse_options
@@ -348,7 +347,8 @@ def test_validate_prices_messages_by_the_runtimes_measured_wire_path() -> None:
     p = plan(prob, [10])
     hosted = with_host(prob, p, opts, Host("local", 2, 0.0))
     cl = hosted.cluster
-    assert cl.hosts == (Host("local", 2, 0.0, 4e9, serial_messages=True),)
+    (h,) = cl.hosts
+    assert h.copy_Bps == _approx(2e9) and h.serial_messages
     assert [d.nic_bw_Bps for d in (*cl.devices, *cl.shards)] == _approx([2e9, 2e9])
     with time_limit(60):
         r = des.simulate(hosted, p)
