@@ -31,10 +31,18 @@ What the simulator is given, so that it models what the runtime executes:
   is a process on it with ``runtime.workers[i].threads`` (default
   ``runtime.threads``) and ``affinity``, each PS shard one with
   ``runtime.threads`` and no affinity (the runtime pins no shard). Messages
-  between the ranks are loopback copies on these cores: the host's
-  ``copy_Bps`` is the point-to-point bandwidth the profile measured between two
-  local processes (``network.p2p_bw_Bps``; the lowest over the ranks'
-  profiles), so each end of a message costs its rank that much CPU. Its
+  between the ranks are the runtime's loopback path on these cores: where the
+  profile measured it (``network.wire_pull_Bps`` / ``wire_push_Bps``,
+  :func:`hardware_profiles.profiler.wire_bench`), every process's link and the
+  host's ``copy_Bps`` (each end's share of a message, on its cores) are the
+  rate of one pull and one push (:func:`wire_rate_Bps`), so a message is as
+  fast as measured when both ends have a core and as slow as the end with
+  the smaller share when they do not; otherwise ``copy_Bps`` is the profile's
+  gloo point-to-point bandwidth (``network.p2p_bw_Bps``) and the links are
+  the config's. The lowest over the ranks' profiles. The host has
+  ``serial_messages``: a rank sends one message at a time and a shard
+  receives one at a time and answers pulls in turn, as the runtime's blocking
+  sends and single receiver thread do. Its
   ``wake_s`` is the profile's ``network.wake_latency_s`` (the lowest over the
   ranks' profiles; :func:`hardware_profiles.profiler.wake_bench`): a message
   that arrives while every core is busy reaches its rank that much later. The report

@@ -1040,6 +1040,9 @@ def wire_bench(sizes: Sequence[int] = (4 << 20, 16 << 20, 48 << 20), reps: int =
         return float(np.polyfit(x, [med[n][k] for n in sizes], 1)[0])
 
     cpu = {k: slope(k) for k in ("w_push", "s_push", "s_pull", "w_pull")}
+    if min(slope("pull"), slope("push"), *cpu.values()) <= 0:
+        raise HetsimError("wire benchmark: a time did not grow with the message size (other jobs "
+                          f"on the cores?): {med}; run it again on a quieter machine")
     return {"wire_pull_Bps": _r(1.0 / slope("pull")), "wire_push_Bps": _r(1.0 / slope("push")),
             "wire_cpu_Bps": _r(len(cpu) / sum(cpu.values())),
             "wire_cpu_s_per_B": {k: _r(v) for k, v in cpu.items()},

@@ -421,15 +421,16 @@ def test_wake_us_from_the_config() -> None:
 
 
 def test_wire_bench_measures_the_runtimes_message_path() -> None:
-    """hardware_profiles.profiler.wire_bench on two small sizes: positive rates, the CPU
-    of the four (message, end) pairs, and no rank left running."""
+    """hardware_profiles.profiler.wire_bench on two sizes far apart (1 and 16 MiB: the times
+    grow by milliseconds, well above the noise): positive rates, the CPU of the four
+    (message, end) pairs, and no rank left running."""
     import multiprocessing as mp
 
     from hardware_profiles.profiler import wire_bench
 
     with time_limit(120):
-        r = wire_bench(sizes=(1 << 20, 4 << 20), reps=3, warmup=1)
+        r = wire_bench(sizes=(1 << 20, 16 << 20), reps=5, warmup=1)
     assert r["wire_pull_Bps"] > 0 and r["wire_push_Bps"] > 0 and r["wire_cpu_Bps"] > 0
     assert set(r["wire_cpu_s_per_B"]) == {"w_push", "s_push", "s_pull", "w_pull"}
-    assert r["wire_sizes_bytes"] == [1 << 20, 4 << 20] and r["wire_reps"] == 3
+    assert r["wire_sizes_bytes"] == [1 << 20, 16 << 20] and r["wire_reps"] == 5
     assert not mp.active_children()
