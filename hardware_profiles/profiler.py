@@ -1023,7 +1023,15 @@ def wire_bench(sizes: Sequence[int] = (4 << 20, 16 << 20, 48 << 20), reps: int =
             if p.is_alive():
                 p.kill()
                 p.join(5)
-    worker, shard = got["worker"], got["shard"]
+    return wire_figures(sizes, got["worker"], got["shard"], reps, warmup)
+
+
+def wire_figures(sizes: Sequence[int], worker: Sequence[Sequence[Sequence[float]]],
+                 shard: Sequence[Sequence[float]], reps: int, warmup: int) -> dict[str, Any]:
+    """:func:`wire_bench`'s figures from its ranks' rows (per round, size by size: the worker's
+    ``(wall, until sent, CPU)`` of the round trip, the pull and the push; the shard's CPU of
+    each): per size the medians over the ``reps`` rounds after ``warmup``, the pull and push
+    less the round trip; then the least-squares slope of each over the sizes."""
     med: dict[int, dict[str, float]] = {}
     for j, n in enumerate(sizes):
         rows = range(j * (reps + warmup) + warmup, (j + 1) * (reps + warmup))

@@ -420,17 +420,45 @@ def test_wake_us_from_the_config() -> None:
     assert build_problem(cfg, REPO, "c.yaml").cluster.hosts == (Host("box", 2, 0.0, 0.0, 1.5e-3),)
 
 
-def test_wire_bench_measures_the_runtimes_message_path() -> None:
-    """hardware_profiles.profiler.wire_bench on two sizes far apart (1 and 16 MiB: the times
-    grow by milliseconds, well above the noise): positive rates, the CPU of the four
-    (message, end) pairs, and no rank left running."""
+def test_wire_figures_by_hand() -> None:
+    """wire_bench's arithmetic on made-up rows: sizes 1e6 and 3e6 bytes, one warm-up round
+    (ignored) and one measured round each. Round trip 0.1 ms; pulls 0.6 and 1.1 ms (less the
+    round trip: 0.5 and 1.0 ms, so 0.5 ms per 2e6 bytes: 4e9 B/s), pushes 1.1 and 2.1 ms
+    (2e9 B/s). CPU over the same 2e6 bytes: worker push 1 ms, shard push 0.5 ms, shard pull
+    0.5 ms, worker pull 0.4 ms; the mean over the four, 0.6 ms per 2e6 bytes: 3.333e9 B/s.
+    A time that does not grow is refused."""
+    from hardware_profiles.profiler import wire_figures
+    from sim.errors import HetsimError
+
+    junk = [(9.0, 9.0, 9.0)] * 3
+    worker = [junk, [(1e-4, 0, 0), (6e-4, 0, 1e-4), (1.1e-3, 0, 2e-4)],
+              junk, [(1e-4, 0, 0), (1.1e-3, 0, 5e-4), (2.1e-3, 0, 1.2e-3)]]
+    shard = [[9.0] * 3, [0.0, 2e-4, 3e-4], [9.0] * 3, [0.0, 7e-4, 8e-4]]
+    r = wire_figures([1_000_000, 3_000_000], worker, shard, reps=1, warmup=1)
+    assert r["wire_pull_Bps"] == pytest.approx(4e9, rel=1e-3)
+    assert r["wire_push_Bps"] == pytest.approx(2e9, rel=1e-3)
+    per_B = {"w_push": 1e-3 / 2e6, "s_push": 0.5e-3 / 2e6, "s_pull": 0.5e-3 / 2e6, "w_pull": 0.4e-3 / 2e6}
+    assert r["wire_cpu_s_per_B"] == pytest.approx(per_B, rel=1e-3)
+    assert r["wire_cpu_Bps"] == pytest.approx(4 / sum(per_B.values()), rel=1e-3)
+    worker[3][1] = (5e-4, 0, 5e-4)  # a pull that took no longer at 3e6 bytes than at 1e6
+    with pytest.raises(HetsimError, match="did not grow"):
+        wire_figures([1_000_000, 3_000_000], worker, shard, reps=1, warmup=1)
+
+
+def test_wire_bench_runs_and_leaves_no_process() -> None:
+    """The real benchmark on two sizes: figures, or (other jobs on the cores made a time not
+    grow with the size) the one-line refusal; either way no rank is left running."""
     import multiprocessing as mp
 
     from hardware_profiles.profiler import wire_bench
+    from sim.errors import HetsimError
 
     with time_limit(120):
-        r = wire_bench(sizes=(1 << 20, 16 << 20), reps=5, warmup=1)
-    assert r["wire_pull_Bps"] > 0 and r["wire_push_Bps"] > 0 and r["wire_cpu_Bps"] > 0
-    assert set(r["wire_cpu_s_per_B"]) == {"w_push", "s_push", "s_pull", "w_pull"}
-    assert r["wire_sizes_bytes"] == [1 << 20, 16 << 20] and r["wire_reps"] == 5
+        try:
+            r = wire_bench(sizes=(1 << 20, 16 << 20), reps=5, warmup=1)
+        except HetsimError as e:
+            assert "did not grow" in str(e)
+        else:
+            assert r["wire_pull_Bps"] > 0 and r["wire_push_Bps"] > 0 and r["wire_cpu_Bps"] > 0
+            assert set(r["wire_cpu_s_per_B"]) == {"w_push", "s_push", "s_pull", "w_pull"}
     assert not mp.active_children()
