@@ -184,7 +184,7 @@ def test_pipelined_parts_are_packed_on_the_backward_thread(monkeypatch: pytest.M
     totals: dict[str, Any] = {"pushed_bytes": 0}
     sender = worker.Sender(params, [list(range(len(params)))], totals, 100)
     try:
-        sender.begin(0, 8, torch.Generator().manual_seed(0))
+        sender.begin(0, 8, torch.Generator().manual_seed(0), 5)
         module(torch.randn(5, 16)).sum().backward()
         me = threading.get_ident()
         assert packed == [(4, me), (4 * 32, me), (32, me), (32 * 16, me)]  # before finish()
