@@ -33,7 +33,8 @@ from typing import Any
 from experiments import validate
 from experiments.plots import markdown_table
 
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "experiments" / "configs" / "validation"
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG_DIR = ROOT / "experiments" / "configs" / "validation"
 #: Schedulers compared per config (default: the config's own scheduler).
 SCHEDULERS = {"v3_mlp_2w_slow": "equal,hps", "v8_wide_deep_4w_slow": "equal,hps"}
 
@@ -146,6 +147,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from tqdm import tqdm
 
     configs = sorted(CONFIG_DIR.glob("*.yaml"))
+    if Path.cwd().resolve() == ROOT:  # run from the repository: reports name configs from it
+        configs = [c.relative_to(ROOT) for c in configs]
     if a.only:
         keys = [k for k in a.only.split(",") if k]
         configs = [c for c in configs if any(c.stem == k or c.stem.startswith(k + "_") for k in keys)]
