@@ -664,6 +664,64 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _loopback_group(rank: int, port: int, backend: str = "gloo") -> None:
+    """Join the two-rank process group of a benchmark (in a spawned rank). Rank 0's TCP
+    store listens on 127.0.0.1 only (a socket bound here and handed over: TCPStore itself
+    would listen on every interface), on the port the parent chose at run time."""
+    import torch.distributed as dist
+
+    listener = None
+    if rank == 0:
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.bind(("127.0.0.1", port))
+        listener.listen()
+    store = dist.TCPStore("127.0.0.1", port, 2, is_master=rank == 0,
+                          timeout=_dt.timedelta(seconds=60),
+                          master_listen_fd=listener.fileno() if listener else None)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=2,
+                            timeout=_dt.timedelta(seconds=60))
+
+
+def _run_ranks(procs: Sequence[Any], results: Any, n: int, timeout_s: float, what: str,
+               stop: Any = None) -> list[Any]:
+    """Start ``procs`` (spawned benchmark processes), collect ``n`` items from ``results``
+    and tear every process down, on success, error and Ctrl-C alike (``stop``, an event
+    the others wait on, is set first).
+
+    Raises:
+        HetsimError: a process exited with an error, or no result within ``timeout_s``.
+    """
+    got: list[Any] = []
+    try:
+        for p in procs:
+            p.start()
+        deadline = time.monotonic() + timeout_s
+        while len(got) < n:
+            try:
+                got.append(results.get(timeout=0.2))
+            except _queue.Empty:
+                if any(p.exitcode not in (None, 0) for p in procs):
+                    codes = [p.exitcode for p in procs]
+                    raise HetsimError(f"{what}: a rank failed (exit codes {codes})") from None
+                if time.monotonic() > deadline:
+                    raise HetsimError(f"{what}: no result within {timeout_s:g} s") from None
+    finally:
+        if stop is not None:
+            stop.set()
+        for p in procs:
+            if p.pid is not None:
+                p.join(timeout=5)
+            if p.is_alive():
+                p.terminate()
+                p.join(5)
+            if p.is_alive():  # pragma: no cover (terminate is ignored only when wedged)
+                p.kill()
+                p.join(5)
+        results.close()
+        results.join_thread()
+    return got
+
+
 def _net_worker(rank: int, port: int, backend: str, device: str, sizes: Sequence[int],
                 reps: int, results: Any) -> None:
     """One rank of the network benchmark (run in a spawned process)."""
@@ -673,22 +731,10 @@ def _net_worker(rank: int, port: int, backend: str, device: str, sizes: Sequence
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    # The TCP store of rank 0 listens on 127.0.0.1 only (a socket bound here and
-    # handed over: TCPStore itself would listen on every interface), on the port
-    # the parent chose at run time.
-    listener = None
-    if rank == 0:
-        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        listener.bind(("127.0.0.1", port))
-        listener.listen()
-    store = dist.TCPStore("127.0.0.1", port, 2, is_master=rank == 0,
-                          timeout=_dt.timedelta(seconds=60),
-                          master_listen_fd=listener.fileno() if listener else None)
     dev = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
-    dist.init_process_group(backend, store=store, rank=rank, world_size=2,
-                            timeout=_dt.timedelta(seconds=60))
+    _loopback_group(rank, port, backend)
     try:
         out: dict[str, list[list[float]]] = {"p2p_s": [], "allreduce_s": []}
 
@@ -775,32 +821,7 @@ def network_bench(device: str = "cpu", sizes: Sequence[int] = (8, 65_536), reps:
     port = _free_port()
     procs = [ctx.Process(target=_net_worker, args=(r, port, backend, device, list(sizes), reps, results),
                          daemon=True) for r in range(2)]
-    try:
-        for p in procs:
-            p.start()
-        deadline = time.monotonic() + timeout_s
-        got: dict[str, Any] | None = None
-        while got is None:
-            try:
-                got = results.get(timeout=0.2)
-            except _queue.Empty:
-                if any(p.exitcode not in (None, 0) for p in procs):
-                    codes = [p.exitcode for p in procs]
-                    raise HetsimError(f"network benchmark: a rank failed (exit codes {codes})") from None
-                if time.monotonic() > deadline:
-                    raise HetsimError(f"network benchmark: no result within {timeout_s:g} s") from None
-        for p in procs:
-            p.join(timeout=max(1.0, deadline - time.monotonic()))
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
-                p.join(5)
-            if p.is_alive():  # pragma: no cover (terminate is ignored only when wedged)
-                p.kill()
-                p.join(5)
-        results.close()
-        results.join_thread()
+    [got] = _run_ranks(procs, results, 1, timeout_s, "network benchmark")
     p2p = [_median_iqr(x) for x in got["p2p_s"]]
     ar = [_median_iqr(x) for x in got["allreduce_s"]]
     # latency: the smallest message; bandwidth: the slope from it to the largest
@@ -835,18 +856,15 @@ def _wake_hog(core: int, stop: Any) -> None:
 def _wake_rank(rank: int, port: int, rounds: int, core: int, results: Any) -> None:
     """Rank 0 plays a PS shard (unpinned, ``runtime.wire.Receiver``), rank 1 a worker
     pinned to ``core``: ``rounds`` round trips of a header-only PUSH and PARAMS."""
-    import datetime
 
     import torch
-    import torch.distributed as dist
 
     from runtime import wire
 
     if rank == 1:
         os.sched_setaffinity(0, {core})
     torch.set_num_threads(1)
-    store = dist.TCPStore("127.0.0.1", port, 2, rank == 0, timeout=datetime.timedelta(seconds=60))
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
+    _loopback_group(rank, port)
     if rank == 0:
         rx = wire.Receiver()
         for _ in range(rounds):
@@ -888,20 +906,7 @@ def wake_bench(rounds: int = 1000, warmup: int = 20, timeout_s: float = 120.0) -
         procs = [ctx.Process(target=_wake_hog, args=(c, stop), daemon=True) for c in cores[:hogs]]
         procs += [ctx.Process(target=_wake_rank, args=(r, port, rounds + warmup, cores[0], results), daemon=True)
                   for r in range(2)]
-        try:
-            for p in procs:
-                p.start()
-            try:
-                got = results.get(timeout=timeout_s)
-            except _queue.Empty:
-                raise HetsimError(f"wake-up benchmark: no result within {timeout_s:g} s") from None
-        finally:
-            stop.set()
-            for p in procs:
-                p.join(5)
-                if p.is_alive():
-                    p.kill()
-                    p.join(5)
+        [got] = _run_ranks(procs, results, 1, timeout_s, "wake-up benchmark", stop=stop)
         means[label] = sum(got[warmup:]) / rounds
     return {"wake_rtt_idle_s": _r(means["idle"]), "wake_rtt_busy_s": _r(means["busy"]),
             "wake_busy_processes": len(cores), "wake_rounds": rounds,
@@ -916,10 +921,8 @@ def _wire_rank(rank: int, port: int, sizes: Sequence[int], reps: int, warmup: in
     and copied into the parameters, as ``runtime.worker.PSClient`` does). Per size and
     round: a header-only round trip, a pull and a push, each with its wall time (worker)
     and the CPU time (``time.process_time``, every thread) each rank spent on it."""
-    import datetime
 
     import torch
-    import torch.distributed as dist
 
     from runtime import quant, wire
     from runtime.launch import keep_freed_memory
@@ -928,8 +931,7 @@ def _wire_rank(rank: int, port: int, sizes: Sequence[int], reps: int, warmup: in
     if rank == 1:
         os.sched_setaffinity(0, {core})
     torch.set_num_threads(1)
-    store = dist.TCPStore("127.0.0.1", port, 2, rank == 0, timeout=datetime.timedelta(seconds=60))
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
+    _loopback_group(rank, port)
     rounds = [(n, k) for n in sizes for k in range(reps + warmup)]
     if rank == 0:
         rx = wire.Receiver()
@@ -1010,19 +1012,7 @@ def wire_bench(sizes: Sequence[int] = (4 << 20, 16 << 20, 48 << 20), reps: int =
     port = _free_port()
     procs = [ctx.Process(target=_wire_rank, args=(r, port, list(sizes), reps, warmup, cores[0], results),
                          daemon=True) for r in range(2)]
-    try:
-        for p in procs:
-            p.start()
-        try:
-            got = dict([results.get(timeout=timeout_s), results.get(timeout=timeout_s)])
-        except _queue.Empty:
-            raise HetsimError(f"wire benchmark: no result within {timeout_s:g} s") from None
-    finally:
-        for p in procs:
-            p.join(5)
-            if p.is_alive():
-                p.kill()
-                p.join(5)
+    got = dict(_run_ranks(procs, results, 2, timeout_s, "wire benchmark"))
     return wire_figures(sizes, got["worker"], got["shard"], reps, warmup)
 
 
