@@ -112,7 +112,8 @@ class ShardPulls:
     # ------------------------------------------------------------ internals
     def _try(self, t: int, k: int) -> None:
         ranks = self.expected.get(t)
-        if ranks is not None and self.tv[k] == t and all(r in self.parts[(t, k)] for r in ranks):
+        got = self.parts.get((t, k), {})  # not self.parts[...]: a look must not add an entry
+        if ranks is not None and self.tv[k] == t and all(r in got for r in ranks):
             self._apply(t, k, ranks)
             self.serve()
 

@@ -161,6 +161,22 @@ class _Acct:
                 self.wait += dt
 
 
+class _Queued:
+    """A message waiting for its serial links (``Host.serial_messages``): it starts once it
+    heads the queue of each of them."""
+
+    __slots__ = ("start", "queues", "started")
+
+    def __init__(self, start: Callable[[], None], queues: tuple[collections.deque[_Queued], ...]) -> None:
+        self.start, self.queues, self.started = start, queues, False
+
+    def try_start(self) -> None:
+        if self.started or any(q[0] is not self for q in self.queues):
+            return
+        self.started = True
+        self.start()
+
+
 class DataParallelSim:
     """One DES run of a single-stage plan. Use :func:`sim.des.simulate`."""
 
@@ -212,7 +228,7 @@ class DataParallelSim:
         # Serial messages (a host with serial_messages): each of its processes' links carries
         # one message at a time, first issued first served; a message starts once it heads
         # the queue of both its links (see _transfer). Link ids as for ``bw`` above.
-        self.link_queue: list[collections.deque[list[Any]] | None] = [None] * (2 * N + 2 * S)
+        self.link_queue: list[collections.deque[_Queued] | None] = [None] * (2 * N + 2 * S)
         for i, pl in enumerate(placed):
             if pl is not None and cl.hosts[pl.host].serial_messages:
                 ups = (i, N + i) if i < N else (2 * N + (i - N), 2 * N + S + (i - N))
@@ -409,7 +425,6 @@ class DataParallelSim:
         in the order they were issued and two never wait for each other."""
         qa, qb = self.link_queue[src_link], self.link_queue[dst_link]
         if qa is not None or qb is not None:
-            msg: list[Any] = [False, None]  # started, start()
             first = delivered
 
             def done() -> None:
@@ -419,24 +434,15 @@ class DataParallelSim:
                 first()
                 for q in (qa, qb):
                     if q:
-                        self._serial_start(q[0])
+                        q[0].try_start()
 
-            msg[1] = lambda: self._transfer_now(src, dst, src_link, dst_link, nbytes, done)
-            msg.append((qa, qb))
-            for q in (qa, qb):
-                if q is not None:
-                    q.append(msg)
-            self._serial_start(msg)
+            msg = _Queued(lambda: self._transfer_now(src, dst, src_link, dst_link, nbytes, done),
+                          tuple(q for q in (qa, qb) if q is not None))
+            for q in msg.queues:
+                q.append(msg)
+            msg.try_start()
             return
         self._transfer_now(src, dst, src_link, dst_link, nbytes, delivered)
-
-    @staticmethod
-    def _serial_start(msg: list[Any]) -> None:
-        """Start a queued message if it heads the queue of each of its serial links."""
-        if msg[0] or any(q is not None and q[0] is not msg for q in msg[2]):
-            return
-        msg[0] = True
-        msg[1]()
 
     def _transfer_now(self, src: int, dst: int, src_link: int, dst_link: int, nbytes: float,
                       delivered: Callable[[], None]) -> None:
