@@ -63,6 +63,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
+from scipy.optimize import nnls
 
 from hardware_profiles.schema import (
     BandwidthCurve,
@@ -501,24 +502,6 @@ def fit(profile: DeviceProfile, exclude: Sequence[str] = (), micro: bool = True
     return _with_fit(profile, f, keep_tables=False), f
 
 
-def _nonneg_lsq(A: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """min |A x - y| over x >= 0 for two or fewer columns: the unconstrained solution
-    when it is non-negative, else the best with some coefficients held at 0."""
-    k = A.shape[1]
-    best: tuple[float, np.ndarray] | None = None
-    for mask in range(1, 2**k):
-        cols = [j for j in range(k) if mask >> j & 1]
-        sol = np.linalg.lstsq(A[:, cols], y, rcond=None)[0]
-        if np.any(sol < 0):
-            continue
-        x = np.zeros(k)
-        x[cols] = sol
-        r = float(np.sum((A @ x - y) ** 2))
-        if best is None or r < best[0] - 1e-300:
-            best = (r, x)
-    return best[1] if best is not None else np.zeros(k)
-
-
 def glue_rows(raw: dict[str, Any], exclude: Sequence[str] = ()) -> dict[str, list[tuple[float, ...]]]:
     """Per phase, one row per zoo-model run that has its layers' own times: (layers,
     output bytes of those layers, glue seconds, iteration seconds). The glue is what the
@@ -570,7 +553,7 @@ def fit_glue(raw: dict[str, Any], exclude: Sequence[str] = ()) -> dict[str, tupl
         A = r[:, :2] / r[:, 3:4]
         scale = A.max(axis=0)
         scale[scale <= 0] = 1.0
-        x = _nonneg_lsq(A / scale, r[:, 2] / r[:, 3]) / scale
+        x = nnls(A / scale, r[:, 2] / r[:, 3])[0] / scale
         out[ph] = (float(f"{x[0]:.4g}"), float(f"{x[1]:.4g}"))
     return out
 
