@@ -71,8 +71,9 @@ def proportional_fill(shares: list[int], alive: list[bool], total: int) -> list[
 def weighted_mean(entries: dict[int, tuple[torch.Tensor, int]], members: list[int]) -> torch.Tensor:
     """Gradient of the members' whole batch: their mean gradients weighted by samples."""
     total = sum(entries[r][1] for r in members)
-    out = torch.zeros_like(entries[members[0]][0])
-    for r in members:  # in rank order, so every run sums alike
+    first, *rest = members  # in rank order, so every run sums alike
+    out = torch.mul(entries[first][0], entries[first][1] / total)
+    for r in rest:
         out.add_(entries[r][0], alpha=entries[r][1] / total)
     return out
 
@@ -148,6 +149,11 @@ class Shard:
             return torch.zeros(0)
         out, off = [], 0
         rows = self.rows.get(m.src, {})
+        if bits == 32 and not rows:  # fp32 pieces end to end are the flat gradient: a view, no copy
+            n = sum(self.numels_of(m.src))
+            if m.payload.numel() != quant.wire_bytes(n, 32):
+                raise ValueError(f"push of {m.payload.numel()} bytes, {quant.wire_bytes(n, 32)} expected")
+            return quant.unpack(m.payload, n, 32)
         for k, n in zip(self.groups[self.group_of[m.src]], self.numels_of(m.src)):
             nb = quant.wire_bytes(n, bits)
             g = quant.unpack(m.payload[off:off + nb], n, bits)

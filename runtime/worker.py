@@ -198,12 +198,12 @@ class PSClient:
         """Push every shard its gradients at ``bits`` (shards 1..S-1 first, shard 0 last:
         shard 0's push carries the figures the commit waits for)."""
         for s in [*range(1, self.S), 0]:
-            pieces = []
+            grads = []
             for i in self.owned[s]:
                 g = self.params[i].grad
                 g = g if g is not None else torch.zeros_like(self.params[i])
-                pieces.append(quant.pack(g[self.rows[i]] if i in self.rows else g, bits, qgen))
-            payload = torch.cat(pieces) if pieces else None  # a stage may hold none of a shard's tensors
+                grads.append(g[self.rows[i]] if i in self.rows else g)
+            payload = quant.pack_many(grads, bits, qgen) if grads else None  # a stage may hold none of a shard's tensors
             self.totals["pushed_bytes"] += wire.send(s, wire.PUSH, t, *figures, payload=payload)
 
 
