@@ -30,7 +30,7 @@ What the simulator is given, so that it models what the runtime executes:
   measured by a 1-second probe just before the run (:func:`background_threads`); each worker
   is a process on it with ``runtime.workers[i].threads`` (default
   ``runtime.threads``) and ``affinity``, each PS shard one with
-  ``runtime.threads`` and no affinity (the runtime pins no shard). Messages
+  ``runtime.threads`` and ``runtime.ps_affinity`` (absent: not pinned). Messages
   between the ranks are the runtime's loopback path on these cores: where the
   profile measured it (``network.wire_pull_Bps`` / ``wire_push_Bps``,
   :func:`hardware_profiles.profiler.wire_bench`), every process's link and the
@@ -345,7 +345,8 @@ def measure_host(name: str = "local") -> Host:
 def with_host(problem: Problem, plan: Plan, opts: RuntimeOptions, host: Host) -> Problem:
     """``problem`` with every rank of the real run on ``host``: each worker of ``plan`` a
     process with its ``runtime.workers`` threads and affinity, each shard one with
-    ``runtime.threads``. A problem that has hosts already is returned as it is."""
+    ``runtime.threads`` and ``runtime.ps_affinity``. A problem that has hosts already is
+    returned as it is."""
     cl = problem.cluster
     if cl.hosts:
         return problem
@@ -355,7 +356,8 @@ def with_host(problem: Problem, plan: Plan, opts: RuntimeOptions, host: Host) ->
         threads = (o.threads if o is not None and o.threads else opts.threads)
         aff = tuple(o.affinity) if o is not None and o.affinity is not None else None
         placement.append((r.device, Placement(0, threads, aff)))
-    placement += [(s, Placement(0, opts.threads, None)) for s in plan.ps_shards]
+    ps_aff = tuple(opts.ps_affinity) if opts.ps_affinity is not None else None
+    placement += [(s, Placement(0, opts.threads, ps_aff)) for s in plan.ps_shards]
     # the ranks' measured network figures; each host field the lowest of them where unset
     nets = [n for d in (*(r.device for r in plan.replicas), *plan.ps_shards)
             if (n := cl.device(d).type.network) is not None]

@@ -62,6 +62,8 @@ def run_rank(spec: RunSpec, rank: int, world: int, local_rank: int = 0) -> RunRe
         raise RuntimeFailure(f"world size {world} != {spec.n_shards} PS shards + {spec.n_workers} workers")
     keep_freed_memory()
     torch.set_num_threads(spec.threads)
+    if rank < spec.n_shards and spec.ps_affinity is not None and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, set(spec.ps_affinity))
     dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=spec.timeout_s))
     try:
@@ -106,6 +108,14 @@ def keep_freed_memory() -> bool:
     except (OSError, AttributeError):
         return False
     return bool(mallopt(M_MMAP_THRESHOLD, KEEP_BYTES)) and bool(mallopt(M_TRIM_THRESHOLD, KEEP_BYTES))
+
+
+def in_force() -> dict[str, Any]:
+    """The emulation this process really runs with: torch threads and the CPUs it may use."""
+    import torch
+
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    return {"threads": torch.get_num_threads(), "affinity": cpus}
 
 
 def die_with_parent() -> None:

@@ -42,6 +42,7 @@ from typing import Any
 import torch
 
 from runtime import checkpoint, quant, task, wire
+from runtime.launch import in_force
 from runtime.pulls import ShardPulls
 from runtime.spec import RunSpec
 from sim.observation import Observation, WorkerStatus, accepted_shares, full_membership, rate_sps
@@ -293,7 +294,7 @@ class Shard:
                     name, sha = self.save()
                     wire.send(0, wire.SAVED, self.version, payload=wire.json_payload({"file": name, "sha256": sha}))
             if stopping and not commits:
-                wire.send(0, wire.REPORT, payload=wire.json_payload({"busy_s": self.busy_s}))
+                wire.send(0, wire.REPORT, payload=wire.json_payload({"busy_s": self.busy_s, "emulation": in_force()}))
                 return
             for src, it in list(self.pending.items()):
                 if not bsp or it <= self.version:
@@ -344,6 +345,7 @@ class Coordinator(Shard):
         self.win_worker = [0] * W
         self.losses: dict[int, dict[int, float]] = defaultdict(dict)
         self.shard_busy: dict[int, float] = {}
+        self.shard_emulation: dict[int, dict[str, Any]] = {0: in_force()}  # threads, CPUs of each shard
         self.max_ahead = 0  # ASP/SSP: most iterations a served pull was ahead of the slowest
         self.fingerprint = checkpoint.fingerprint(spec)
         self.saved: dict[int, dict[str, str]] = defaultdict(dict)  # version -> {file: sha256}
@@ -622,7 +624,8 @@ class Coordinator(Shard):
             if m is not None and m.kind == wire.SAVED:  # a shard's last checkpoint comes before its REPORT
                 self.on_saved(m)
             elif m is not None and m.kind == wire.REPORT and m.src < self.S:
-                self.shard_busy[m.src] = wire.json_of(m)["busy_s"]
+                got = wire.json_of(m)
+                self.shard_busy[m.src], self.shard_emulation[m.src] = got["busy_s"], got["emulation"]
         return self.result()
 
     def on_push(self, w: int, m: wire.Message, bsp: bool) -> None:
@@ -693,9 +696,11 @@ class Coordinator(Shard):
                                  for w in range(self.W)},
                 "pulled_bytes": {spec.workers[w].device: self.reports.get(w, {}).get("pulled_bytes")
                                  for w in range(self.W)},
-                # what each worker process actually ran with (threads, CPUs, slowdown steps)
-                "emulation": {spec.workers[w].device: self.reports.get(w, {}).get("emulation")
-                              for w in range(self.W)},
+                # what each worker process actually ran with (threads, CPUs, slowdown steps),
+                # and each shard (threads, CPUs)
+                "emulation": {**{spec.workers[w].device: self.reports.get(w, {}).get("emulation")
+                                 for w in range(self.W)},
+                              **{sid: self.shard_emulation.get(k) for k, sid in enumerate(spec.shards)}},
                 "pipeline": spec.pipeline,
                 "pipeline_pulls": spec.pipeline_pulls,
             },

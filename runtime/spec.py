@@ -16,6 +16,7 @@ under ``runtime_ignored``).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -57,6 +58,8 @@ class RuntimeOptions(_Strict):
     threads: int = Field(1, ge=1, description="torch threads of every rank unless a worker says otherwise")
     device: Literal["cpu", "cuda"] = Field("cpu", description="where workers compute (cuda: GPU local_rank)")
     workers: list[WorkerOptions] = Field(default_factory=list, description="per worker, plan order")
+    ps_affinity: list[int] | None = Field(
+        None, description="CPU ids every PS shard process is pinned to (Linux; absent: not pinned)")
     max_trace_spans: int = Field(20_000, ge=0, description="spans kept per worker for trace.json")
     checkpoint_every: int = Field(
         0, ge=0, description="PS shards checkpoint every N committed iterations and at the end, "
@@ -121,6 +124,7 @@ class RunSpec:
     pipeline_pulls: bool = False  # and pull each tensor as it is applied (runtime.pulls)
     device: str = "cpu"
     threads: int = 1
+    ps_affinity: list[int] | None = None  # CPU ids of every PS shard process (None: not pinned)
     timeout_s: float = 600.0
     max_trace_spans: int = 20_000
     scheduler: Any = None  # an OnlineScheduler (rank 0 calls rebalance) or None
@@ -173,6 +177,20 @@ def parse_options(data: Any, source: str) -> RuntimeOptions:
         raise ConfigError(source, f"runtime.{err.field}" if err.field else "runtime", err.message) from None
 
 
+def check_cpus(cpus: list[int] | None, source: str, field_name: str) -> None:
+    """Raise ConfigError unless every CPU id in ``cpus`` is one this process may run on
+    (Linux; elsewhere, and for None, nothing is checked)."""
+    if cpus is None or not hasattr(os, "sched_getaffinity"):
+        return
+    if not cpus:
+        raise ConfigError(source, field_name, "names no CPU (leave it out to not pin)")
+    here = sorted(os.sched_getaffinity(0))
+    missing = sorted(set(cpus) - set(here))
+    if missing:
+        raise ConfigError(source, field_name, f"CPU {missing[0]} is not one this machine lets the run use "
+                          f"(available: {', '.join(map(str, here))})")
+
+
 def build_spec(problem: Problem, plan: Plan, opts: RuntimeOptions, scheduler: Any = None,
                iterations: int | None = None, timeout_s: float = 600.0, source: str = "<config>",
                plan_source: str | None = None) -> RunSpec:
@@ -209,6 +227,9 @@ def build_spec(problem: Problem, plan: Plan, opts: RuntimeOptions, scheduler: An
     if len(opts.workers) > len(devices):
         raise ConfigError(source, "runtime.workers",
                           f"{len(opts.workers)} entries for {len(devices)} workers of the plan")
+    pinned = [(f"runtime.workers[{w}].affinity", o.affinity) for w, o in enumerate(opts.workers)]
+    for field_name, cpus in [*pinned, ("runtime.ps_affinity", opts.ps_affinity)]:
+        check_cpus(cpus, source, field_name)
     inventory = [d.id for d in problem.cluster.devices]
     workers, ignored = [], []
     for w, dev in enumerate(devices):
@@ -244,7 +265,8 @@ def build_spec(problem: Problem, plan: Plan, opts: RuntimeOptions, scheduler: An
         staleness=job.staleness, bits=job.quant_bits, adaptive=job.quant_adaptive,
         quant_every=job.quant_every, lr=opts.lr, failure_timeout_s=job.failure_timeout_s,
         warmup=job.warmup_iterations, workers=workers, shards=list(plan.ps_shards), plan=plan,
-        pipeline=job.pipeline, pipeline_pulls=opts.pipeline_pulls, device=opts.device, threads=opts.threads, timeout_s=timeout_s,
+        pipeline=job.pipeline, pipeline_pulls=opts.pipeline_pulls, device=opts.device, threads=opts.threads,
+        ps_affinity=opts.ps_affinity, timeout_s=timeout_s,
         max_trace_spans=opts.max_trace_spans, scheduler=online, devices=devs, ignored=ignored,
         checkpoint_every=opts.checkpoint_every, crash_after_iteration=opts.crash_after_iteration,
         stages=stages, micro_batches=(opts.micro_batches or len(plan.stages)) if stages else 1,

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from runtime import quant, task, wire
+from runtime.launch import in_force
 from runtime.pulls import Puller
 from runtime.spec import RunSpec, WorkerSpec
 
@@ -288,9 +289,7 @@ def run_worker(spec: RunSpec, w: int, local_rank: int = 0) -> None:
 def send_report(ws: WorkerSpec, t: int, totals: dict[str, Any], spans: list[list[object]],
                 send_spans: list[list[object]], **more: Any) -> None:
     """The final ``REPORT`` to shard 0: time split, spans and the emulation really in force."""
-    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-    emulation = {"threads": torch.get_num_threads(), "affinity": cpus,
-                 "slowdown": [list(e) for e in ws.slowdown_events]}
+    emulation = {**in_force(), "slowdown": [list(e) for e in ws.slowdown_events]}
     report = {**totals, "iterations": t, "spans": spans, "send_spans": send_spans, "emulation": emulation,
               **more}
     wire.send(0, wire.REPORT, t, payload=wire.json_payload(report))

@@ -304,6 +304,9 @@ def test_validate_places_every_rank_on_the_measured_host() -> None:
     assert [cl.placed(d.id) for d in cl.devices] == [Placement(0, 2, (0,)), Placement(0, 1, (1,)),
                                                       Placement(0, 2, None)]
     assert cl.placed("ps:0") == Placement(0, 2, None)  # shards: runtime.threads, not pinned
+    opts = parse_options({"threads": 2, "ps_affinity": [1]}, "c")
+    cl = with_host(prob, plan(prob, [10, 10, 10]), opts, host).cluster
+    assert cl.placed("ps:0") == Placement(0, 2, (1,))  # runtime.ps_affinity: pinned as the runtime pins it
     mine = dataclasses.replace(prob, cluster=dataclasses.replace(prob.cluster, hosts=(Host("own", 8),)))
     assert with_host(mine, plan(mine, [10, 10, 10]), opts, host) is mine  # the config's hosts win
 

@@ -199,10 +199,11 @@ def test_pipelined_parts_are_packed_on_the_backward_thread(monkeypatch: pytest.M
 
 def test_quantized_pushes_carry_packed_bytes(tmp_path: Path) -> None:
     res = run(config(tmp_path, job={"quantization": 4, "iterations": 8},
-                     runtime={"workers": [{"threads": 2, "affinity": [0]}]}))
-    emu = res.extra["runtime"]["emulation"]  # what the worker processes really ran with
+                     runtime={"workers": [{"threads": 2, "affinity": [0]}], "ps_affinity": [0]}))
+    emu = res.extra["runtime"]["emulation"]  # what the processes really ran with
     assert emu["this_machine:0"] == {"threads": 2, "affinity": [0], "slowdown": []}
     assert emu["this_machine:1"]["threads"] == 1
+    assert emu["ps:0"] == {"threads": 1, "affinity": [0]}  # runtime.ps_affinity pins the shard
     module, _ = task.build("mlp", 0, {"in_features": 16, "hidden": [32], "classes": 4})
     want = sum(packed_bytes(p.numel(), 4) for p in module.parameters())
     pushes = res.extra["runtime"]["pushes"]
@@ -339,6 +340,23 @@ def test_bad_input_exits_2_with_one_line(tmp_path: Path) -> None:
     bad = config(tmp_path, runtime={"lr": -1})
     proc = subprocess.run([*HETSIM, "run", str(bad)], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "runtime.lr" in proc.stderr
+    bad = config(tmp_path, runtime={"ps_affinity": [4096]})  # a CPU this machine does not have
+    proc = subprocess.run([*HETSIM, "run", str(bad)], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    assert "runtime.ps_affinity" in proc.stderr and "CPU 4096 is not one" in proc.stderr
+
+
+@pytest.mark.parametrize("runtime,field,message", [
+    ({"workers": [{}, {"affinity": [0, 4096]}]}, "runtime.workers[1].affinity", "CPU 4096 is not one"),
+    ({"ps_affinity": []}, "runtime.ps_affinity", "names no CPU"),
+])
+def test_pinning_to_cpus_that_are_not_here_is_refused(tmp_path: Path, runtime: dict, field: str,
+                                                       message: str) -> None:
+    from sim.errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        entry.prepare(config(tmp_path, runtime=runtime))
+    assert e.value.field == field and message in str(e.value)
 
 
 @pytest.mark.gpu
