@@ -176,8 +176,7 @@ class Shard:
         try:
             if m.kind == wire.PUSH_PART:
                 assert m.payload is not None
-                k, bits = int(m.header[wire.F_A]), int(m.header[wire.F_B])
-                self.parts.setdefault(key, {})[k] = quant.unpack(m.payload, self.numels_of(m.src)[k], bits)
+                self.parts.setdefault(key, {}).update(wire.part_tensors(m, self.numels_of(m.src)))
                 self.part_bytes[key] = self.part_bytes.get(key, 0) + m.payload.numel()
                 return None
             if m.kind == wire.PUSH_DONE:

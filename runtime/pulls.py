@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from runtime import quant, wire
+from runtime import wire
 
 if TYPE_CHECKING:
     from runtime.ps import Shard
@@ -69,14 +69,18 @@ class ShardPulls:
 
     # ------------------------------------------------------------ messages
     def on_part(self, m: wire.Message) -> None:
-        """A ``PUSH_PART``: one gradient tensor of one worker (fields: tensor, bits, samples)."""
+        """A ``PUSH_PART``: gradient tensors of one worker (fields: first tensor, bits, samples,
+        count; :func:`runtime.wire.part_tensors`)."""
         assert m.payload is not None
         t0 = time.perf_counter()
-        k, bits, samples = int(m.header[wire.F_A]), int(m.header[wire.F_B]), int(m.header[wire.F_C])
-        self.parts[(m.iteration, k)][m.src] = (quant.unpack(m.payload, self.sh.numels[k], bits), samples)
+        samples = int(m.header[wire.F_C])
+        got = wire.part_tensors(m, self.sh.numels)
+        for k, g in got:
+            self.parts[(m.iteration, k)][m.src] = (g, samples)
         self.bytes_in[(m.src, m.iteration)] += m.payload.numel()
         self.sh.busy_s += time.perf_counter() - t0
-        self._try(m.iteration, k)
+        for k, _ in got:
+            self._try(m.iteration, k)
 
     def on_done(self, m: wire.Message) -> int:
         """A ``PUSH_DONE``: the worker's parts of that iteration are all in; returns their bytes."""

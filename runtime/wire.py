@@ -25,6 +25,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from runtime import quant
+
 HEADER_LEN = 10
 TAG_HEADER = 11
 TAG_PAYLOAD = 12
@@ -36,7 +38,8 @@ PUSH = 3      # worker -> shard: [kind, iteration, samples, loss, compute_s, fre
 REPORT = 4    # worker -> shard 0: [kind, 0, ..., nbytes] + JSON payload (spans, totals)
 COMMIT = 5    # shard 0 -> shard k: [kind, iteration, ..., nbytes] + int64 member ranks
 STOP = 6      # shard 0 -> shard k: [kind]
-PUSH_PART = 7  # worker -> shard (job.pipeline): [kind, iteration, tensor index in shard, bits, nbytes]
+PUSH_PART = 7  # worker -> shard (job.pipeline): [kind, iteration, first tensor index in shard, bits, samples,
+#                count, nbytes]: the packed gradients of tensors first .. first + count - 1, end to end
 PUSH_DONE = 8  # worker -> shard after its parts: PUSH's fields with nbytes 0
 SAVED = 9     # shard k -> shard 0: [kind, version, ..., nbytes] + JSON {file, sha256} of its checkpoint
 # between the stage replicas of a multi-stage plan (runtime.stages), each with the samples it carries:
@@ -121,6 +124,27 @@ def _with_payload(src: int, header: torch.Tensor) -> Message:
         payload = torch.empty(n, dtype=torch.uint8)
         dist.recv(payload, src=src, tag=TAG_PAYLOAD)
     return Message(src, hd, payload)
+
+
+def part_tensors(m: Message, numels: list[int]) -> list[tuple[int, torch.Tensor]]:
+    """The gradients a ``PUSH_PART`` carries: ``(k, values)`` for each of its ``count``
+    tensors ``k`` from ``first`` on (``numels[k]`` values each, unpacked from its slice).
+
+    Raises:
+        ValueError: a count below 1, tensors past ``numels``, or a payload of another size.
+    """
+    assert m.payload is not None
+    first, bits, count = int(m.header[F_A]), int(m.header[F_B]), int(m.header[F_D])
+    if count < 1 or first < 0 or first + count > len(numels):
+        raise ValueError(f"push part of tensors {first} .. {first + count - 1} of {len(numels)}")
+    out, off = [], 0
+    for k in range(first, first + count):
+        nb = quant.wire_bytes(numels[k], bits)
+        out.append((k, quant.unpack(m.payload[off:off + nb], numels[k], bits)))
+        off += nb
+    if off != m.payload.numel():
+        raise ValueError(f"push part of {m.payload.numel()} bytes, {off} expected")
+    return out
 
 
 def json_payload(obj: object) -> torch.Tensor:

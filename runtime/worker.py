@@ -62,14 +62,32 @@ def emulate(ws: WorkerSpec) -> None:
         os.sched_setaffinity(0, set(ws.affinity))
 
 
+def layer_groups(module: torch.nn.Module) -> list[list[int]]:
+    """Indices into ``list(module.parameters())`` grouped by the module that holds each
+    parameter itself (a layer: a Linear's weight and bias), in parameter order; a
+    parameter two modules share goes with the first."""
+    index = {id(p): i for i, p in enumerate(module.parameters())}
+    groups, seen = [], set()
+    for m in module.modules():
+        mine = [index[id(p)] for p in m.parameters(recurse=False) if id(p) in index and id(p) not in seen]
+        seen.update(id(p) for p in m.parameters(recurse=False))
+        if mine:
+            groups.append(mine)
+    return sorted(groups, key=lambda g: g[0])
+
+
 class Sender:
-    """``job.pipeline``: pushes each gradient tensor as soon as backward has accumulated it.
+    """``job.pipeline``: pushes each layer's gradients as soon as backward has accumulated them.
 
     A post-accumulate-grad hook on every parameter packs its gradient at once, on the
     thread running backward (between the backward of its layer and that of the layer
     below, as the simulator charges it and as DDP's communication hooks compress their
-    buckets), and queues the packed bytes; this thread only sends them to their shard as
-    ``PUSH_PART`` while backward goes on with the layers below. :meth:`finish` packs and
+    buckets). Once every tensor of its layer (``groups``: the parameters one module holds
+    itself, :func:`layer_groups`) is packed, the layer is queued, one ``PUSH_PART`` per
+    shard holding its tensors (per run of consecutive tensors of that shard); this thread
+    only sends them while backward goes on with the layers below. One message per layer,
+    not per tensor, as the simulator's layer chunks go: each message costs its hand-offs
+    between processes (``bench.handoff_bench``). :meth:`finish` packs and
     queues the tensors that got no gradient (zeros) and waits until the queue is drained;
     the worker then sends each shard ``PUSH_DONE`` with the iteration's figures. Only this
     thread sends during backward, and the main thread sends only after :meth:`finish`, so
@@ -83,11 +101,17 @@ class Sender:
     """
 
     def __init__(self, params: list[torch.nn.Parameter], owned: list[list[int]], totals: dict[str, Any],
-                 max_spans: int) -> None:
+                 max_spans: int, groups: list[list[int]] | None = None) -> None:
         self.params, self.totals, self.max_spans = params, totals, max_spans
         self.gen = torch.Generator()
         self.where = {i: (s, k) for s, idx in enumerate(owned) for k, i in enumerate(idx)}
-        self.q: queue.Queue[tuple[int, torch.Tensor] | None] = queue.Queue()
+        self.groups = groups if groups is not None else [[i] for i in range(len(params))]
+        self.group_of = {i: g for g, idx in enumerate(self.groups) for i in idx}
+        if sorted(self.group_of) != list(range(len(params))):
+            raise ValueError("groups must hold every parameter index exactly once")
+        # (shard, first tensor in the shard, parameter indices, their packed bytes) per message
+        self.q: queue.Queue[tuple[int, int, list[int], list[torch.Tensor]] | None] = queue.Queue()
+        self.packed: dict[int, torch.Tensor] = {}  # parameter index -> packed, its layer incomplete
         self.sent: set[int] = set()
         self.iteration, self.bits, self.samples = 0, 32, 0
         self.spans: list[list[object]] = []
@@ -99,24 +123,38 @@ class Sender:
 
     def begin(self, iteration: int, bits: int, gen: torch.Generator, samples: int) -> None:
         self.iteration, self.bits, self.gen, self.sent, self.samples = iteration, bits, gen, set(), samples
+        self.packed = {}
 
     def _pack(self, i: int) -> None:
-        """Pack tensor i's gradient (zeros without one) and queue it for the sender."""
+        """Pack tensor i's gradient (zeros without one); queue its layer once it is all packed."""
         g = self.params[i].grad
         self.sent.add(i)
-        self.q.put((i, quant.pack(g if g is not None else torch.zeros_like(self.params[i]), self.bits, self.gen)))
+        self.packed[i] = quant.pack(g if g is not None else torch.zeros_like(self.params[i]), self.bits, self.gen)
+        group = self.groups[self.group_of[i]]
+        if any(j not in self.packed for j in group):
+            return
+        runs: list[tuple[int, int, list[int], list[torch.Tensor]]] = []
+        for j in sorted(group, key=lambda j: self.where[j]):
+            s, k = self.where[j]
+            if runs and runs[-1][0] == s and runs[-1][1] + len(runs[-1][2]) == k:
+                runs[-1][2].append(j)
+                runs[-1][3].append(self.packed.pop(j))
+            else:
+                runs.append((s, k, [j], [self.packed.pop(j)]))
+        for run in runs:
+            self.q.put(run)
 
     def _loop(self) -> None:
         while (item := self.q.get()) is not None:
             try:
                 if self.error is None:
                     a = time.time()
-                    i, payload = item
-                    s, k = self.where[i]
-                    self.totals["pushed_bytes"] += wire.send(s, wire.PUSH_PART, self.iteration, k,
-                                                             self.bits, self.samples, payload=payload)
+                    s, k, idx, pieces = item
+                    payload = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+                    self.totals["pushed_bytes"] += wire.send(s, wire.PUSH_PART, self.iteration, k, self.bits,
+                                                             self.samples, len(pieces), payload=payload)
                     if len(self.spans) < self.max_spans:
-                        self.spans.append([f"push {i}", a, time.time()])
+                        self.spans.append([f"push {','.join(map(str, idx))}", a, time.time()])
             except BaseException as e:  # noqa: BLE001 - raised again by finish()
                 self.error = e
             finally:
@@ -226,7 +264,7 @@ def run_worker(spec: RunSpec, w: int, local_rank: int = 0) -> None:
             spans.append([name, a, b])
 
     ps = PSClient(spec, params, owned, totals, span)
-    sender = Sender(params, owned, totals, spec.max_trace_spans) if spec.pipeline else None
+    sender = Sender(params, owned, totals, spec.max_trace_spans, layer_groups(module)) if spec.pipeline else None
     puller = (Puller(module, params, owned, totals, spec.timeout_s, spec.max_trace_spans)
               if spec.pipeline_pulls else None)
     start = time.time()

@@ -143,22 +143,23 @@ def test_bsp_loss_decreases_and_the_run_repeats_exactly(tmp_path: Path, bsp: tup
     assert all(d.busy_s > 0 for d in b.devices)
 
 
-def test_pipelined_push_sends_each_gradient_as_backward_makes_it(bsp: tuple[Path, Any]) -> None:
+def test_pipelined_push_sends_each_layer_as_backward_makes_it(bsp: tuple[Path, Any]) -> None:
     path, plain = bsp
     res = run(config(path.parent, name="pipelined", job={"pipeline": True}))
     # the same arithmetic: only when the bytes travel changes
     assert res.iter_loss == plain.iter_loss
     assert res.extra["runtime"]["pushed_bytes"] == plain.extra["runtime"]["pushed_bytes"]
     sends = [e["name"] for e in res.trace if e.get("ph") == "X" and e["pid"] == 1 and e["tid"] == 0]
-    # one message per tensor, the last layer's first (backward order): bias 3, weight 2, ...
-    assert sends[:8] == ["push 3", "push 2", "push 1", "push 0"] * 2 and len(sends) == 4 * 20
+    # one message per layer, the last layer's first (backward order): its weight 2 and bias 3, ...
+    assert sends[:4] == ["push 2,3", "push 0,1"] * 2 and len(sends) == 2 * 20
 
 
 def test_pipelined_parts_are_packed_on_the_backward_thread(monkeypatch: pytest.MonkeyPatch) -> None:
     """The Sender packs each gradient inside backward, on the thread running it, in the order
     backward makes them (mlp 16-32-4: bias 3, weight 2, bias 1, weight 0), and its own thread
-    only sends: by the time backward returns all four parts are packed, at 8 bits each
-    exactly ``packed_bytes(numel, 8)`` bytes."""
+    only sends, one message per layer: tensors 2 and 3 (the second Linear) end to end, then
+    0 and 1; by the time backward returns all four are packed, at 8 bits each exactly
+    ``packed_bytes(numel, 8)`` bytes."""
     import threading
 
     from runtime import wire, worker
@@ -170,11 +171,11 @@ def test_pipelined_parts_are_packed_on_the_backward_thread(monkeypatch: pytest.M
         packed.append((x.numel(), threading.get_ident()))
         return real_pack(x, bits, gen)
 
-    sent: list[tuple[int, int, int, int]] = []  # (shard, part, bytes, sending thread)
+    sent: list[tuple[int, int, int, int, int]] = []  # (shard, first tensor, count, bytes, sending thread)
 
     def send(dst: int, kind: int, iteration: int = 0, *fields: float, payload: Any = None) -> int:
         assert kind == wire.PUSH_PART and payload is not None
-        sent.append((dst, int(fields[0]), payload.numel(), threading.get_ident()))
+        sent.append((dst, int(fields[0]), int(fields[3]), payload.numel(), threading.get_ident()))
         return int(payload.numel())
 
     monkeypatch.setattr(quant, "pack", pack)
@@ -182,7 +183,8 @@ def test_pipelined_parts_are_packed_on_the_backward_thread(monkeypatch: pytest.M
     module, _ = task.build("mlp", 0, {"in_features": 16, "hidden": [32], "classes": 4})
     params = list(module.parameters())
     totals: dict[str, Any] = {"pushed_bytes": 0}
-    sender = worker.Sender(params, [list(range(len(params)))], totals, 100)
+    assert worker.layer_groups(module) == [[0, 1], [2, 3]]
+    sender = worker.Sender(params, [list(range(len(params)))], totals, 100, worker.layer_groups(module))
     try:
         sender.begin(0, 8, torch.Generator().manual_seed(0), 5)
         module(torch.randn(5, 16)).sum().backward()
@@ -191,10 +193,32 @@ def test_pipelined_parts_are_packed_on_the_backward_thread(monkeypatch: pytest.M
         sender.finish()
     finally:
         sender.close()
-    assert [(d, k, n) for d, k, n, _ in sent] == [(0, 3, packed_bytes(4, 8)), (0, 2, packed_bytes(128, 8)),
-                                                  (0, 1, packed_bytes(32, 8)), (0, 0, packed_bytes(512, 8))]
+    assert [(d, k, c, n) for d, k, c, n, _ in sent] == [
+        (0, 2, 2, packed_bytes(128, 8) + packed_bytes(4, 8)), (0, 0, 2, packed_bytes(512, 8) + packed_bytes(32, 8))]
     assert {t for *_, t in sent} == {sender.thread.ident} and sender.thread.ident != me
-    assert totals["pushed_bytes"] == sum(n for _, _, n, _ in sent)
+    assert totals["pushed_bytes"] == sum(n for _, _, _, n, _ in sent)
+
+
+@pytest.mark.parametrize("bits", [8, 32])
+def test_a_push_part_carries_its_tensors_end_to_end(bits: int) -> None:
+    """A PUSH_PART of tensors 1 and 2 (of sizes 3, 5, 2) holds their packs end to end; the
+    shard gets each back (8 bits: within one quantization step; 32 bits: exactly); a count
+    running past the tensors or a payload of another size is refused."""
+    from runtime import wire
+
+    numels, gen = [3, 5, 2], torch.Generator().manual_seed(0)
+    xs = [torch.linspace(-1, 1, 5), torch.tensor([0.5, -0.25])]
+    payload = torch.cat([quant.pack(x, bits, gen) for x in xs])
+    m = wire.Message(4, wire.header(wire.PUSH_PART, 7, 1, bits, 16, 2, nbytes=payload.numel()).tolist(), payload)
+    got = wire.part_tensors(m, numels)
+    assert [k for k, _ in got] == [1, 2]
+    for (_, g), x in zip(got, xs):
+        step = float(x.max() - x.min()) / 255 if bits == 8 else 0.0  # one level of that tensor
+        assert g.shape == x.shape and float((g - x).abs().max()) <= step * 1.0001
+    with pytest.raises(ValueError, match="tensors 1 .. 3 of 3"):
+        wire.part_tensors(wire.Message(4, wire.header(wire.PUSH_PART, 7, 1, bits, 16, 3).tolist(), payload), numels)
+    with pytest.raises(ValueError, match="expected"):
+        wire.part_tensors(wire.Message(4, m.header, payload[:-1]), numels)
 
 
 def test_quantized_pushes_carry_packed_bytes(tmp_path: Path) -> None:
