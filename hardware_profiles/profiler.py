@@ -853,9 +853,12 @@ def _wake_hog(core: int, stop: Any) -> None:
         a @ a
 
 
-def _wake_rank(rank: int, port: int, rounds: int, core: int, results: Any) -> None:
-    """Rank 0 plays a PS shard (unpinned, ``runtime.wire.Receiver``), rank 1 a worker
-    pinned to ``core``: ``rounds`` round trips of a header-only PUSH and PARAMS."""
+def _wake_rank(rank: int, port: int, rounds: int, core: int, results: Any,
+               shard_core: int | None = None, payload_bytes: int = 0) -> None:
+    """Rank 0 plays a PS shard (``runtime.wire.Receiver``; unpinned like the runtime's
+    shards by default, else pinned to ``shard_core``), rank 1 a worker pinned to
+    ``core``: ``rounds`` round trips of a PUSH (header only, or with ``payload_bytes``
+    of payload) and a header-only PARAMS."""
 
     import torch
 
@@ -863,6 +866,8 @@ def _wake_rank(rank: int, port: int, rounds: int, core: int, results: Any) -> No
 
     if rank == 1:
         os.sched_setaffinity(0, {core})
+    elif shard_core is not None:
+        os.sched_setaffinity(0, {shard_core})
     torch.set_num_threads(1)
     _loopback_group(rank, port)
     if rank == 0:
@@ -871,15 +876,37 @@ def _wake_rank(rank: int, port: int, rounds: int, core: int, results: Any) -> No
             rx.get(60.0)
             wire.send(1, wire.PARAMS, 0)
     else:
+        payload = torch.zeros(payload_bytes, dtype=torch.uint8) if payload_bytes else None
         out = []
         for _ in range(rounds):
             a = time.perf_counter()
-            wire.send(0, wire.PUSH, 0)
+            wire.send(0, wire.PUSH, 0, payload=payload)
             wire.recv(0)
             out.append(time.perf_counter() - a)
         results.put(out)
     time.sleep(0.5)
     os._exit(0)  # the receiver thread is blocked inside gloo
+
+
+def handoff_rtts(hogs: int, rounds: int, warmup: int = 20, shard_core: int | None = None,
+                 payload_bytes: int = 0, timeout_s: float = 120.0) -> list[float]:
+    """Round-trip times (s) of the runtime's messages between a worker-like rank pinned to
+    the first core this process may use and a shard-like rank (:func:`_wake_rank`), with
+    a busy process (a GEMM loop) pinned to each of the first ``hogs`` of those cores;
+    the ``warmup`` first rounds left out."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
+    stop = ctx.Event()
+    results = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_wake_hog, args=(c, stop), daemon=True) for c in cores[:hogs]]
+    procs += [ctx.Process(target=_wake_rank, daemon=True,
+                          args=(r, port, rounds + warmup, cores[0], results, shard_core, payload_bytes))
+              for r in range(2)]
+    [got] = _run_ranks(procs, results, 1, timeout_s, "hand-off benchmark", stop=stop)
+    return list(got[warmup:])
 
 
 def wake_bench(rounds: int = 1000, warmup: int = 20, timeout_s: float = 120.0) -> dict[str, Any]:
@@ -894,30 +921,19 @@ def wake_bench(rounds: int = 1000, warmup: int = 20, timeout_s: float = 120.0) -
     receiver when every core is taken (``cluster.hosts[].wake_us``; ``hetsim
     validate`` uses it). Means, not medians: the DES adds it to every such message.
     """
-    import multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
-    means = {}
-    for label, hogs in (("idle", 0), ("busy", len(cores))):
-        stop = ctx.Event()
-        results = ctx.Queue()
-        port = _free_port()
-        procs = [ctx.Process(target=_wake_hog, args=(c, stop), daemon=True) for c in cores[:hogs]]
-        procs += [ctx.Process(target=_wake_rank, args=(r, port, rounds + warmup, cores[0], results), daemon=True)
-                  for r in range(2)]
-        [got] = _run_ranks(procs, results, 1, timeout_s, "wake-up benchmark", stop=stop)
-        means[label] = sum(got[warmup:]) / rounds
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+    means = {label: sum(handoff_rtts(hogs, rounds, warmup, timeout_s=timeout_s)) / rounds
+             for label, hogs in (("idle", 0), ("busy", cores))}
     return {"wake_rtt_idle_s": _r(means["idle"]), "wake_rtt_busy_s": _r(means["busy"]),
-            "wake_busy_processes": len(cores), "wake_rounds": rounds,
+            "wake_busy_processes": cores, "wake_rounds": rounds,
             "wake_latency_s": _r(max(0.0, (means["busy"] - means["idle"]) / 2))}
 
 
 def _wire_rank(rank: int, port: int, sizes: Sequence[int], reps: int, warmup: int, core: int,
                results: Any) -> None:
-    """Rank 0 plays a PS shard (unpinned, ``runtime.wire.Receiver``; pushes unpacked and
-    concatenated as ``runtime.ps`` does, pulls answered with a view of its flat vector),
-    rank 1 a worker pinned to ``core`` (pushes packed and concatenated, pulls received
+    """Rank 0 plays a PS shard (unpinned, ``runtime.wire.Receiver``; fp32 pushes taken as
+    a view as ``runtime.ps`` does, pulls answered with a view of its flat vector),
+    rank 1 a worker pinned to ``core`` (pushes packed in one copy, pulls received
     and copied into the parameters, as ``runtime.worker.PSClient`` does). Per size and
     round: a header-only round trip, a pull and a push, each with its wall time (worker)
     and the CPU time (``time.process_time``, every thread) each rank spent on it."""
@@ -947,7 +963,7 @@ def _wire_rank(rank: int, port: int, sizes: Sequence[int], reps: int, warmup: in
                 assert m is not None
                 if kind == "push":
                     assert m.payload is not None
-                    torch.cat([quant.unpack(m.payload, n // 4, 32)])
+                    quant.unpack(m.payload, n // 4, 32)  # a view, as runtime.ps takes a whole fp32 push
                 wire.send(1, wire.PARAMS, 0, payload=flats[n].view(torch.uint8) if kind == "pull" else None)
                 c1 = time.process_time()
                 row.append(c1 - c0)
@@ -964,7 +980,7 @@ def _wire_rank(rank: int, port: int, sizes: Sequence[int], reps: int, warmup: in
             for kind in ("rtt", "pull", "push"):
                 c0, a = time.process_time(), time.perf_counter()
                 if kind == "push":
-                    payload = torch.cat([quant.pack(grads[n], 32)])
+                    payload = quant.pack_many([grads[n]], 32)  # one copy, as runtime.worker packs
                     wire.send(0, wire.PUSH, 0, payload=payload)
                 else:
                     wire.send(0, wire.PULL, 0)

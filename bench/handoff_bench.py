@@ -1,0 +1,63 @@
+"""How long the runtime's messages take to change hands, by where the shard runs
+(`python -m bench.handoff_bench`). Not a test: figures depend on the machine.
+
+Round trips of the runtime's own messages (``runtime.wire``: a PUSH, header only
+or with a small payload, answered by a header-only PARAMS) between a worker-like
+rank pinned to the first core and a shard-like rank with a ``Receiver`` thread
+(:func:`hardware_profiles.profiler.handoff_rtts`), on idle cores and with a busy
+process (a GEMM loop) pinned to every core, the shard unpinned, pinned to the
+worker's core, or pinned to another core.
+
+It is why the validation suite pins its PS shard (``runtime.ps_affinity``): the
+DES shares each core among the processes that may run on it, but on the 2-core
+validation machine an unpinned shard beside pinned busy processes waits for the
+OS scheduler far longer than that model says (README, "Validating against real
+runs").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+from typing import Any
+
+from tqdm import tqdm
+
+from hardware_profiles.profiler import handoff_rtts
+
+
+def cases(cores: list[int]) -> list[tuple[int, int | None, int]]:
+    """(busy processes, shard core or None for unpinned, payload bytes) of each case."""
+    places: list[int | None] = [None, cores[0], *cores[1:2]]
+    return [(hogs, place, payload) for hogs in (0, len(cores)) for place in places for payload in (0, 1024)]
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=300, help="round trips per case (after 20 of warm-up)")
+    ap.add_argument("--json", action="store_true", help="print the figures as JSON")
+    args = ap.parse_args(argv)
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
+    rows = []
+    for hogs, place, payload in tqdm(cases(cores), desc="hand-off cases", disable=args.json):
+        rtt = handoff_rtts(hogs, args.rounds, shard_core=place, payload_bytes=payload)
+        where = "unpinned" if place is None else ("worker's core" if place == cores[0] else f"core {place}")
+        rows.append({"busy_processes": hogs, "shard": where, "payload_bytes": payload,
+                     "mean_ms": round(1e3 * statistics.fmean(rtt), 3),
+                     "median_ms": round(1e3 * statistics.median(rtt), 3)})
+    out = {"cores": cores, "rounds": args.rounds, "worker_core": cores[0], "cases": rows}
+    if args.json:
+        print(json.dumps(out, indent=1))
+    else:
+        print(f"worker pinned to core {cores[0]} of {cores}; {args.rounds} round trips per case")
+        print(f"{'busy':>4}  {'shard':<14} {'payload':>7}  {'mean ms':>8}  {'median ms':>9}")
+        for r in rows:
+            print(f"{r['busy_processes']:>4}  {r['shard']:<14} {r['payload_bytes']:>7}  "
+                  f"{r['mean_ms']:>8.3f}  {r['median_ms']:>9.3f}")
+    return out
+
+
+if __name__ == "__main__":
+    main()
