@@ -27,6 +27,8 @@ from tqdm import tqdm
 
 from hardware_profiles.profiler import handoff_rtts
 
+WARMUP = 20  # round trips left out of the times
+
 
 def cases(cores: list[int]) -> list[tuple[int, int | None, int]]:
     """(busy processes, shard core or None for unpinned, payload bytes) of each case."""
@@ -42,20 +44,27 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
     rows = []
     for hogs, place, payload in tqdm(cases(cores), desc="hand-off cases", disable=args.json):
-        rtt = handoff_rtts(hogs, args.rounds, shard_core=place, payload_bytes=payload)
+        got = handoff_rtts(hogs, args.rounds, warmup=WARMUP, shard_core=place, payload_bytes=payload)
         where = "unpinned" if place is None else ("worker's core" if place == cores[0] else f"core {place}")
+        per = 1e3 / (args.rounds + WARMUP)  # CPU ms per round trip, over every round
         rows.append({"busy_processes": hogs, "shard": where, "payload_bytes": payload,
-                     "mean_ms": round(1e3 * statistics.fmean(rtt), 3),
-                     "median_ms": round(1e3 * statistics.median(rtt), 3)})
+                     "mean_ms": round(1e3 * statistics.fmean(got.rtts), 3),
+                     "median_ms": round(1e3 * statistics.median(got.rtts), 3),
+                     "worker_cpu_ms": round(per * got.cpu_s, 3),
+                     "worker_gloo_thread_cpu_ms": None if got.loop_cpu_s is None else round(per * got.loop_cpu_s, 3)})
     out = {"cores": cores, "rounds": args.rounds, "worker_core": cores[0], "cases": rows}
     if args.json:
         print(json.dumps(out, indent=1))
     else:
         print(f"worker pinned to core {cores[0]} of {cores}; {args.rounds} round trips per case")
-        print(f"{'busy':>4}  {'shard':<14} {'payload':>7}  {'mean ms':>8}  {'median ms':>9}")
+        print("worker CPU: the worker-like rank's CPU per round trip, all of it and its gloo thread's")
+        print(f"{'busy':>4}  {'shard':<14} {'payload':>7}  {'mean ms':>8}  {'median ms':>9}  "
+              f"{'worker CPU ms':>13}  {'gloo thread ms':>14}")
         for r in rows:
+            gloo = r["worker_gloo_thread_cpu_ms"]
             print(f"{r['busy_processes']:>4}  {r['shard']:<14} {r['payload_bytes']:>7}  "
-                  f"{r['mean_ms']:>8.3f}  {r['median_ms']:>9.3f}")
+                  f"{r['mean_ms']:>8.3f}  {r['median_ms']:>9.3f}  {r['worker_cpu_ms']:>13.3f}  "
+                  f"{'-' if gloo is None else f'{gloo:.3f}':>14}")
     return out
 
 

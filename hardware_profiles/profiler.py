@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -858,7 +858,9 @@ def _wake_rank(rank: int, port: int, rounds: int, core: int, results: Any,
     """Rank 0 plays a PS shard (``runtime.wire.Receiver``; unpinned like the runtime's
     shards by default, else pinned to ``shard_core``), rank 1 a worker pinned to
     ``core``: ``rounds`` round trips of a PUSH (header only, or with ``payload_bytes``
-    of payload) and a header-only PARAMS."""
+    of payload) and a header-only PARAMS. The worker reports each round trip's time,
+    and the CPU seconds over all rounds of its process and of its gloo transport
+    threads (``gloo_tcp_loop``; None where ``/proc`` has no thread names)."""
 
     import torch
 
@@ -878,22 +880,57 @@ def _wake_rank(rank: int, port: int, rounds: int, core: int, results: Any,
     else:
         payload = torch.zeros(payload_bytes, dtype=torch.uint8) if payload_bytes else None
         out = []
+        cpu0, loop0 = time.process_time(), _thread_cpu_s("gloo_tcp_loop")
         for _ in range(rounds):
             a = time.perf_counter()
             wire.send(0, wire.PUSH, 0, payload=payload)
             wire.recv(0)
             out.append(time.perf_counter() - a)
-        results.put(out)
+        loop1 = _thread_cpu_s("gloo_tcp_loop")
+        results.put({"rtt": out, "cpu_s": time.process_time() - cpu0,
+                     "loop_cpu_s": None if loop0 is None or loop1 is None else loop1 - loop0})
     time.sleep(0.5)
     os._exit(0)  # the receiver thread is blocked inside gloo
 
 
+def _thread_cpu_s(name: str) -> float | None:
+    """CPU seconds (user + system) this process's threads called ``name`` have used
+    (Linux ``/proc/self/task``; None elsewhere)."""
+    try:
+        tasks = os.listdir("/proc/self/task")
+        tick = os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, AttributeError):
+        return None
+    total = 0
+    for t in tasks:
+        try:
+            with open(f"/proc/self/task/{t}/comm") as f:
+                if f.read().strip() != name:
+                    continue
+            with open(f"/proc/self/task/{t}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # the thread has exited
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15 of stat)
+    return total / tick
+
+
+class Handoffs(NamedTuple):
+    """Round trips of :func:`handoff_rtts`: their times (s, warm-up left out), and the
+    worker-like rank's CPU seconds over all rounds, of the process and of its gloo
+    transport threads (None where unknown)."""
+
+    rtts: list[float]
+    cpu_s: float
+    loop_cpu_s: float | None
+
+
 def handoff_rtts(hogs: int, rounds: int, warmup: int = 20, shard_core: int | None = None,
-                 payload_bytes: int = 0, timeout_s: float = 120.0) -> list[float]:
-    """Round-trip times (s) of the runtime's messages between a worker-like rank pinned to
-    the first core this process may use and a shard-like rank (:func:`_wake_rank`), with
+                 payload_bytes: int = 0, timeout_s: float = 120.0) -> Handoffs:
+    """Round trips of the runtime's messages between a worker-like rank pinned to the
+    first core this process may use and a shard-like rank (:func:`_wake_rank`), with
     a busy process (a GEMM loop) pinned to each of the first ``hogs`` of those cores;
-    the ``warmup`` first rounds left out."""
+    the ``warmup`` first rounds left out of the times."""
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")
@@ -906,7 +943,7 @@ def handoff_rtts(hogs: int, rounds: int, warmup: int = 20, shard_core: int | Non
                           args=(r, port, rounds + warmup, cores[0], results, shard_core, payload_bytes))
               for r in range(2)]
     [got] = _run_ranks(procs, results, 1, timeout_s, "hand-off benchmark", stop=stop)
-    return list(got[warmup:])
+    return Handoffs(list(got["rtt"][warmup:]), got["cpu_s"], got["loop_cpu_s"])
 
 
 def wake_bench(rounds: int = 1000, warmup: int = 20, timeout_s: float = 120.0) -> dict[str, Any]:
@@ -922,7 +959,7 @@ def wake_bench(rounds: int = 1000, warmup: int = 20, timeout_s: float = 120.0) -
     validate`` uses it). Means, not medians: the DES adds it to every such message.
     """
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
-    means = {label: sum(handoff_rtts(hogs, rounds, warmup, timeout_s=timeout_s)) / rounds
+    means = {label: sum(handoff_rtts(hogs, rounds, warmup, timeout_s=timeout_s).rtts) / rounds
              for label, hogs in (("idle", 0), ("busy", cores))}
     return {"wake_rtt_idle_s": _r(means["idle"]), "wake_rtt_busy_s": _r(means["busy"]),
             "wake_busy_processes": cores, "wake_rounds": rounds,

@@ -67,7 +67,8 @@ def layer_groups(module: torch.nn.Module) -> list[list[int]]:
     parameter itself (a layer: a Linear's weight and bias), in parameter order; a
     parameter two modules share goes with the first."""
     index = {id(p): i for i, p in enumerate(module.parameters())}
-    groups, seen = [], set()
+    groups: list[list[int]] = []
+    seen: set[int] = set()
     for m in module.modules():
         mine = [index[id(p)] for p in m.parameters(recurse=False) if id(p) in index and id(p) not in seen]
         seen.update(id(p) for p in m.parameters(recurse=False))
