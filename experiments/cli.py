@@ -271,14 +271,23 @@ def cmd_profile(a: argparse.Namespace) -> int:
     if a.suite == "robotics":
         from sim.robotics import kernels
 
-        path, text = kernels.run_profile(a.device, a.out or kernels.DEFAULT_OUT, quick=a.quick,
+        path, text = kernels.run_profile(a.device or "cpu", a.out or kernels.DEFAULT_OUT, quick=a.quick,
                                          threads=a.threads, compare=a.compare,
                                          progress=not a.quiet)
         print(text)
         print(f"wrote {path}")
         return 0
+    if a.add_micro:
+        if not a.out:
+            raise ConfigError("<command line>", "--add-micro", "needs --out, the measured "
+                              "profile to add the benchmarks to")
+        prof, new = profiler.add_micro(a.out, [n for n in a.add_micro.split(",") if n],
+                                       device=a.device, threads=a.threads, progress=not a.quiet)
+        print(f"measured {', '.join(e['name'] for e in new) or 'nothing'}; re-fitted")
+        print(f"wrote {a.out}")
+        return 0
     models = [m for m in a.models.split(",") if m] if a.models else None
-    prof, path = profiler.run_profile(a.device, a.out or "hardware_profiles/measured/local.json",
+    prof, path = profiler.run_profile(a.device or "cpu", a.out or "hardware_profiles/measured/local.json",
                                       quick=a.quick, threads=a.threads,
                                       models=models, network=not a.no_network,
                                       progress=not a.quiet)
@@ -394,7 +403,7 @@ def build_parser() -> argparse.ArgumentParser:
     pt.set_defaults(fn=cmd_plot)
 
     pr = sub.add_parser("profile", help="measure this machine's CPU or a GPU into a device profile")
-    pr.add_argument("--device", default="cpu", help="cpu (default) or cuda:N")
+    pr.add_argument("--device", help="cpu (default; with --add-micro: the profile's) or cuda:N")
     pr.add_argument("--suite", choices=("models", "robotics"), default="models",
                     help="models (default): the device profile (GEMMs, layers, zoo models, "
                     "network); robotics: the sim.robotics kernels' times, with the cost model's "
@@ -410,6 +419,10 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--models", help="comma-separated zoo models to time (default: all)")
     pr.add_argument("--no-network", action="store_true", help="skip the two-process network benchmark")
     pr.add_argument("--quiet", action="store_true", help="no progress bar")
+    pr.add_argument("--add-micro", metavar="NAMES", help="comma-separated single-layer "
+                    "benchmarks of the grid ('missing': those the profile lacks) to measure "
+                    "alone, with the settings of the measured profile --out, on the machine "
+                    "that measured it; merged into its raw data, which is then re-fitted")
     pr.set_defaults(fn=cmd_profile)
 
     ca = sub.add_parser("calibrate", help="fit a measured profile's efficiency curves; print the residuals")

@@ -48,10 +48,12 @@ from sim.fileio import atomic_write
 
 __all__ = [
     "LayerTimer",
+    "add_micro",
     "ProfileSpec",
     "check_device",
     "check_writable",
     "describe_device",
+    "measure_micro",
     "network_bench",
     "wake_bench",
     "wire_bench",
@@ -112,6 +114,11 @@ _ALL_MICRO = (
     "conv_3x64_k7s2_224", "conv_64x64_k3_56", "conv_128x128_k3_28", "conv_256x256_k3_14",
     "conv_512x512_k3_7", "conv_64x256_k1_56", "conv_256x64_k1_56",
     "emb_100000x16", "emb_32000x512_seq128", "embbag_1300000x1_26",
+    # small tables, 32 KB - 4 MB: the backward's dense gradient of a table this size
+    # costs far less than the above's 5-74 MB, and no other benchmark measures it
+    "emb_500x16", "emb_3000x8", "emb_1500x32", "emb_1000x64", "emb_8000x16", "emb_4000x64",
+    "emb_32000x16", "emb_16000x64", "embbag_10000x1_8", "embbag_100000x1_26",
+    "embbag_500000x1_8",
     "mha_256h4_seq64", "mha_512h8_seq128", "mha_768h12_seq256",
     "relu_1m", "bn2d_64x56", "ln_512_seq128", "maxpool_64x112", "dropout_512_seq128",
 )
@@ -1282,23 +1289,7 @@ def measure(device: str = "cpu", quick: bool = False, threads: int | None = None
         if dev.type == "cuda":
             raw["host_device"] = _host_device(timer, dev)
             bar.step("host-device copies")
-        # single-layer modules
-        micro = []
-        for name in spec.micro:
-            module, make, batches = _micro_layers(name, dev)
-            module = module.to(dev).train()
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(0)
-                cpu_mod, cpu_make, _ = _micro_layers(name, torch.device("cpu"))
-                model, layer = _single_layer(cpu_mod, cpu_make(batches[0]))
-            rows = []
-            for bs in batches:
-                r = time_model_layers(module, make(bs), dev, spec)
-                rows.append({"batch": bs, "iter_s": r["iter_s"], "layers": r["layers"],
-                             "own": r["own"]})
-            micro.append({"name": name, "model": model.to_dict(), "runs": rows})
-            bar.step(f"layer {name}")
-        raw["micro"] = micro
+        raw["micro"] = measure_micro(spec.micro, dev, spec, bar)
         # zoo models
         zoo_raw = {}
         for name, batches in chosen.items():
@@ -1322,6 +1313,33 @@ def measure(device: str = "cpu", quick: bool = False, threads: int | None = None
         bar.close()
     raw["wall_s"] = round(time.perf_counter() - started, 1)
     return raw
+
+
+def measure_micro(names: Sequence[str], dev: Any, spec: ProfileSpec,
+                  bar: _Progress | None = None) -> list[dict[str, Any]]:
+    """The single-layer benchmarks ``names`` (:func:`_micro_layers`) on ``dev``: one
+    ``raw["micro"]`` entry each, ``{"name", "model" (the extracted one-layer model),
+    "runs": [{"batch", "iter_s", "layers", "own"}]}``, timed by :func:`time_model_layers`
+    with ``spec``'s repeats. The process must be set up first (:func:`setup_host`)."""
+    import torch
+
+    micro = []
+    for name in names:
+        module, make, batches = _micro_layers(name, dev)
+        module = module.to(dev).train()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            cpu_mod, cpu_make, _ = _micro_layers(name, torch.device("cpu"))
+            model, _layer = _single_layer(cpu_mod, cpu_make(batches[0]))
+        rows = []
+        for bs in batches:
+            r = time_model_layers(module, make(bs), dev, spec)
+            rows.append({"batch": bs, "iter_s": r["iter_s"], "layers": r["layers"],
+                         "own": r["own"]})
+        micro.append({"name": name, "model": model.to_dict(), "runs": rows})
+        if bar is not None:
+            bar.step(f"layer {name}")
+    return micro
 
 
 def quant_bench(timer: _OpTimer, n: int) -> list[dict[str, Any]]:
@@ -1500,6 +1518,82 @@ def run_profile(device: str, out: str | os.PathLike[str], quick: bool = False,
     profile = build_profile(raw, path.stem)
     write_profile(profile, path)
     return profile, path
+
+
+def add_micro(path: str | os.PathLike[str], names: Sequence[str], device: str | None = None,
+              threads: int | None = None, progress: bool = True
+              ) -> tuple[DeviceProfile, list[dict[str, Any]]]:
+    """Measure single-layer benchmarks into a measured profile, refit it, write it back.
+
+    Times ``names`` (single-layer benchmarks of the grid, :data:`_ALL_MICRO`;
+    ``["missing"]``: those the profile's ``raw.micro`` lacks) as :func:`measure`
+    does, with the profile's own settings: its device, torch threads (hence
+    clock) and repeat counts (``raw.quick``), on the host that measured it.
+    Each entry replaces the one of its name in ``raw.micro`` or is added after
+    them; ``raw.micro_note`` gets a line saying which entries were measured when
+    (UTC), ``source.note`` a pointer to it. The curves are then re-fitted
+    (:func:`hardware_profiles.calibrate.calibrate`, which keeps the per-layer
+    tables); ``peak_flops`` and ``mem_bw_Bps`` stay as measured with the profile.
+
+    Returns:
+        (the written profile, the new entries).
+
+    Raises:
+        ConfigError: the file is not a measured profile with raw single-layer
+            benchmarks, a name is not one of the grid, ``device`` or ``threads``
+            differ from the profile's, or this host, its CPU or torch are not
+            those the profile was measured on.
+    """
+    from hardware_profiles import calibrate, load_profile_file
+
+    shown = os.fspath(path)
+    prof = load_profile_file(path)
+    raw = dict(prof.raw or {})
+    if prof.source.kind != "measured" or "micro" not in raw:
+        raise ConfigError(shown, "raw.micro", "no single-layer benchmarks to add to (make the "
+                          "profile with hetsim profile)")
+    have = [e["name"] for e in raw["micro"]]
+    todo = [n for n in _ALL_MICRO if n not in have] if list(names) == ["missing"] else list(names)
+    unknown = [n for n in todo if n not in _ALL_MICRO]
+    if unknown:
+        raise ConfigError("<command line>", "--add-micro", f"{unknown[0]!r} is not a single-layer "
+                          "benchmark of the grid")
+    for flag, given, own in (("--device", device, raw["device"]),
+                             ("--threads", threads, raw["threads"])):
+        if given is not None and str(given) != str(own):
+            raise ConfigError("<command line>", flag, f"{given} differs from the profile's {own}")
+    dev, host = setup_host(str(raw["device"]), int(raw["threads"]))
+    here = {**host, **describe_device(dev)}
+    for key in ("clock", "host_allocator", "device_name", "torch", "cpu_capability", "host"):
+        if key in raw and here[key] != raw[key]:
+            raise ConfigError(shown, f"raw.{key}", f"measured with {raw[key]!r}, here {here[key]!r}: "
+                              "re-measure the whole profile instead")
+    spec = spec_for(bool(raw.get("quick")))
+    start = _dt.datetime.now(_dt.UTC)
+    bar = _Progress(len(todo), progress)
+    try:
+        new = measure_micro(todo, dev, spec, bar)
+    finally:
+        bar.close()
+    end = _dt.datetime.now(_dt.UTC)
+    by_name = {e["name"]: e for e in new}
+    merged = [by_name.pop(e["name"], e) for e in raw["micro"]] + list(by_name.values())
+    replaced = sorted(set(todo) & set(have))
+    line = (f"{', '.join(todo)}: measured on {start:%Y-%m-%d} {start:%H:%M}-{end:%H:%M} UTC by "
+            f"hetsim profile --add-micro ({raw['threads']} thread(s), clock {raw['clock']}, the "
+            f"{'quick' if raw.get('quick') else 'full'} spec's repeats) and merged into this "
+            "profile's raw.micro"
+            + (f", replacing the earlier {', '.join(replaced)}" if replaced else "")
+            + "; the curves re-fitted.")
+    raw.update(micro=merged, micro_note="\n".join(x for x in (raw.get("micro_note"), line) if x))
+    source = prof.source.model_dump()
+    pointer = "Single-layer benchmarks measured after the rest: see raw.micro_note."
+    if pointer not in source["note"]:
+        source["note"] = f"{source['note']} {pointer}".strip()
+    updated = prof.model_copy(update={"raw": raw, "source": type(prof.source).model_validate(source)})
+    fitted = calibrate.calibrate(updated).profile
+    write_profile(fitted, path)
+    return fitted, new
 
 
 def summary(profile: DeviceProfile) -> str:
