@@ -36,11 +36,16 @@ fits, per phase:
   kind (:func:`hardware_profiles.schema.mem_key`, 4 points or more), from the
   passes without FLOPs (activations, norms, pooling, embedding lookups and
   their gradients): ``mem_eff = bytes / (mem_bw * (t - launch * kernels -
-  c))``, where ``c`` is a fixed per-call overhead of the curve's passes
-  (``call_overhead_s``, ``call_overhead_bwd_s``; framework dispatch, which a
-  curve over bytes, clamped below its first knot, cannot represent), chosen
-  among fractions of the passes' 10th-percentile time as the one that predicts
-  a source left out of the curve's fit best (:func:`_bandwidth_fit`).
+  c - r * rows))``, where ``c`` is a fixed per-call overhead of the curve's
+  passes (``call_overhead_s``, ``call_overhead_bwd_s``; framework dispatch,
+  which a curve over bytes, clamped below its first knot, cannot represent)
+  and, for lookups (sparse layers), ``r`` a cost per row looked up
+  (``row_cost_s``, ``row_cost_bwd_s``; reading, sorting or scatter-adding an
+  index costs per row, not per byte: a backward's time follows the rows looked
+  up at one table size and the table's bytes at one batch, which one curve over
+  their sum cannot follow), chosen among fractions of the passes' 10th-percentile
+  time (for ``r``: of their smallest time per row looked up) as the pair that
+  predicts a source left out of the curve's fit best (:func:`_bandwidth_fit`).
 
 A curve is piecewise linear in log10(size) (the schema's form) with knots
 every half decade over the data; its knot values minimise the squared error
@@ -73,7 +78,7 @@ from hardware_profiles.schema import (
     LayerTable,
     mem_key,
 )
-from sim.costmodel import compute_kind, glue_time_s, layer_time_s, layer_work
+from sim.costmodel import compute_kind, glue_time_s, layer_time_s, layer_work, looked_up_rows
 from sim.workload import Model, model_from_dict
 
 __all__ = [
@@ -110,6 +115,9 @@ CURVE_VARIABLES = {"conv": ("flops", "intensity"), "gemm": ("flops", "intensity"
 #: Candidate fixed per-call overheads of a bandwidth curve's passes, fractions of
 #: the 10th percentile of their times (less launch overheads); see _bandwidth_fit.
 OVERHEAD_FRACTIONS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+#: Candidate costs per row looked up (sparse layers), fractions of the smallest time
+#: per row of their passes (less launch overheads); see _bandwidth_fit.
+ROW_FRACTIONS = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
 #: Candidate launch overheads, multiples of the measured dispatch time.
 LAUNCH_MULTIPLES = (0.5, 1.0, 1.5, 2.0, 3.0)
 
@@ -129,6 +137,7 @@ class Point:
     batch: int
     kind: str = ""  # schema.mem_key of the layer: op, forward kernels, parameters or not
     ckind: str = ""  # OP/KIND of sim.costmodel.compute_kind, '' when it has none
+    rows: float = 0.0  # rows a sparse layer looks up (sim.costmodel.looked_up_rows), else 0
 
 
 def _zoo_model(name: str) -> Model:
@@ -160,7 +169,7 @@ def _model_points(model: Model, source: str, runs: Iterable[dict[str, Any]], dty
                 out.append(Point(ly.op, phase, flops, nbytes, kernels, float(t), source, name, b,
                                  mem_key(ly.op, ly.kernels, ly.param_bytes > 0,
                                          ly.activation_bytes < model.input_bytes_of(i)),
-                                 f"{ly.op}/{ck}" if ck else ""))
+                                 f"{ly.op}/{ck}" if ck else "", looked_up_rows(ly, b)))
     return out
 
 
@@ -292,51 +301,68 @@ class FitResult:
     call_overhead: dict[str, float] = field(default_factory=dict)
     call_overhead_bwd: dict[str, float] = field(default_factory=dict)
     glue: dict[str, tuple[float, float]] | None = None
+    row_cost: dict[str, float] = field(default_factory=dict)
+    row_cost_bwd: dict[str, float] = field(default_factory=dict)
 
 
 def _bandwidth_fit(nbytes: np.ndarray, busy: np.ndarray, sources: np.ndarray, mem_bw: float,
-                   fractions: Sequence[float] | None = None
-                   ) -> tuple[float, BandwidthCurve | None]:
-    """A bandwidth curve and a fixed per-call overhead for passes without FLOPs.
+                   fractions: Sequence[float] | None = None, rows: np.ndarray | None = None,
+                   row_fractions: Sequence[float] | None = None
+                   ) -> tuple[float, float, BandwidthCurve | None]:
+    """A bandwidth curve, a fixed per-call overhead and a cost per row looked up for
+    passes without FLOPs.
 
-    ``busy``: each pass's time less its launch overheads. Candidate overheads
-    are ``fractions`` of the 10th percentile of ``busy``; the one chosen
-    predicts a source (model or single-layer benchmark) left out of the curve's
-    fit best: the median over sources of the median |relative time error|.
-    With fewer than three sources only 0 is tried (the curve alone, as before).
+    ``busy``: each pass's time less its launch overheads; ``rows``: the rows each
+    looks up (0 for a dense layer; None: all 0). Candidate overheads are
+    ``fractions`` of the 10th percentile of ``busy``, candidate row costs
+    ``row_fractions`` of the smallest ``busy / rows`` over the passes with rows
+    (the most any pass allows; only 0 where none has any); the pair chosen
+    predicts a source
+    (model or single-layer benchmark) left out of the curve's fit best: the median
+    over sources of the median |relative time error| (ties: the earlier pair,
+    smaller row costs first). With fewer than three sources only (0, 0) is tried
+    (the curve alone, as before).
 
     Returns:
-        (overhead seconds, curve over bytes of ``busy - overhead``; None when no
-        pass is left).
+        (overhead seconds, seconds per row, curve over bytes of ``busy - overhead
+        - row cost * rows``; None when no pass is left).
     """
     names = sorted(set(sources.tolist()))
+    n_rows = np.zeros(len(busy)) if rows is None else np.asarray(rows, dtype=float)
+    looks = n_rows > 0
+    several = len(names) >= 3
     base = float(np.percentile(busy, 10))
-    fr = OVERHEAD_FRACTIONS if fractions is None else fractions
-    cands = [f * base for f in fr] if len(names) >= 3 else [0.0]
+    cands = [f * base for f in (OVERHEAD_FRACTIONS if fractions is None else fractions)] if several else [0.0]
+    per_row = float(np.min(busy[looks] / n_rows[looks])) if looks.any() else 0.0
+    rcands = ([f * per_row for f in (ROW_FRACTIONS if row_fractions is None else row_fractions)]
+              if several and per_row > 0 else [0.0])
 
-    def curve(c: float, keep: np.ndarray) -> BandwidthCurve | None:
-        ok = keep & (busy - c > 0)
+    def curve(c: float, r: float, keep: np.ndarray) -> BandwidthCurve | None:
+        rest = busy - c - r * n_rows
+        ok = keep & (rest > 0)
         if not ok.any():
             return None
-        k, v = fit_curve(nbytes[ok].tolist(), (nbytes[ok] / (mem_bw * (busy[ok] - c))).tolist(), bounds=MEM_EFF_RANGE)
+        k, v = fit_curve(nbytes[ok].tolist(), (nbytes[ok] / (mem_bw * rest[ok])).tolist(), bounds=MEM_EFF_RANGE)
         return BandwidthCurve(bytes=k, eff=v)
 
-    best: tuple[float, float] | None = None
-    if len(cands) > 1:
-        for c in cands:
-            per = []
-            for n in names:
-                out = sources == n
-                cv = curve(c, ~out)
-                if cv is None:
-                    continue
-                pred = c + nbytes[out] / (mem_bw * np.array([cv.at(x) for x in nbytes[out]]))
-                per.append(float(np.median(np.abs(pred / busy[out] - 1))))
-            score = float(np.median(per)) if per else math.inf
-            if best is None or score < best[0] - 1e-12:
-                best = (score, c)
-    c = best[1] if best is not None else 0.0
-    return c, curve(c, np.ones(len(busy), bool))
+    best: tuple[float, float, float] | None = None
+    if len(cands) * len(rcands) > 1:
+        for r in rcands:
+            for c in cands:
+                per = []
+                for n in names:
+                    out = sources == n
+                    cv = curve(c, r, ~out)
+                    if cv is None:
+                        continue
+                    pred = (c + r * n_rows[out]
+                            + nbytes[out] / (mem_bw * np.array([cv.at(x) for x in nbytes[out]])))
+                    per.append(float(np.median(np.abs(pred / busy[out] - 1))))
+                score = float(np.median(per)) if per else math.inf
+                if best is None or score < best[0] - 1e-12:
+                    best = (score, c, r)
+    c, r = (best[1], best[2]) if best is not None else (0.0, 0.0)
+    return c, r, curve(c, r, np.ones(len(busy), bool))
 
 
 def _best_compute_curve(flops: list[float], intensity: list[float], effs: list[float],
@@ -377,6 +403,7 @@ def _fit_at(pts: Sequence[Point], peak: float, mem_bw: float, launch: float,
     eff: dict[str, dict[str, EfficiencyCurve | IntensityCurve]] = {"fwd": {}, "bwd": {}}
     mem: dict[str, dict[str, BandwidthCurve]] = {"fwd": {}, "bwd": {}}
     fixed: dict[str, dict[str, float]] = {"fwd": {}, "bwd": {}}
+    per_row: dict[str, dict[str, float]] = {"fwd": {}, "bwd": {}}
     groups: dict[tuple[str, str, bool], list[Point]] = {}
     for p in pts:
         groups.setdefault((p.op, p.phase, p.flops > 0), []).append(p)
@@ -387,7 +414,7 @@ def _fit_at(pts: Sequence[Point], peak: float, mem_bw: float, launch: float,
     for (op, phase, compute), g in sorted(groups.items()):
         if "/" in op and len(g) < MIN_KIND_POINTS:
             continue
-        xs, ys, ai, srcs = [], [], [], []
+        xs, ys, ai, srcs, ns = [], [], [], [], []
         mx, my = [], []  # memory-bound passes of a compute class
         for p in g:
             busy = p.t_s - launch * p.kernels
@@ -409,6 +436,7 @@ def _fit_at(pts: Sequence[Point], peak: float, mem_bw: float, launch: float,
                 xs.append(p.nbytes)
                 ys.append(busy)
                 srcs.append(p.model)
+                ns.append(p.rows)
         if compute and len(mx) >= MIN_KIND_POINTS and "/" not in op:
             k, v = fit_curve(mx, my, bounds=MEM_EFF_RANGE)
             mem[phase][op] = BandwidthCurve(bytes=k, eff=v)
@@ -418,13 +446,16 @@ def _fit_at(pts: Sequence[Point], peak: float, mem_bw: float, launch: float,
             eff[phase][op] = _best_compute_curve(xs, ai, ys, srcs,
                                                  CURVE_VARIABLES.get(op.split("/")[0], ("flops",)))
         else:
-            c, bc = _bandwidth_fit(np.asarray(xs), np.asarray(ys), np.asarray(srcs), mem_bw,
-                                   fractions)
+            c, r, bc = _bandwidth_fit(np.asarray(xs), np.asarray(ys), np.asarray(srcs), mem_bw,
+                                      fractions, np.asarray(ns))
             if bc is not None:
                 mem[phase][op] = bc
                 fixed[phase][op] = c
+                if any(ns):  # lookups: a row cost (0 included, so no op-class fallback)
+                    per_row[phase][op] = r
     return FitResult(launch, eff["fwd"], eff["bwd"], mem["fwd"], mem["bwd"], tuple(pts),
-                     fixed["fwd"], fixed["bwd"])
+                     fixed["fwd"], fixed["bwd"], row_cost=per_row["fwd"],
+                     row_cost_bwd=per_row["bwd"])
 
 
 def _with_fit(profile: DeviceProfile, f: FitResult, keep_tables: bool) -> DeviceProfile:
@@ -438,6 +469,8 @@ def _with_fit(profile: DeviceProfile, f: FitResult, keep_tables: bool) -> Device
         mem_efficiency_bwd={op: c.model_dump() for op, c in f.mem_efficiency_bwd.items()} or None,
         call_overhead_s=f.call_overhead if any(f.call_overhead.values()) else None,
         call_overhead_bwd_s=f.call_overhead_bwd if any(f.call_overhead_bwd.values()) else None,
+        row_cost_s=f.row_cost if any(f.row_cost.values()) else None,
+        row_cost_bwd_s=f.row_cost_bwd if any(f.row_cost_bwd.values()) else None,
         layer_glue_s=f.glue,
     )
     if not keep_tables:
@@ -464,6 +497,7 @@ def _point_time(dev: DeviceProfile, p: Point) -> float:
     memory = p.nbytes / (dev.mem_bw_Bps * dev.mem_eff(
         p.op, p.nbytes, p.phase, kernels, "p" in flags, "r" in flags))
     fixed = (dev.call_overhead(p.op, p.phase, kernels, "p" in flags, "r" in flags)
+             + dev.row_cost(p.op, p.phase, kernels, "p" in flags, "r" in flags) * p.rows
              if p.flops == 0 else 0.0)
     return fixed + dev.launch_overhead_s * p.kernels + max(compute, memory)
 

@@ -110,6 +110,17 @@ def mem_key(op: str, kernels: int, has_params: bool, reduces: bool = False) -> s
     return f"{op}/k{kernels}{'p' if has_params else ''}{'r' if reduces else ''}"
 
 
+def _per_kind(table: dict[str, float] | None, op: str, kernels: int | None, has_params: bool,
+              reduces: bool) -> float:
+    """``table``'s entry of the layer's kind (:func:`mem_key`), else its op class's, else 0."""
+    if not table:
+        return 0.0
+    for k in [op] if kernels is None else [mem_key(op, kernels, has_params, reduces), op]:
+        if k in table:
+            return float(table[k])
+    return 0.0
+
+
 class IntensityCurve(_Curve):
     """Achieved fraction of peak FLOP/s as a function of a call's arithmetic intensity.
 
@@ -245,6 +256,12 @@ class DeviceProfile(_Strict):
     call_overhead_bwd_s: dict[str, Annotated[float, Field(ge=0, le=1)]] | None = Field(
         default=None, description="fixed seconds per call of a memory-bound layer kind, backward "
         "(missing: 0; no fallback to the forward's); keys as mem_efficiency's")
+    row_cost_s: dict[str, Annotated[float, Field(ge=0, le=1e-3)]] | None = Field(
+        default=None, description="seconds per row a sparse (embedding) layer looks up (batch x "
+        "rows_per_sample), forward, added to its time (missing: 0); keys as mem_efficiency's")
+    row_cost_bwd_s: dict[str, Annotated[float, Field(ge=0, le=1e-3)]] | None = Field(
+        default=None, description="seconds per row a sparse layer looks up, backward (missing: 0; "
+        "no fallback to the forward's); keys as mem_efficiency's")
     layer_glue_s: dict[Literal["fwd", "bwd"], tuple[Annotated[float, Field(ge=0, le=1)],
                                                       Annotated[float, Field(ge=0, le=1)]]] | None = Field(
         default=None, description="glue charged to each layer priced by the curves, per pass "
@@ -296,7 +313,8 @@ class DeviceProfile(_Strict):
             return None
         return q.pack_s_per_value if side == "pack" else q.unpack_s_per_value
 
-    @field_validator("mem_efficiency", "mem_efficiency_bwd", "call_overhead_s", "call_overhead_bwd_s")
+    @field_validator("mem_efficiency", "mem_efficiency_bwd", "call_overhead_s", "call_overhead_bwd_s",
+                     "row_cost_s", "row_cost_bwd_s")
     @classmethod
     def _mem_eff(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
         for k in v or {}:
@@ -395,11 +413,18 @@ class DeviceProfile(_Strict):
         per bandwidth curve it fits (the per-call cost of framework dispatch that a
         curve over bytes cannot take on: it would flatten below its first knot).
         """
-        table = self.call_overhead_bwd_s if phase == "bwd" else self.call_overhead_s
-        if not table:
-            return 0.0
-        keys = [op] if kernels is None else [mem_key(op, kernels, has_params, reduces), op]
-        for k in keys:
-            if k in table:
-                return float(table[k])
-        return 0.0
+        return _per_kind(self.call_overhead_bwd_s if phase == "bwd" else self.call_overhead_s,
+                         op, kernels, has_params, reduces)
+
+    def row_cost(self, op: str, phase: str = "fwd", kernels: int | None = None,
+                 has_params: bool = False, reduces: bool = False) -> float:
+        """Seconds per row a sparse layer looks up, beyond its bytes and call overhead.
+
+        From ``row_cost_s`` (forward) or ``row_cost_bwd_s`` (backward; no fallback
+        between the two), keyed as :meth:`call_overhead`; 0 where missing. ``hetsim
+        calibrate`` fits one per bandwidth curve of lookups: a lookup's cost is per row
+        (an index to read, sort or scatter-add) more than per byte, which a curve over
+        bytes cannot tell from the bytes of the table itself.
+        """
+        return _per_kind(self.row_cost_bwd_s if phase == "bwd" else self.row_cost_s,
+                         op, kernels, has_params, reduces)

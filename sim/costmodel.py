@@ -4,6 +4,8 @@ time(layer, phase, b, d) = d.launch_overhead_s * kernels(layer, phase)
                          + max(flops / (peak[dtype] * eff(op, flops)), bytes / mem_bw)
                          (+ d.call_overhead(...) for a layer without FLOPs; 0 unless
                           the profile has call_overhead_s / call_overhead_bwd_s)
+                         (+ d.row_cost(...) * rows looked up, for a sparse layer without
+                          FLOPs; 0 unless the profile has row_cost_s / row_cost_bwd_s)
                          (+ glue_time_s(...): work of no layer charged to it; 0 unless
                           the profile has layer_glue_s)
 
@@ -87,7 +89,11 @@ def layer_time_s(layer: Layer, phase: str, b: float, dev: DeviceProfile, dtype: 
                                         dev.weight_grad_only_bwd)
     has_params, reduces = layer.param_bytes > 0, layer.activation_bytes < input_bytes
     mem_eff = dev.mem_eff(layer.op, nbytes, phase, layer.kernels, has_params, reduces)
-    fixed = dev.call_overhead(layer.op, phase, layer.kernels, has_params, reduces) if flops == 0 else 0.0
+    fixed = 0.0
+    if flops == 0:
+        fixed = (dev.call_overhead(layer.op, phase, layer.kernels, has_params, reduces)
+                 + dev.row_cost(layer.op, phase, layer.kernels, has_params, reduces)
+                 * looked_up_rows(layer, b))
     if dev.layer_glue_s:
         fixed += glue_time_s(layer, phase, b, dev, dtype)
     return fixed + roofline_s(dev, layer.op, flops, nbytes, kernels, dtype, mem_eff, phase,
@@ -191,11 +197,16 @@ def sparse_touched_bytes(layer: Layer, b: float) -> float:
     return 0.0 if layer.sparse is None else _touched_param_bytes(layer, b)
 
 
+def looked_up_rows(layer: Layer, b: float) -> float:
+    """Rows of a sparse table that ``b`` samples look up, repeats included (0 for a dense layer)."""
+    return 0.0 if layer.sparse is None else b * layer.sparse.rows_per_sample
+
+
 def _touched_param_bytes(layer: Layer, b: float) -> float:
     """Parameter bytes a pass reads: the whole layer, or the touched rows of a sparse table."""
     if layer.sparse is None:
         return layer.param_bytes
-    return min(layer.param_bytes, b * layer.sparse.rows_per_sample * layer.sparse.row_bytes)
+    return min(layer.param_bytes, looked_up_rows(layer, b) * layer.sparse.row_bytes)
 
 
 def _layer_times(model: Model, dev: DeviceProfile, dtype: str, b: int) -> tuple[np.ndarray, np.ndarray]:

@@ -199,14 +199,15 @@ def test_bandwidth_fit_finds_the_per_call_overhead() -> None:
     nb = np.array([x for v in sizes.values() for x in v])
     src = np.array([k for k, v in sizes.items() for _ in v])
     busy = 4e-6 + nb / 1e9
-    c, curve = _bandwidth_fit(nb, busy, src, 1e9, fractions=(0.0, 0.4, 0.8))
+    c, r, curve = _bandwidth_fit(nb, busy, src, 1e9, fractions=(0.0, 0.4, 0.8))
     assert c == pytest.approx(4e-6, rel=1e-9)
+    assert r == 0.0  # no pass looks up rows
     assert curve is not None
     assert curve.eff == pytest.approx([1.0] * len(curve.eff), rel=1e-6)
     # fewer than three sources: no overhead (the curve alone, as before)
     keep = src != "c"
-    c2, curve2 = _bandwidth_fit(nb[keep], busy[keep], src[keep], 1e9, fractions=(0.0, 0.4, 0.8))
-    assert c2 == 0.0
+    c2, r2, curve2 = _bandwidth_fit(nb[keep], busy[keep], src[keep], 1e9, fractions=(0.0, 0.4, 0.8))
+    assert c2 == 0.0 and r2 == 0.0
     assert curve2 is not None and curve2.at(1e7) == pytest.approx(1e7 / (1e9 * busy[2]), rel=1e-3)
 
 
@@ -225,6 +226,7 @@ def test_fit_writes_call_overheads_that_price_the_points() -> None:
     prof = _with_fit(truth, f, keep_tables=False)
     assert prof.call_overhead_s == pytest.approx({"elementwise": 4e-6, "elementwise/k1": 4e-6})
     assert prof.call_overhead_bwd_s is None
+    assert f.row_cost == {} and prof.row_cost_s is None  # no lookups: no row cost
     for p in pts:
         assert _point_time(prof, p) == pytest.approx(p.t_s, rel=1e-6)
 
