@@ -14,6 +14,7 @@ from experiments.cli import main
 from hardware_profiles import load_profile_file
 from hardware_profiles import profiler as P
 from hardware_profiles.calibrate import _bandwidth_fit, _point_time, points_from_raw
+from hardware_profiles.schema import BandwidthCurve
 from sim.costmodel import layer_time_s, looked_up_rows
 from sim.errors import ConfigError
 from sim.workload import Layer, Sparse
@@ -83,7 +84,8 @@ def test_this_machine_prices_its_small_tables_near_their_measurements() -> None:
     errs = {(p.model, p.batch): _point_time(dev, p) / p.t_s - 1 for p in pts}
     assert max(abs(e) for e in errs.values()) < 0.5, errs
     for key in ("embedding", "embedding/k1p"):
-        assert max((dev.mem_efficiency_bwd or {})[key].eff) < 1.5
+        curve = (dev.mem_efficiency_bwd or {})[key]
+        assert isinstance(curve, BandwidthCurve) and max(curve.eff) < 1.5
 
 
 # ------------------------------------------------ adding benchmarks
