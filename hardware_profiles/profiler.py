@@ -42,7 +42,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from hardware_profiles.schema import DeviceProfile
+from hardware_profiles.schema import DeviceProfile, Source
 from sim.errors import ConfigError, HetsimError
 from sim.fileio import atomic_write
 
@@ -1536,7 +1536,8 @@ def add_micro(path: str | os.PathLike[str], names: Sequence[str], device: str | 
     tables); ``peak_flops`` and ``mem_bw_Bps`` stay as measured with the profile.
 
     Returns:
-        (the written profile, the new entries).
+        (the written profile, the new entries); with nothing to measure, (the
+        profile as loaded, []), and nothing is written.
 
     Raises:
         ConfigError: the file is not a measured profile with raw single-layer
@@ -1553,7 +1554,8 @@ def add_micro(path: str | os.PathLike[str], names: Sequence[str], device: str | 
         raise ConfigError(shown, "raw.micro", "no single-layer benchmarks to add to (make the "
                           "profile with hetsim profile)")
     have = [e["name"] for e in raw["micro"]]
-    todo = [n for n in _ALL_MICRO if n not in have] if list(names) == ["missing"] else list(names)
+    todo = ([n for n in _ALL_MICRO if n not in have] if list(names) == ["missing"]
+            else list(dict.fromkeys(names)))
     unknown = [n for n in todo if n not in _ALL_MICRO]
     if unknown:
         raise ConfigError("<command line>", "--add-micro", f"{unknown[0]!r} is not a single-layer "
@@ -1568,6 +1570,8 @@ def add_micro(path: str | os.PathLike[str], names: Sequence[str], device: str | 
         if key in raw and here[key] != raw[key]:
             raise ConfigError(shown, f"raw.{key}", f"measured with {raw[key]!r}, here {here[key]!r}: "
                               "re-measure the whole profile instead")
+    if not todo:  # nothing missing: the profile stays as it is
+        return prof, []
     spec = spec_for(bool(raw.get("quick")))
     start = _dt.datetime.now(_dt.UTC)
     bar = _Progress(len(todo), progress)
@@ -1590,7 +1594,7 @@ def add_micro(path: str | os.PathLike[str], names: Sequence[str], device: str | 
     pointer = "Single-layer benchmarks measured after the rest: see raw.micro_note."
     if pointer not in source["note"]:
         source["note"] = f"{source['note']} {pointer}".strip()
-    updated = prof.model_copy(update={"raw": raw, "source": type(prof.source).model_validate(source)})
+    updated = prof.model_copy(update={"raw": raw, "source": Source.model_validate(source)})
     fitted = calibrate.calibrate(updated).profile
     write_profile(fitted, path)
     return fitted, new

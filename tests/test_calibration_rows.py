@@ -121,13 +121,29 @@ def test_add_micro_measures_merges_notes_and_refits(tiny_profile: Path, tmp_path
     assert raw["models"] == (before.raw or {})["models"] and raw["micro"][0] == (before.raw or {})["micro"][0]
     assert "embedding" in (loaded.mem_efficiency_bwd or {})
     assert loaded.layers == before.layers and loaded.peak_flops == before.peak_flops
-    # measured again: replaced in place, a second note line, one pointer in source.note
-    P.add_micro(path, ["emb_500x16"], progress=False)
+    # measured again (named twice: once): replaced in place, a second note line, one
+    # pointer in source.note
+    _, new = P.add_micro(path, ["emb_500x16", "emb_500x16"], progress=False)
+    assert [e["name"] for e in new] == ["emb_500x16"]
     again = load_profile_file(path)
     assert [e["name"] for e in (again.raw or {})["micro"]] == ["relu_1m", "emb_500x16"]
     lines = (again.raw or {})["micro_note"].splitlines()
     assert len(lines) == 2 and lines[1].endswith("replacing the earlier emb_500x16; the curves re-fitted.")
     assert again.source.note.count("raw.micro_note") == 1
+
+
+def test_add_micro_missing_measures_what_the_profile_lacks(tiny_profile: Path, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "tiny.json"
+    path.write_bytes(tiny_profile.read_bytes())
+    monkeypatch.setattr(P, "_ALL_MICRO", ("relu_1m", "emb_3000x8"))  # a grid of two
+    _, new = P.add_micro(path, ["missing"], progress=False)
+    assert [e["name"] for e in new] == ["emb_3000x8"]
+    assert (load_profile_file(path).raw or {})["micro_note"].startswith("emb_3000x8: measured on ")
+    written = path.read_bytes()
+    prof, new = P.add_micro(path, ["missing"], progress=False)  # nothing left: nothing written
+    assert new == [] and path.read_bytes() == written
+    assert [e["name"] for e in (prof.raw or {})["micro"]] == ["relu_1m", "emb_3000x8"]
 
 
 def test_add_micro_refuses_what_would_not_match(tiny_profile: Path, tmp_path: Path,
