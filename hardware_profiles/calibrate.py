@@ -317,11 +317,10 @@ def _bandwidth_fit(nbytes: np.ndarray, busy: np.ndarray, sources: np.ndarray, me
     ``fractions`` of the 10th percentile of ``busy``, candidate row costs
     ``row_fractions`` of the smallest ``busy / rows`` over the passes with rows
     (the most any pass allows; only 0 where none has any); the pair chosen
-    predicts a source
-    (model or single-layer benchmark) left out of the curve's fit best: the median
-    over sources of the median |relative time error| (ties: the earlier pair,
-    smaller row costs first). With fewer than three sources only (0, 0) is tried
-    (the curve alone, as before).
+    predicts a source (model or single-layer benchmark) left out of the curve's
+    fit best: the median over sources of the median |relative time error| (ties:
+    the earlier pair, smaller row costs first). With fewer than three sources
+    only (0, 0) is tried (the curve alone, as before).
 
     Returns:
         (overhead seconds, seconds per row, curve over bytes of ``busy - overhead
@@ -403,7 +402,7 @@ def _fit_at(pts: Sequence[Point], peak: float, mem_bw: float, launch: float,
     eff: dict[str, dict[str, EfficiencyCurve | IntensityCurve]] = {"fwd": {}, "bwd": {}}
     mem: dict[str, dict[str, BandwidthCurve]] = {"fwd": {}, "bwd": {}}
     fixed: dict[str, dict[str, float]] = {"fwd": {}, "bwd": {}}
-    per_row: dict[str, dict[str, float]] = {"fwd": {}, "bwd": {}}
+    row_cost: dict[str, dict[str, float]] = {"fwd": {}, "bwd": {}}
     groups: dict[tuple[str, str, bool], list[Point]] = {}
     for p in pts:
         groups.setdefault((p.op, p.phase, p.flops > 0), []).append(p)
@@ -452,10 +451,10 @@ def _fit_at(pts: Sequence[Point], peak: float, mem_bw: float, launch: float,
                 mem[phase][op] = bc
                 fixed[phase][op] = c
                 if any(ns):  # lookups: a row cost (0 included, so no op-class fallback)
-                    per_row[phase][op] = r
+                    row_cost[phase][op] = r
     return FitResult(launch, eff["fwd"], eff["bwd"], mem["fwd"], mem["bwd"], tuple(pts),
-                     fixed["fwd"], fixed["bwd"], row_cost=per_row["fwd"],
-                     row_cost_bwd=per_row["bwd"])
+                     fixed["fwd"], fixed["bwd"], row_cost=row_cost["fwd"],
+                     row_cost_bwd=row_cost["bwd"])
 
 
 def _with_fit(profile: DeviceProfile, f: FitResult, keep_tables: bool) -> DeviceProfile:
