@@ -41,6 +41,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--rounds", type=int, default=300, help="round trips per case (after 20 of warm-up)")
     ap.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = ap.parse_args(argv)
+    if args.rounds < 1:
+        ap.error("--rounds must be at least 1")
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
     rows = []
     for hogs, place, payload in tqdm(cases(cores), desc="hand-off cases", disable=args.json):

@@ -268,6 +268,26 @@ def cmd_bench(a: argparse.Namespace) -> int:
 def cmd_profile(a: argparse.Namespace) -> int:
     from hardware_profiles import profiler
 
+    if a.add_micro is not None:
+        ignored = [flag for flag, on in (("--suite robotics", a.suite == "robotics"), ("--quick", a.quick),
+                                          ("--models", a.models is not None),
+                                          ("--no-network", a.no_network), ("--compare", a.compare is not None))
+                   if on]
+        if ignored:
+            raise ConfigError("<command line>", "--add-micro", f"does not combine with {ignored[0]}")
+        names = [n for n in a.add_micro.split(",") if n]
+        if not names:
+            raise ConfigError("<command line>", "--add-micro", "names no benchmark (names, or 'missing')")
+        if not a.out:
+            raise ConfigError("<command line>", "--add-micro", "needs --out, the measured "
+                              "profile to add the benchmarks to")
+        prof, new = profiler.add_micro(a.out, names, device=a.device, threads=a.threads, progress=not a.quiet)
+        if not new:
+            print(f"nothing to measure; {a.out} unchanged")
+            return 0
+        print(f"measured {', '.join(e['name'] for e in new)}; re-fitted")
+        print(f"wrote {a.out}")
+        return 0
     if a.suite == "robotics":
         from sim.robotics import kernels
 
@@ -276,15 +296,6 @@ def cmd_profile(a: argparse.Namespace) -> int:
                                          progress=not a.quiet)
         print(text)
         print(f"wrote {path}")
-        return 0
-    if a.add_micro:
-        if not a.out:
-            raise ConfigError("<command line>", "--add-micro", "needs --out, the measured "
-                              "profile to add the benchmarks to")
-        prof, new = profiler.add_micro(a.out, [n for n in a.add_micro.split(",") if n],
-                                       device=a.device, threads=a.threads, progress=not a.quiet)
-        print(f"measured {', '.join(e['name'] for e in new) or 'nothing'}; re-fitted")
-        print(f"wrote {a.out}")
         return 0
     models = [m for m in a.models.split(",") if m] if a.models else None
     prof, path = profiler.run_profile(a.device or "cpu", a.out or "hardware_profiles/measured/local.json",

@@ -342,6 +342,19 @@ def measure_host(name: str = "local") -> Host:
     return Host(name, cores, round(background_threads(cores), 3))
 
 
+def host_cores(cpus: list[int] | None) -> tuple[int, ...] | None:
+    """CPU ids as the runtime pins them, as core indices of :func:`measure_host`'s host:
+    their positions among the CPUs this process may use (under a cpuset of CPUs 2 and 3,
+    CPU 3 is core 1). Ids outside those (``hetsim validate`` refuses them first) and
+    every id where the CPUs are unknown are kept as they are."""
+    if cpus is None:
+        return None
+    allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if not set(cpus) <= set(allowed):
+        return tuple(sorted(set(cpus)))
+    return tuple(sorted(allowed.index(c) for c in set(cpus)))
+
+
 def with_host(problem: Problem, plan: Plan, opts: RuntimeOptions, host: Host) -> Problem:
     """``problem`` with every rank of the real run on ``host``: each worker of ``plan`` a
     process with its ``runtime.workers`` threads and affinity, each shard one with
@@ -354,10 +367,9 @@ def with_host(problem: Problem, plan: Plan, opts: RuntimeOptions, host: Host) ->
     for w, r in enumerate(plan.replicas):
         o = opts.workers[w] if w < len(opts.workers) else None
         threads = (o.threads if o is not None and o.threads else opts.threads)
-        aff = tuple(o.affinity) if o is not None and o.affinity is not None else None
-        placement.append((r.device, Placement(0, threads, aff)))
-    ps_aff = tuple(opts.ps_affinity) if opts.ps_affinity is not None else None
-    placement += [(s, Placement(0, opts.threads, ps_aff)) for s in plan.ps_shards]
+        placement.append((r.device, Placement(0, threads, host_cores(o.affinity if o is not None else None))))
+    ps_cores = host_cores(opts.ps_affinity)
+    placement += [(s, Placement(0, opts.threads, ps_cores)) for s in plan.ps_shards]
     # the ranks' measured network figures; each host field the lowest of them where unset
     nets = [n for d in (*(r.device for r in plan.replicas), *plan.ps_shards)
             if (n := cl.device(d).type.network) is not None]

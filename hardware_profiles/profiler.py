@@ -853,7 +853,9 @@ def _wake_hog(core: int, stop: Any) -> None:
     """A busy process pinned to ``core``: a 256x256 GEMM loop on one thread until ``stop``."""
     import torch
 
-    os.sched_setaffinity(0, {core})
+    from runtime.launch import pin
+
+    pin({core})
     torch.set_num_threads(1)
     a = torch.randn(256, 256)
     while not stop.is_set():
@@ -862,8 +864,8 @@ def _wake_hog(core: int, stop: Any) -> None:
 
 def _wake_rank(rank: int, port: int, rounds: int, core: int, results: Any,
                shard_core: int | None = None, payload_bytes: int = 0) -> None:
-    """Rank 0 plays a PS shard (``runtime.wire.Receiver``; unpinned like the runtime's
-    shards by default, else pinned to ``shard_core``), rank 1 a worker pinned to
+    """Rank 0 plays a PS shard (``runtime.wire.Receiver``; unpinned, as a shard without
+    ``runtime.ps_affinity`` runs, or pinned to ``shard_core``), rank 1 a worker pinned to
     ``core``: ``rounds`` round trips of a PUSH (header only, or with ``payload_bytes``
     of payload) and a header-only PARAMS. The worker reports each round trip's time,
     and the CPU seconds over all rounds of its process and of its gloo transport
@@ -872,11 +874,12 @@ def _wake_rank(rank: int, port: int, rounds: int, core: int, results: Any,
     import torch
 
     from runtime import wire
+    from runtime.launch import pin
 
     if rank == 1:
-        os.sched_setaffinity(0, {core})
+        pin({core})
     elif shard_core is not None:
-        os.sched_setaffinity(0, {shard_core})
+        pin({shard_core})
     torch.set_num_threads(1)
     _loopback_group(rank, port)
     if rank == 0:
@@ -902,13 +905,13 @@ def _wake_rank(rank: int, port: int, rounds: int, core: int, results: Any,
 
 def _thread_cpu_s(name: str) -> float | None:
     """CPU seconds (user + system) this process's threads called ``name`` have used
-    (Linux ``/proc/self/task``; None elsewhere)."""
+    (Linux ``/proc/self/task``; None elsewhere, or where no thread has that name)."""
     try:
         tasks = os.listdir("/proc/self/task")
         tick = os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, AttributeError):
         return None
-    total = 0
+    total, found = 0, False
     for t in tasks:
         try:
             with open(f"/proc/self/task/{t}/comm") as f:
@@ -919,7 +922,8 @@ def _thread_cpu_s(name: str) -> float | None:
         except OSError:
             continue  # the thread has exited
         total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15 of stat)
-    return total / tick
+        found = True
+    return total / tick if found else None
 
 
 class Handoffs(NamedTuple):
@@ -958,7 +962,7 @@ def wake_bench(rounds: int = 1000, warmup: int = 20, timeout_s: float = 120.0) -
 
     Round trips of two header-only messages through ``runtime.wire`` (a worker-like
     rank pinned to the first core this process may use sends PUSH and waits for
-    PARAMS; a shard-like rank, unpinned like the runtime's shards, receives with a
+    PARAMS; a shard-like rank, unpinned (a shard without ``runtime.ps_affinity``), receives with a
     ``Receiver`` thread and answers), first on idle cores, then with one busy process
     (a GEMM loop) pinned to every core. Each message wakes its receiver, so
     ``wake_latency_s = (mean busy - mean idle) / 2``: what a message costs its
@@ -985,11 +989,11 @@ def _wire_rank(rank: int, port: int, sizes: Sequence[int], reps: int, warmup: in
     import torch
 
     from runtime import quant, wire
-    from runtime.launch import keep_freed_memory
+    from runtime.launch import keep_freed_memory, pin
 
     keep_freed_memory()  # as every rank of the runtime does
     if rank == 1:
-        os.sched_setaffinity(0, {core})
+        pin({core})
     torch.set_num_threads(1)
     _loopback_group(rank, port)
     rounds = [(n, k) for n in sizes for k in range(reps + warmup)]
@@ -1583,7 +1587,7 @@ def add_micro(path: str | os.PathLike[str], names: Sequence[str], device: str | 
     by_name = {e["name"]: e for e in new}
     merged = [by_name.pop(e["name"], e) for e in raw["micro"]] + list(by_name.values())
     replaced = sorted(set(todo) & set(have))
-    line = (f"{', '.join(todo)}: measured on {start:%Y-%m-%d} {start:%H:%M}-{end:%H:%M} UTC by "
+    line = (f"{', '.join(todo)}: measured {start:%Y-%m-%d %H:%M} - {end:%Y-%m-%d %H:%M} UTC by "
             f"hetsim profile --add-micro ({raw['threads']} thread(s), clock {raw['clock']}, the "
             f"{'quick' if raw.get('quick') else 'full'} spec's repeats) and merged into this "
             "profile's raw.micro"

@@ -61,9 +61,16 @@ def run_rank(spec: RunSpec, rank: int, world: int, local_rank: int = 0) -> RunRe
     if world != spec.n_shards + spec.n_workers:
         raise RuntimeFailure(f"world size {world} != {spec.n_shards} PS shards + {spec.n_workers} workers")
     keep_freed_memory()
-    torch.set_num_threads(spec.threads)
-    if rank < spec.n_shards and spec.ps_affinity is not None and hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, set(spec.ps_affinity))
+    # the rank's emulated threads and CPUs, before gloo starts its threads: a process's
+    # affinity at a thread's start is the thread's (pinning later pins the caller only)
+    if rank < spec.n_shards:
+        threads, cpus = spec.threads, spec.ps_affinity
+    else:
+        ws = spec.workers[rank - spec.n_shards]
+        threads, cpus = ws.threads, ws.affinity
+    torch.set_num_threads(threads)
+    if cpus is not None:
+        pin(cpus)
     dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=spec.timeout_s))
     try:
@@ -110,12 +117,42 @@ def keep_freed_memory() -> bool:
     return bool(mallopt(M_MMAP_THRESHOLD, KEEP_BYTES)) and bool(mallopt(M_TRIM_THRESHOLD, KEEP_BYTES))
 
 
+def pin(cpus: list[int] | set[int]) -> None:
+    """Pin this process to ``cpus``: every thread it has now (``import torch`` starts some)
+    and, through the calling thread's affinity, every thread it starts later (Linux; a
+    no-op elsewhere)."""
+    if not hasattr(os, "sched_setaffinity"):
+        return
+    os.sched_setaffinity(0, set(cpus))
+    try:
+        tids = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        return
+    for tid in tids:
+        try:
+            os.sched_setaffinity(tid, set(cpus))
+        except OSError:
+            pass  # the thread has exited
+
+
 def in_force() -> dict[str, Any]:
-    """The emulation this process really runs with: torch threads and the CPUs it may use."""
+    """The emulation this process really runs with: torch threads and the CPUs its
+    threads may use (the union over every thread: gloo's included, Linux)."""
     import torch
 
-    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-    return {"threads": torch.get_num_threads(), "affinity": cpus}
+    if not hasattr(os, "sched_getaffinity"):
+        return {"threads": torch.get_num_threads(), "affinity": None}
+    cpus = set(os.sched_getaffinity(0))
+    try:
+        tids = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        tids = []
+    for tid in tids:
+        try:
+            cpus |= os.sched_getaffinity(tid)
+        except OSError:
+            pass  # the thread has exited
+    return {"threads": torch.get_num_threads(), "affinity": sorted(cpus)}
 
 
 def die_with_parent() -> None:

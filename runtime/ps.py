@@ -148,24 +148,17 @@ class Shard:
     def unpack(self, m: wire.Message, bits: int) -> torch.Tensor:
         if m.payload is None:  # a stage holding none of this shard's tensors
             return torch.zeros(0)
-        out, off = [], 0
         rows = self.rows.get(m.src, {})
+        numels = self.numels_of(m.src)
         if bits == 32 and not rows:  # fp32 pieces end to end are the flat gradient: a view, no copy
-            n = sum(self.numels_of(m.src))
-            if m.payload.numel() != quant.wire_bytes(n, 32):
-                raise ValueError(f"push of {m.payload.numel()} bytes, {quant.wire_bytes(n, 32)} expected")
-            return quant.unpack(m.payload, n, 32)
-        for k, n in zip(self.groups[self.group_of[m.src]], self.numels_of(m.src)):
-            nb = quant.wire_bytes(n, bits)
-            g = quant.unpack(m.payload[off:off + nb], n, bits)
+            return quant.unpack(m.payload, sum(numels), 32)
+        out = []
+        for k, g in zip(self.groups[self.group_of[m.src]], quant.unpack_many(m.payload, numels, bits)):
             if k in rows:  # the pushed rows into a dense gradient: untouched rows get 0
                 dense = torch.zeros(self.numels[k]).view(-1, self.row_len[k])
                 dense[rows[k]] = g.view(-1, self.row_len[k])
                 g = dense.view(-1)
             out.append(g)
-            off += nb
-        if off != m.payload.numel():
-            raise ValueError(f"push of {m.payload.numel()} bytes, {off} expected")
         return torch.cat(out)
 
     def take_push(self, m: wire.Message) -> tuple[torch.Tensor, int] | None:

@@ -1,7 +1,7 @@
 """Pipelined pulls (``runtime.pipeline_pulls``, with ``job.pipeline``; BSP, one-stage plans).
 
-With ``job.pipeline`` alone a worker pushes each gradient tensor as backward
-makes it (:class:`runtime.worker.Sender`) but pulls whole: shard 0 commits
+With ``job.pipeline`` alone a worker pushes each layer's gradients as backward
+makes them (:class:`runtime.worker.Sender`) but pulls whole: shard 0 commits
 iteration ``t`` once every worker's push is in, and the worker's forward of
 ``t + 1`` starts once all its parameters have arrived. With pipelined pulls
 the pull side is layer-wise too, as the DES models ``job.pipeline`` by default

@@ -23,9 +23,14 @@ def wire_bytes(n: int, bits: int) -> int:
     return int(packed_bytes(n, bits))
 
 
+def _flat(x: torch.Tensor) -> torch.Tensor:
+    """``x``'s values as a flat fp32 CPU tensor (no copy where they are one already)."""
+    return x.detach().reshape(-1).to(torch.float32, copy=False).cpu()
+
+
 def pack(x: torch.Tensor, bits: int, gen: torch.Generator | None = None) -> torch.Tensor:
     """Quantize the values of ``x`` to ``bits`` (2, 4, 8, 16 or 32) as a uint8 tensor."""
-    flat = x.detach().reshape(-1).to(torch.float32, copy=False).cpu()
+    flat = _flat(x)
     n = flat.numel()
     if n == 0:
         return torch.empty(0, dtype=torch.uint8)
@@ -55,7 +60,7 @@ def pack(x: torch.Tensor, bits: int, gen: torch.Generator | None = None) -> torc
 def pack_many(xs: list[torch.Tensor], bits: int, gen: torch.Generator | None = None) -> torch.Tensor:
     """``torch.cat([pack(x) for x in xs])``, the same bytes; at 32 bits in one copy."""
     if bits == 32:
-        return torch.cat([x.detach().reshape(-1).to(torch.float32, copy=False).cpu() for x in xs]).view(torch.uint8)
+        return torch.cat([_flat(x) for x in xs]).view(torch.uint8)
     return torch.cat([pack(x, bits, gen) for x in xs])
 
 
@@ -77,3 +82,21 @@ def unpack(buf: torch.Tensor, n: int, bits: int) -> torch.Tensor:
         shifts = torch.arange(per, dtype=torch.int64) * bits
         q = ((body.to(torch.int64).unsqueeze(1) >> shifts) & ((1 << bits) - 1)).reshape(-1)[:n]
     return q.to(torch.float32) * scale + lo
+
+
+def unpack_many(buf: torch.Tensor, numels: list[int], bits: int) -> list[torch.Tensor]:
+    """The tensors of a buffer made by :func:`pack_many` (``numels[i]`` values each, at
+    ``bits``), each unpacked from its slice (at 32 bits views of ``buf``, as :func:`unpack`).
+
+    Raises:
+        ValueError: ``buf`` holds another number of bytes.
+    """
+    want = sum(wire_bytes(n, bits) for n in numels)
+    if buf.numel() != want:
+        raise ValueError(f"buffer holds {buf.numel()} bytes, {want} expected")
+    out, off = [], 0
+    for n in numels:
+        nb = wire_bytes(n, bits)
+        out.append(unpack(buf[off:off + nb], n, bits))
+        off += nb
+    return out

@@ -184,6 +184,9 @@ def check_cpus(cpus: list[int] | None, source: str, field_name: str) -> None:
         return
     if not cpus:
         raise ConfigError(source, field_name, "names no CPU (leave it out to not pin)")
+    twice = sorted({c for c in cpus if cpus.count(c) > 1})
+    if twice:
+        raise ConfigError(source, field_name, f"lists CPU {twice[0]} twice")
     here = sorted(os.sched_getaffinity(0))
     missing = sorted(set(cpus) - set(here))
     if missing:

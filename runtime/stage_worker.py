@@ -32,7 +32,7 @@ import torch
 
 from runtime import stages, task, wire
 from runtime.spec import RunSpec, StageSpec
-from runtime.worker import PSClient, emulate, free_memory_bytes, send_report, slowdown_at
+from runtime.worker import PSClient, free_memory_bytes, send_report, slowdown_at
 
 
 class Replica:
@@ -81,8 +81,7 @@ def floats_of(b: stages.BoundarySpec) -> stages.BoundarySpec:
 
 def run_stage(spec: RunSpec, w: int, local_rank: int = 0) -> None:
     """Main loop of worker ``w``, a stage replica, until shard 0 says stop."""
-    ws = spec.workers[w]
-    emulate(ws)
+    ws = spec.workers[w]  # its threads and CPUs were set by runtime.launch.run_rank
     me = Replica(spec, w)
     S, last = len(spec.stages), len(spec.stages) - 1
     B = spec.global_batch

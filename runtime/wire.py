@@ -137,14 +137,8 @@ def part_tensors(m: Message, numels: list[int]) -> list[tuple[int, torch.Tensor]
     first, bits, count = int(m.header[F_A]), int(m.header[F_B]), int(m.header[F_D])
     if count < 1 or first < 0 or first + count > len(numels):
         raise ValueError(f"push part of tensors {first} .. {first + count - 1} of {len(numels)}")
-    out, off = [], 0
-    for k in range(first, first + count):
-        nb = quant.wire_bytes(numels[k], bits)
-        out.append((k, quant.unpack(m.payload[off:off + nb], numels[k], bits)))
-        off += nb
-    if off != m.payload.numel():
-        raise ValueError(f"push part of {m.payload.numel()} bytes, {off} expected")
-    return out
+    ks = range(first, first + count)
+    return list(zip(ks, quant.unpack_many(m.payload, [numels[k] for k in ks], bits)))
 
 
 def json_payload(obj: object) -> torch.Tensor:

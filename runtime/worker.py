@@ -56,12 +56,6 @@ def slowdown_at(ws: WorkerSpec, t_s: float) -> float:
     return f
 
 
-def emulate(ws: WorkerSpec) -> None:
-    torch.set_num_threads(ws.threads)
-    if ws.affinity is not None and hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, set(ws.affinity))
-
-
 def layer_groups(module: torch.nn.Module) -> list[list[int]]:
     """Indices into ``list(module.parameters())`` grouped by the module that holds each
     parameter itself (a layer: a Linear's weight and bias), in parameter order; a
@@ -108,7 +102,7 @@ class Sender:
         self.where = {i: (s, k) for s, idx in enumerate(owned) for k, i in enumerate(idx)}
         self.groups = groups if groups is not None else [[i] for i in range(len(params))]
         self.group_of = {i: g for g, idx in enumerate(self.groups) for i in idx}
-        if sorted(self.group_of) != list(range(len(params))):
+        if sorted(self.group_of) != list(range(len(params))) or sum(map(len, self.groups)) != len(params):
             raise ValueError("groups must hold every parameter index exactly once")
         # (shard, first tensor in the shard, parameter indices, their packed bytes) per message
         self.q: queue.Queue[tuple[int, int, list[int], list[torch.Tensor]] | None] = queue.Queue()
@@ -248,8 +242,7 @@ class PSClient:
 
 
 def run_worker(spec: RunSpec, w: int, local_rank: int = 0) -> None:
-    ws = spec.workers[w]
-    emulate(ws)
+    ws = spec.workers[w]  # its threads and CPUs were set by runtime.launch.run_rank
     S = spec.n_shards
     device = f"cuda:{local_rank}" if spec.device == "cuda" else "cpu"
     module, _ = task.build(spec.model, spec.seed, spec.model_kwargs)

@@ -4,6 +4,7 @@ to a measured profile (``hetsim profile --add-micro``)."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -114,7 +115,8 @@ def test_add_micro_measures_merges_notes_and_refits(tiny_profile: Path, tmp_path
     assert all(r["own"]["embedding"][0] > 0 and r["own"]["embedding"][1] > 0 for r in entry["runs"])
     assert entry["model"]["layers"][0]["param_bytes"] == 500 * 16 * 4
     note = raw["micro_note"].splitlines()
-    assert len(note) == 1 and note[0].startswith("emb_500x16: measured on ")
+    stamp = r"\d{4}-\d\d-\d\d \d\d:\d\d"  # start and end, each with its date (UTC)
+    assert len(note) == 1 and re.match(rf"emb_500x16: measured {stamp} - {stamp} UTC by ", note[0])
     assert "1 thread(s), clock thread" in note[0] and "replacing" not in note[0]
     assert loaded.source.note.endswith("see raw.micro_note.")
     # the rest of raw is as it was; the fit now has the embedding's curves
@@ -133,17 +135,22 @@ def test_add_micro_measures_merges_notes_and_refits(tiny_profile: Path, tmp_path
 
 
 def test_add_micro_missing_measures_what_the_profile_lacks(tiny_profile: Path, tmp_path: Path,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+                                                           monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "tiny.json"
     path.write_bytes(tiny_profile.read_bytes())
     monkeypatch.setattr(P, "_ALL_MICRO", ("relu_1m", "emb_3000x8"))  # a grid of two
     _, new = P.add_micro(path, ["missing"], progress=False)
     assert [e["name"] for e in new] == ["emb_3000x8"]
-    assert (load_profile_file(path).raw or {})["micro_note"].startswith("emb_3000x8: measured on ")
+    assert (load_profile_file(path).raw or {})["micro_note"].startswith("emb_3000x8: measured 20")
     written = path.read_bytes()
     prof, new = P.add_micro(path, ["missing"], progress=False)  # nothing left: nothing written
     assert new == [] and path.read_bytes() == written
     assert [e["name"] for e in (prof.raw or {})["micro"]] == ["relu_1m", "emb_3000x8"]
+    capsys.readouterr()
+    assert main(["profile", "--add-micro", "missing", "--out", str(path), "--quiet"]) == 0
+    assert capsys.readouterr().out.strip() == f"nothing to measure; {path} unchanged"
+    assert path.read_bytes() == written
 
 
 def test_add_micro_refuses_what_would_not_match(tiny_profile: Path, tmp_path: Path,
@@ -165,4 +172,13 @@ def test_add_micro_refuses_what_would_not_match(tiny_profile: Path, tmp_path: Pa
     assert main(["profile", "--add-micro", "emb_500x16", "--quiet"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--add-micro" in err[0] and "needs --out" in err[0]
+    # flags of a whole profile run are refused, not ignored; so is an empty list
+    for extra, why in ((["--quick"], "does not combine with --quick"),
+                       (["--models", "mlp"], "does not combine with --models"),
+                       (["--suite", "robotics"], "does not combine with --suite robotics")):
+        assert main(["profile", "--add-micro", "emb_500x16", "--out", str(tiny_profile), *extra]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "--add-micro" in err[0] and why in err[0]
+    assert main(["profile", "--add-micro", ",", "--out", str(tiny_profile)]) == 2
+    assert "names no benchmark" in capsys.readouterr().err
     assert "micro_note" not in (load_profile_file(tiny_profile).raw or {})  # nothing written

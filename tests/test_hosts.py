@@ -311,6 +311,18 @@ def test_validate_places_every_rank_on_the_measured_host() -> None:
     assert with_host(mine, plan(mine, [10, 10, 10]), opts, host) is mine  # the config's hosts win
 
 
+def test_validate_maps_cpu_ids_to_the_hosts_core_indices(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under a cpuset of CPUs 2 and 3 the measured host has cores 0 and 1: CPU 3 is core 1,
+    CPUs 3 and 2 (listed in any order) cores 0 and 1; an id outside the set stays as it is."""
+    from experiments import validate
+
+    monkeypatch.setattr(validate.os, "sched_getaffinity", lambda pid: {2, 3}, raising=False)
+    assert validate.host_cores([3]) == (1,)
+    assert validate.host_cores([3, 2]) == (0, 1)
+    assert validate.host_cores([5]) == (5,)
+    assert validate.host_cores(None) is None
+
+
 def test_validate_takes_the_copy_rate_from_the_measured_loopback() -> None:
     from experiments.validate import with_host
     from hardware_profiles.schema import NetworkMeasurement

@@ -101,6 +101,56 @@ def test_pack_is_packed_bytes_and_round_trips(bits: int, n: int) -> None:
     assert float((y - x).abs().max()) <= step * (1 + 1e-5) + 1e-6
 
 
+@pytest.mark.parametrize("bits", [2, 4, 8, 16, 32])
+def test_pack_many_is_the_packs_end_to_end_and_unpack_many_splits_them(bits: int) -> None:
+    """Three tensors (7, 1 and 12 values): ``pack_many`` gives the bytes of their packs one
+    after the other (the same noise, drawn in the same order), ``unpack_many`` each one's
+    values back; one byte short is refused."""
+    xs = [torch.randn(7), torch.randn(1), torch.randn(3, 4)]
+    sizes = [int(packed_bytes(x.numel(), bits)) for x in xs]
+    gen = torch.Generator().manual_seed(3)
+    seq = torch.cat([quant.pack(x, bits, gen) for x in xs])  # one generator through all three
+    assert torch.equal(quant.pack_many(xs, bits, torch.Generator().manual_seed(3)), seq)
+    assert seq.numel() == sum(sizes)
+    back = quant.unpack_many(seq, [7, 1, 12], bits)
+    assert [b.numel() for b in back] == [7, 1, 12]
+    each = [quant.unpack(p, x.numel(), bits) for p, x in zip(torch.split(seq, sizes), xs)]
+    assert all(torch.equal(b, e) for b, e in zip(back, each))
+    with pytest.raises(ValueError, match="expected"):
+        quant.unpack_many(seq[:-1], [7, 1, 12], bits)
+
+
+def test_unpack_at_32_bits_views_aligned_bytes_and_copies_the_others() -> None:
+    x = torch.arange(6, dtype=torch.float32)
+    buf = torch.cat([torch.zeros(1, dtype=torch.uint8), x.view(torch.uint8)])  # x's bytes at offset 1
+    aligned = quant.unpack(buf[1:].clone(), 6, 32)
+    assert torch.equal(aligned, x)
+    view = buf[1:]  # starts off a 4-byte boundary: unpacked by copy, the same values
+    assert view.storage_offset() % 4 == 1 and torch.equal(quant.unpack(view, 6, 32), x)
+    whole = x.view(torch.uint8)
+    assert quant.unpack(whole, 6, 32).data_ptr() == whole.data_ptr()  # aligned: a view, no copy
+
+
+def test_layer_groups_put_a_shared_parameter_with_its_first_module() -> None:
+    """Two Linears sharing one weight (tied), and a parameter the root holds itself:
+    the shared weight goes with the first Linear, the root's parameter alone."""
+    class Tied(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+            self.b.weight = self.a.weight
+            self.scale = torch.nn.Parameter(torch.ones(1))
+
+    from runtime import worker
+
+    m = Tied()
+    names = [n for n, _ in m.named_parameters()]
+    assert names == ["scale", "a.weight", "a.bias", "b.bias"]  # the root's first; a shared one once
+    assert worker.layer_groups(m) == [[0], [1, 2], [3]]
+    with pytest.raises(ValueError, match="exactly once"):
+        worker.Sender(list(m.parameters()), [[0, 1, 2, 3]], {}, 0, [[0, 1], [1], [2, 3]])
+
+
 def test_stochastic_rounding_is_unbiased() -> None:
     x = torch.tensor([0.0, 0.3, 1.0])  # 0.3 sits between the two 2-bit levels 0 and 1/3
     gen = torch.Generator().manual_seed(1)
@@ -373,6 +423,7 @@ def test_bad_input_exits_2_with_one_line(tmp_path: Path) -> None:
 @pytest.mark.parametrize("runtime,field,message", [
     ({"workers": [{}, {"affinity": [0, 4096]}]}, "runtime.workers[1].affinity", "CPU 4096 is not one"),
     ({"ps_affinity": []}, "runtime.ps_affinity", "names no CPU"),
+    ({"ps_affinity": [0, 0]}, "runtime.ps_affinity", "lists CPU 0 twice"),
 ])
 def test_pinning_to_cpus_that_are_not_here_is_refused(tmp_path: Path, runtime: dict, field: str,
                                                        message: str) -> None:
