@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 from typing import Any
 
 from tqdm import tqdm
 
 from hardware_profiles.profiler import handoff_rtts
+from runtime.affinity import usable_cpus
 
 WARMUP = 20  # round trips left out of the times
 
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = ap.parse_args(argv)
     if args.rounds < 1:
         ap.error("--rounds must be at least 1")
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
+    cores = usable_cpus() or [0]
     rows = []
     for hogs, place, payload in tqdm(cases(cores), desc="hand-off cases", disable=args.json):
         got = handoff_rtts(hogs, args.rounds, warmup=WARMUP, shard_core=place, payload_bytes=payload)

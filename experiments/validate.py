@@ -91,6 +91,7 @@ from experiments import runner
 from experiments.plots import markdown_table
 from hardware_profiles.schema import LayerTable
 from runtime import entry
+from runtime.affinity import usable_cpus
 from runtime.spec import RunSpec, RuntimeOptions, build_spec, parse_options
 from sim import costmodel, zoo
 from sim.cluster import Device, Host, Placement
@@ -349,7 +350,7 @@ def host_cores(cpus: list[int] | None) -> tuple[int, ...] | None:
     every id where the CPUs are unknown are kept as they are."""
     if cpus is None:
         return None
-    allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    allowed = usable_cpus() or []
     if not set(cpus) <= set(allowed):
         return tuple(sorted(set(cpus)))
     return tuple(sorted(allowed.index(c) for c in set(cpus)))
@@ -384,11 +385,11 @@ def with_host(problem: Problem, plan: Plan, opts: RuntimeOptions, host: Host) ->
     # path (wire_bench), each end's share (copy_Bps) and the link run at its rate alone
     # (wire_rate_Bps): as fast as measured when both ends have a core, as slow as the end
     # with the smaller share of one when they do not. Measured on this_machine with a busy
-    # process on each core (each end half a core): pulls 4.02 -> 1.57 GB/s, pushes 2.39 ->
-    # 1.03 GB/s, i.e. 2.3-2.6x slower, where this model gives 2x; charging each end only
-    # its CPU (wire_cpu_Bps, 4.7 GB/s) beside a link at the lone rate would give 1.4x.
-    # The cost: an end counts as runnable for the whole message while it really uses
-    # 64% of it on the mean (wire_cpu_Bps / the pair's rate).
+    # process on each core (each end half a core), with the runtime that still copied fp32
+    # pushes twice: pulls 4.02 -> 1.57 GB/s, pushes 2.39 -> 1.03 GB/s, i.e. 2.3-2.6x slower,
+    # where this model gives 2x; charging each end only its CPU (wire_cpu_Bps, then 4.7 GB/s)
+    # beside a link at the lone rate would have given 1.4x. The cost: an end counts as
+    # runnable for the whole message while it uses only wire_cpu_Bps / the pair's rate of it.
     # Without those figures: gloo's bare p2p bandwidth for the copies and the NICs as given.
     rate = wire_rate_Bps(nets)
     # the runtime's ranks send with blocking sends from one thread and a shard receives with
@@ -411,12 +412,12 @@ def wire_rate_Bps(nets: Sequence[Any]) -> float:
     the ranks' profiles' network measurements); 0 where a profile lacks them.
 
     The DES gives a process one link bandwidth for both directions, while the runtime's
-    pushes are slower per byte than its pulls (at fp32 the worker packs and concatenates,
-    the shard unpacks and concatenates: two more copies each side): the rate of the pair
-    is exact for a fp32 iteration, which moves the same bytes each way. A quantized push
-    packs into a new buffer instead (its pack is priced on its own, ``quant``), so with
-    quantization the pulls are priced slow (``this_machine``: pulls 4.27 GB/s, pushes
-    2.41 GB/s, the pair's rate 3.09 GB/s).
+    pushes and pulls differ per byte (a fp32 push is concatenated once at the worker, a
+    pull copied into the parameters): the rate of the pair is exact for a fp32 iteration,
+    which moves the same bytes each way. A quantized push packs into a new buffer instead
+    (its pack is priced on its own, ``quant``), so with quantization the pulls are priced
+    at the pair's rate (``this_machine``: pulls 3.59 GB/s, pushes 3.41 GB/s, the pair's
+    rate 3.50 GB/s).
     """
     pulls = [v for n in nets if (v := getattr(n, "wire_pull_Bps", None))]
     pushes = [v for n in nets if (v := getattr(n, "wire_push_Bps", None))]

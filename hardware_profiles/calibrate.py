@@ -78,7 +78,15 @@ from hardware_profiles.schema import (
     LayerTable,
     mem_key,
 )
-from sim.costmodel import compute_kind, glue_time_s, layer_time_s, layer_work, looked_up_rows
+from sim.costmodel import (
+    compute_kind,
+    fixed_s,
+    glue_time_s,
+    layer_time_s,
+    layer_work,
+    looked_up_rows,
+    roofline_s,
+)
 from sim.workload import Model, model_from_dict
 
 __all__ = [
@@ -486,19 +494,15 @@ def _rel_errors(profile: DeviceProfile, pts: Sequence[Point]) -> np.ndarray:
 
 
 def _point_time(dev: DeviceProfile, p: Point) -> float:
-    compute = (p.flops / (dev.peak("fp32") * dev.eff(p.op, p.flops, p.phase, p.nbytes))
-               if p.flops > 0 else 0.0)
+    """The cost model's time of a measured pass (:func:`sim.costmodel.layer_time_s`'s
+    formula on the point's work, without tables or glue)."""
     flags = p.kind.partition("/k")[2]
     kernels = int(flags.rstrip("pr")) if flags else None
-    if p.flops > 0:
-        ck = p.ckind.partition("/")[2] or None
-        compute = p.flops / (dev.peak("fp32") * dev.eff(p.op, p.flops, p.phase, p.nbytes, ck))
-    memory = p.nbytes / (dev.mem_bw_Bps * dev.mem_eff(
-        p.op, p.nbytes, p.phase, kernels, "p" in flags, "r" in flags))
-    fixed = (dev.call_overhead(p.op, p.phase, kernels, "p" in flags, "r" in flags)
-             + dev.row_cost(p.op, p.phase, kernels, "p" in flags, "r" in flags) * p.rows
-             if p.flops == 0 else 0.0)
-    return fixed + dev.launch_overhead_s * p.kernels + max(compute, memory)
+    has_params, reduces = "p" in flags, "r" in flags
+    mem_eff = dev.mem_eff(p.op, p.nbytes, p.phase, kernels, has_params, reduces)
+    fixed = fixed_s(dev, p.op, p.phase, kernels, has_params, reduces, p.rows) if p.flops == 0 else 0.0
+    return fixed + roofline_s(dev, p.op, p.flops, p.nbytes, p.kernels, "fp32", mem_eff, p.phase,
+                              p.ckind.partition("/")[2] or None)
 
 
 def fit(profile: DeviceProfile, exclude: Sequence[str] = (), micro: bool = True

@@ -43,6 +43,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from hardware_profiles.schema import DeviceProfile, Source
+from runtime.affinity import usable_cpus
 from sim.errors import ConfigError, HetsimError
 from sim.fileio import atomic_write
 
@@ -853,7 +854,7 @@ def _wake_hog(core: int, stop: Any) -> None:
     """A busy process pinned to ``core``: a 256x256 GEMM loop on one thread until ``stop``."""
     import torch
 
-    from runtime.launch import pin
+    from runtime.affinity import pin
 
     pin({core})
     torch.set_num_threads(1)
@@ -874,7 +875,7 @@ def _wake_rank(rank: int, port: int, rounds: int, core: int, results: Any,
     import torch
 
     from runtime import wire
-    from runtime.launch import pin
+    from runtime.affinity import pin
 
     if rank == 1:
         pin({core})
@@ -906,13 +907,14 @@ def _wake_rank(rank: int, port: int, rounds: int, core: int, results: Any,
 def _thread_cpu_s(name: str) -> float | None:
     """CPU seconds (user + system) this process's threads called ``name`` have used
     (Linux ``/proc/self/task``; None elsewhere, or where no thread has that name)."""
+    from runtime.affinity import thread_ids
+
     try:
-        tasks = os.listdir("/proc/self/task")
         tick = os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, AttributeError):
         return None
     total, found = 0, False
-    for t in tasks:
+    for t in thread_ids():
         try:
             with open(f"/proc/self/task/{t}/comm") as f:
                 if f.read().strip() != name:
@@ -945,7 +947,7 @@ def handoff_rtts(hogs: int, rounds: int, warmup: int = 20, shard_core: int | Non
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
+    cores = usable_cpus() or [0]
     stop = ctx.Event()
     results = ctx.Queue()
     port = _free_port()
@@ -969,7 +971,7 @@ def wake_bench(rounds: int = 1000, warmup: int = 20, timeout_s: float = 120.0) -
     receiver when every core is taken (``cluster.hosts[].wake_us``; ``hetsim
     validate`` uses it). Means, not medians: the DES adds it to every such message.
     """
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+    cores = len(usable_cpus() or [0])
     means = {label: sum(handoff_rtts(hogs, rounds, warmup, timeout_s=timeout_s).rtts) / rounds
              for label, hogs in (("idle", 0), ("busy", cores))}
     return {"wake_rtt_idle_s": _r(means["idle"]), "wake_rtt_busy_s": _r(means["busy"]),
@@ -989,7 +991,8 @@ def _wire_rank(rank: int, port: int, sizes: Sequence[int], reps: int, warmup: in
     import torch
 
     from runtime import quant, wire
-    from runtime.launch import keep_freed_memory, pin
+    from runtime.affinity import pin
+    from runtime.launch import keep_freed_memory
 
     keep_freed_memory()  # as every rank of the runtime does
     if rank == 1:
@@ -1071,7 +1074,7 @@ def wire_bench(sizes: Sequence[int] = (4 << 20, 16 << 20, 48 << 20), reps: int =
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
+    cores = usable_cpus() or [0]
     results = ctx.Queue()
     port = _free_port()
     procs = [ctx.Process(target=_wire_rank, args=(r, port, list(sizes), reps, warmup, cores[0], results),

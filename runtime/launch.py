@@ -33,6 +33,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from runtime.affinity import pin
 from runtime.spec import RunSpec
 from sim.result import RunResult
 
@@ -115,44 +116,6 @@ def keep_freed_memory() -> bool:
     except (OSError, AttributeError):
         return False
     return bool(mallopt(M_MMAP_THRESHOLD, KEEP_BYTES)) and bool(mallopt(M_TRIM_THRESHOLD, KEEP_BYTES))
-
-
-def pin(cpus: list[int] | set[int]) -> None:
-    """Pin this process to ``cpus``: every thread it has now (``import torch`` starts some)
-    and, through the calling thread's affinity, every thread it starts later (Linux; a
-    no-op elsewhere)."""
-    if not hasattr(os, "sched_setaffinity"):
-        return
-    os.sched_setaffinity(0, set(cpus))
-    try:
-        tids = [int(t) for t in os.listdir("/proc/self/task")]
-    except OSError:
-        return
-    for tid in tids:
-        try:
-            os.sched_setaffinity(tid, set(cpus))
-        except OSError:
-            pass  # the thread has exited
-
-
-def in_force() -> dict[str, Any]:
-    """The emulation this process really runs with: torch threads and the CPUs its
-    threads may use (the union over every thread: gloo's included, Linux)."""
-    import torch
-
-    if not hasattr(os, "sched_getaffinity"):
-        return {"threads": torch.get_num_threads(), "affinity": None}
-    cpus = set(os.sched_getaffinity(0))
-    try:
-        tids = [int(t) for t in os.listdir("/proc/self/task")]
-    except OSError:
-        tids = []
-    for tid in tids:
-        try:
-            cpus |= os.sched_getaffinity(tid)
-        except OSError:
-            pass  # the thread has exited
-    return {"threads": torch.get_num_threads(), "affinity": sorted(cpus)}
 
 
 def die_with_parent() -> None:

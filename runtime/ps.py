@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from runtime import checkpoint, quant, task, wire
-from runtime.launch import in_force
+from runtime.affinity import in_force
 from runtime.pulls import ShardPulls
 from runtime.spec import RunSpec
 from sim.observation import Observation, WorkerStatus, accepted_shares, full_membership, rate_sps

@@ -16,12 +16,12 @@ under ``runtime_ignored``).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from runtime.affinity import usable_cpus
 from sim.config import validation_error
 from sim.errors import ConfigError
 from sim.plan import Plan
@@ -180,14 +180,14 @@ def parse_options(data: Any, source: str) -> RuntimeOptions:
 def check_cpus(cpus: list[int] | None, source: str, field_name: str) -> None:
     """Raise ConfigError unless every CPU id in ``cpus`` is one this process may run on
     (Linux; elsewhere, and for None, nothing is checked)."""
-    if cpus is None or not hasattr(os, "sched_getaffinity"):
+    here = usable_cpus()
+    if cpus is None or here is None:
         return
     if not cpus:
         raise ConfigError(source, field_name, "names no CPU (leave it out to not pin)")
     twice = sorted({c for c in cpus if cpus.count(c) > 1})
     if twice:
         raise ConfigError(source, field_name, f"lists CPU {twice[0]} twice")
-    here = sorted(os.sched_getaffinity(0))
     missing = sorted(set(cpus) - set(here))
     if missing:
         raise ConfigError(source, field_name, f"CPU {missing[0]} is not one this machine lets the run use "

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from runtime import quant, task, wire
-from runtime.launch import in_force
+from runtime.affinity import in_force
 from runtime.pulls import Puller
 from runtime.spec import RunSpec, WorkerSpec
 

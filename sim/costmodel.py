@@ -89,15 +89,21 @@ def layer_time_s(layer: Layer, phase: str, b: float, dev: DeviceProfile, dtype: 
                                         dev.weight_grad_only_bwd)
     has_params, reduces = layer.param_bytes > 0, layer.activation_bytes < input_bytes
     mem_eff = dev.mem_eff(layer.op, nbytes, phase, layer.kernels, has_params, reduces)
-    fixed = 0.0
-    if flops == 0:
-        fixed = (dev.call_overhead(layer.op, phase, layer.kernels, has_params, reduces)
-                 + dev.row_cost(layer.op, phase, layer.kernels, has_params, reduces)
-                 * looked_up_rows(layer, b))
+    fixed = (fixed_s(dev, layer.op, phase, layer.kernels, has_params, reduces, looked_up_rows(layer, b))
+             if flops == 0 else 0.0)
     if dev.layer_glue_s:
         fixed += glue_time_s(layer, phase, b, dev, dtype)
     return fixed + roofline_s(dev, layer.op, flops, nbytes, kernels, dtype, mem_eff, phase,
                               compute_kind(layer, input_bytes))
+
+
+def fixed_s(dev: DeviceProfile, op: str, phase: str, kernels: int | None, has_params: bool,
+            reduces: bool, rows: float) -> float:
+    """The fixed part of a pass without FLOPs beside its roofline: the profile's per-call
+    overhead of its kind plus its cost per row looked up times ``rows`` (both 0 where the
+    profile has none). :mod:`hardware_profiles.calibrate` prices its points with it too."""
+    return (dev.call_overhead(op, phase, kernels, has_params, reduces)
+            + dev.row_cost(op, phase, kernels, has_params, reduces) * rows)
 
 
 def glue_time_s(layer: Layer, phase: str, b: float, dev: DeviceProfile, dtype: str) -> float:
