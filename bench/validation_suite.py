@@ -110,6 +110,36 @@ def decomposition_rows(results: Sequence[validate.Validation]) -> list[dict[str,
     return rows
 
 
+def cpu_rows(results: Sequence[validate.Validation]) -> list[dict[str, Any]]:
+    """CPU per iteration, all processes together (ms), simulated and real, and how many
+    cores were busy on the mean (:func:`experiments.validate.cpu_per_iteration`); the
+    workers' and the shards' parts; the real workers' forward and backward alone."""
+    rows = []
+    for v in results:
+        for r in v.runs:
+            c = r.diagnostics.get("cpu_per_iteration")
+            if not c:
+                continue
+            ps = c["processes"]
+
+            def part(role: str, side: str, ps: dict[str, Any] = ps) -> float:
+                """The CPU of the processes in ``role``: a simulated one's transport is apart,
+                a real one's total has its transport threads in it."""
+                return sum(p[f"{side}_ms"] + (p["sim_transport_ms"] if side == "sim" else 0.0)
+                           for p in ps.values() if p["role"] == role)
+
+            workers = [k for k, p in ps.items() if p["role"] == "worker"]
+            comp = [x for k in workers if (x := ps[k]["real_compute_ms"]) is not None]
+            rows.append({"config": v.name, "scheduler": r.scheduler,
+                         "CPU sim": c["sim_total_ms"], "CPU real": c["real_total_ms"],
+                         "error": validate.pct(validate.rel_error(c["sim_total_ms"], c["real_total_ms"])),
+                         "workers sim": part("worker", "sim"), "workers real": part("worker", "real"),
+                         "shards sim": part("ps", "sim"), "shards real": part("ps", "real"),
+                         "fwd+bwd real": sum(comp) if comp else None,
+                         "cores busy sim": c["sim_cores_busy"], "cores busy real": c["real_cores_busy"]})
+    return rows
+
+
 def summary_lines(results: Sequence[validate.Validation]) -> list[str]:
     """Median absolute errors (all, fitting the cores, oversubscribed) and ranking counts."""
     def med(vs: list[validate.Validation]) -> str:
@@ -177,19 +207,25 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     table = markdown_table(pd.DataFrame(suite_rows(results)))
     decomp = markdown_table(pd.DataFrame(decomposition_rows(results)))
+    cpu = cpu_rows(results)
+    cpu_table = markdown_table(pd.DataFrame(cpu)) if cpu else "(no CPU figures in these runs)"
     lines = summary_lines(results)
     took = "" if a.report_only else f", {wall:.0f} s"
     head = ["# hetsim validation suite", "", f"`python -m bench.validation_suite`: {len(results)} configs"
             f"{took}.", "", *lines, "", table, "", "## Where the time goes (ms per iteration, "
             "mean over workers)", "", decomposition_rows.__doc__.split("\n\n")[0].replace("\n    ", " ")
-            if decomposition_rows.__doc__ else "", "", decomp, ""]
+            if decomposition_rows.__doc__ else "", "", decomp, "", "## Where the CPU goes (ms per iteration)", "",
+            " ".join((cpu_rows.__doc__ or "").split()), "", cpu_table, ""]
     body = (out / "report.md").read_text().split("\n", 2)[2]  # every metric, under the suite table
     (out / "report.md").write_text("\n".join(head) + body)
     (out / "suite.json").write_text(json.dumps({"wall_s": wall, "summary": lines, "rows": suite_rows(results),
-                                                 "decomposition": decomposition_rows(results)}, indent=2) + "\n")
+                                                 "decomposition": decomposition_rows(results),
+                                                 "cpu": cpu}, indent=2) + "\n")
     print(table)
     print()
     print(decomp)
+    print()
+    print(cpu_table)
     print("\n".join(lines))
     print(f"wrote {out}/ (report.md, validation.csv, validation.json, sim_vs_real.png, one folder per config)")
     return 0

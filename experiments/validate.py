@@ -510,6 +510,38 @@ class Validation:
                                for r in self.runs}}
 
 
+def cpu_per_iteration(sim: RunResult, real: RunResult) -> dict[str, Any] | None:
+    """Where the CPU goes, per process and per iteration (ms), in the DES and in the real run:
+    the DES's CPU given to each hosted process (its compute and a shard's work) and apart
+    to its transport (its messages' copies); the runtime's CPU of each process over its
+    loop (every thread), of its gloo transport threads (``gloo_tcp_loop``) and, for a
+    worker, of its forward and backward alone. ``cores_busy``: all processes' CPU over the
+    run's wall time. None when either side lacks the figures (a DES without hosts, an
+    older run)."""
+    s_cpu = sim.extra.get("host_cpu_s")
+    r_cpu = real.extra.get("runtime", {}).get("cpu")
+    n_sim, n_real = len(sim.iter_end_s), len(real.iter_end_s)
+    if not s_cpu or not r_cpu or not n_sim or not n_real or any(v is None for v in r_cpu.values()):
+        return None
+    role = {d.id: d.role for d in real.devices}
+    rows: dict[str, dict[str, Any]] = {}
+    for proc, got in r_cpu.items():
+        threads = got.get("threads_cpu_s") or {}
+        comp = got.get("compute_cpu_s")
+        rows[proc] = {"role": role.get(proc), "sim_ms": 1e3 * s_cpu.get(proc, 0.0) / n_sim,
+                      "sim_transport_ms": 1e3 * s_cpu.get(f"{proc} transport", 0.0) / n_sim,
+                      "real_ms": 1e3 * got["cpu_s"] / n_real,
+                      "real_transport_ms": 1e3 * threads["gloo_tcp_loop"] / n_real if "gloo_tcp_loop" in threads
+                      else None,
+                      "real_compute_ms": None if comp is None else 1e3 * comp / n_real}
+    sim_total = sum(r["sim_ms"] + r["sim_transport_ms"] for r in rows.values())
+    real_total = sum(r["real_ms"] for r in rows.values())
+    real_wall = max(got["wall_s"] for got in r_cpu.values())
+    return {"processes": rows, "sim_total_ms": sim_total, "real_total_ms": real_total,
+            "sim_cores_busy": 1e-3 * sim_total * n_sim / sim.iter_end_s[-1],
+            "real_cores_busy": 1e-3 * real_total * n_real / real_wall if real_wall > 0 else None}
+
+
 def scheduler_names(arg: str | None, default: str, source: str = "<command line>") -> list[str]:
     """``--schedulers a,b`` checked against the registry (default: the config's scheduler)."""
     names = [n for n in (arg.split(",") if arg else [default]) if n]
@@ -658,7 +690,8 @@ def validate(config: str | Path, scheduler_arg: str | None = None, iterations: i
                 "host": info["host"],
                 "shares": {r.device: r.batch for r in plan.replicas},
                 "loadavg_1min": [load_before, os.getloadavg()[0]], "real_wall_s": wall,
-                "real_workers": real.summary()["workers"], "sim_workers": sim.summary()["workers"]}
+                "real_workers": real.summary()["workers"], "sim_workers": sim.summary()["workers"],
+                "cpu_per_iteration": cpu_per_iteration(sim, real)}
         runs.append(SchedulerRun(name, metrics, diag))
         if out is not None:
             runner.write_run(out / name / "sim", sim, plan, loaded)
@@ -718,6 +751,15 @@ def report_md(results: Sequence[Validation], title: str = "hetsim validate") -> 
                     lines.append(f"The DES without the host (every device computing on its own): mean "
                                  f"iteration {nh:.4g} s ({pct(rel_error(nh, real))}).")
                 lines.append("")
+            cpu = r.diagnostics.get("cpu_per_iteration")
+            if cpu:
+                df = pd.DataFrame([{"process": k, **{c: round(x, 2) if isinstance(x, float) else x
+                                                     for c, x in p.items()}}
+                                   for k, p in cpu["processes"].items()])
+                lines += [f"CPU per iteration (ms; `cpu_per_iteration`): in all {cpu['sim_total_ms']:.1f} simulated, "
+                          f"{cpu['real_total_ms']:.1f} real ({pct(rel_error(cpu['sim_total_ms'], cpu['real_total_ms']))}"
+                          f"); cores busy {cpu['sim_cores_busy']:.2f} simulated, "
+                          f"{cpu['real_cores_busy']:.2f} real.", "", markdown_table(df), ""]
     return "\n".join(lines) + "\n"
 
 

@@ -907,25 +907,10 @@ def _wake_rank(rank: int, port: int, rounds: int, core: int, results: Any,
 def _thread_cpu_s(name: str) -> float | None:
     """CPU seconds (user + system) this process's threads called ``name`` have used
     (Linux ``/proc/self/task``; None elsewhere, or where no thread has that name)."""
-    from runtime.affinity import thread_ids
+    from runtime.affinity import cpu_by_thread
 
-    try:
-        tick = os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, AttributeError):
-        return None
-    total, found = 0, False
-    for t in thread_ids():
-        try:
-            with open(f"/proc/self/task/{t}/comm") as f:
-                if f.read().strip() != name:
-                    continue
-            with open(f"/proc/self/task/{t}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # the thread has exited
-        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15 of stat)
-        found = True
-    return total / tick if found else None
+    by = cpu_by_thread()
+    return None if by is None else by.get(name)
 
 
 class Handoffs(NamedTuple):

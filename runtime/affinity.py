@@ -4,13 +4,15 @@
 The runtime pins each rank with :func:`pin` before gloo starts its threads
 (:func:`runtime.launch.run_rank`), records what is really in force with
 :func:`in_force`, and checks the CPUs a config names against
-:func:`usable_cpus` (:func:`runtime.spec.check_cpus`); ``hetsim validate`` and
-the profiler's two-process benchmarks use the same helpers.
+:func:`usable_cpus` (:func:`runtime.spec.check_cpus`), and measures the CPU
+each rank's threads use with :class:`CpuMeter`; ``hetsim validate`` and the
+profiler's two-process benchmarks use the same helpers.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 
@@ -55,3 +57,43 @@ def in_force() -> dict[str, Any]:
         except OSError:
             pass  # the thread has exited
     return {"threads": torch.get_num_threads(), "affinity": sorted(cpus)}
+
+
+def cpu_by_thread() -> dict[str, float] | None:
+    """CPU seconds (user + system) this process's live threads have used, summed by
+    thread name (``/proc/self/task/*/comm``: ``gloo_tcp_loop`` for gloo's transport
+    threads; Python threads keep the process's name). None without ``/proc``."""
+    try:
+        tick = os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, AttributeError):
+        return None
+    out: dict[str, float] = {}
+    tids = thread_ids()
+    for t in tids:
+        try:
+            with open(f"/proc/self/task/{t}/comm") as f:
+                name = f.read().strip()
+            with open(f"/proc/self/task/{t}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # the thread has exited
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    return out if tids else None
+
+
+class CpuMeter:
+    """The CPU a process uses from its creation on: in all (``time.process_time``) and
+    by thread name (:func:`cpu_by_thread`; a thread that exits meanwhile drops out of
+    its name's figure, not of the total), against the wall time."""
+
+    def __init__(self) -> None:
+        self.t0, self.c0, self.by0 = time.perf_counter(), time.process_time(), cpu_by_thread()
+
+    def read(self) -> dict[str, Any]:
+        """``{"wall_s", "cpu_s", "threads_cpu_s": {name: s} | None}`` since creation."""
+        by = cpu_by_thread()
+        threads = None
+        if by is not None and self.by0 is not None:
+            threads = {k: round(v - self.by0.get(k, 0.0), 4) for k, v in sorted(by.items())}
+        return {"wall_s": time.perf_counter() - self.t0, "cpu_s": time.process_time() - self.c0,
+                "threads_cpu_s": threads}

@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from runtime import checkpoint, quant, task, wire
-from runtime.affinity import in_force
+from runtime.affinity import CpuMeter, in_force
 from runtime.pulls import ShardPulls
 from runtime.spec import RunSpec
 from sim.observation import Observation, WorkerStatus, accepted_shares, full_membership, rate_sps
@@ -234,6 +234,7 @@ class Shard:
         bsp = self.spec.sync == "bsp"
         commits: dict[int, list[int]] = {}
         stopping = False
+        meter = CpuMeter()
         while True:
             m = self.rx.get(timeout_s=self.spec.timeout_s)
             if m is None:
@@ -286,7 +287,8 @@ class Shard:
                     name, sha = self.save()
                     wire.send(0, wire.SAVED, self.version, payload=wire.json_payload({"file": name, "sha256": sha}))
             if stopping and not commits:
-                wire.send(0, wire.REPORT, payload=wire.json_payload({"busy_s": self.busy_s, "emulation": in_force()}))
+                wire.send(0, wire.REPORT, payload=wire.json_payload(
+                    {"busy_s": self.busy_s, "emulation": in_force(), "cpu": meter.read()}))
                 return
             for src, it in list(self.pending.items()):
                 if not bsp or it <= self.version:
@@ -338,6 +340,7 @@ class Coordinator(Shard):
         self.losses: dict[int, dict[int, float]] = defaultdict(dict)
         self.shard_busy: dict[int, float] = {}
         self.shard_emulation: dict[int, dict[str, Any]] = {0: in_force()}  # threads, CPUs of each shard
+        self.shard_cpu: dict[int, dict[str, Any]] = {}  # each shard's CPU over its loop (CpuMeter.read)
         self.max_ahead = 0  # ASP/SSP: most iterations a served pull was ahead of the slowest
         self.fingerprint = checkpoint.fingerprint(spec)
         self.saved: dict[int, dict[str, str]] = defaultdict(dict)  # version -> {file: sha256}
@@ -577,6 +580,7 @@ class Coordinator(Shard):
     # ---------------------------------------------------------------- loop
     def run(self) -> RunResult:
         self.last_seen = [self.now()] * self.W
+        meter = CpuMeter()
         bsp = self.spec.sync == "bsp"
         self.expect()
         while True:
@@ -618,6 +622,8 @@ class Coordinator(Shard):
             elif m is not None and m.kind == wire.REPORT and m.src < self.S:
                 got = wire.json_of(m)
                 self.shard_busy[m.src], self.shard_emulation[m.src] = got["busy_s"], got["emulation"]
+                self.shard_cpu[m.src] = got.get("cpu")
+        self.shard_cpu[0] = meter.read()
         return self.result()
 
     def on_push(self, w: int, m: wire.Message, bsp: bool) -> None:
@@ -693,6 +699,9 @@ class Coordinator(Shard):
                 "emulation": {**{spec.workers[w].device: self.reports.get(w, {}).get("emulation")
                                  for w in range(self.W)},
                               **{sid: self.shard_emulation.get(k) for k, sid in enumerate(spec.shards)}},
+                # each process's CPU over its loop, in all and by thread name (CpuMeter.read)
+                "cpu": {**{spec.workers[w].device: self.reports.get(w, {}).get("cpu") for w in range(self.W)},
+                        **{sid: self.shard_cpu.get(k) for k, sid in enumerate(spec.shards)}},
                 "pipeline": spec.pipeline,
                 "pipeline_pulls": spec.pipeline_pulls,
             },

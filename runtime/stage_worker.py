@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from runtime import stages, task, wire
+from runtime.affinity import CpuMeter
 from runtime.spec import RunSpec, StageSpec
 from runtime.worker import PSClient, free_memory_bytes, send_report, slowdown_at
 
@@ -99,6 +100,7 @@ def run_stage(spec: RunSpec, w: int, local_rank: int = 0) -> None:
     totals = {"compute_s": 0.0, "comm_s": 0.0, "wait_s": 0.0, "pushed_bytes": 0, "pulled_bytes": 0,
               "boundary_sent_bytes": 0, "boundary_recv_bytes": 0}
     spans: list[list[object]] = []
+    meter = CpuMeter()  # its threads' CPU from here on (validate's accounting)
 
     def span(name: str, a: float, b: float) -> None:
         if len(spans) < spec.max_trace_spans:
@@ -232,4 +234,4 @@ def run_stage(spec: RunSpec, w: int, local_rank: int = 0) -> None:
         span("push", b, time.time())
         totals["comm_s"] += time.time() - b
         t += 1
-    send_report(ws, t, totals, spans, [], stage=me.s)
+    send_report(ws, t, totals, spans, [], stage=me.s, cpu=meter.read())

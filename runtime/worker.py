@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from runtime import quant, task, wire
-from runtime.affinity import in_force
+from runtime.affinity import CpuMeter, in_force
 from runtime.pulls import Puller
 from runtime.spec import RunSpec, WorkerSpec
 
@@ -250,7 +250,8 @@ def run_worker(spec: RunSpec, w: int, local_rank: int = 0) -> None:
     teacher = task.Teacher(spec.model, spec.seed, spec.model_kwargs, device)
     params = list(module.parameters())
     owned = task.partition([p.numel() for p in params], S)
-    totals = {"compute_s": 0.0, "comm_s": 0.0, "wait_s": 0.0, "pushed_bytes": 0, "pulled_bytes": 0}
+    totals = {"compute_s": 0.0, "compute_cpu_s": 0.0, "comm_s": 0.0, "wait_s": 0.0, "pushed_bytes": 0,
+              "pulled_bytes": 0}
     spans: list[list[object]] = []
 
     def span(name: str, a: float, b: float) -> None:
@@ -262,6 +263,7 @@ def run_worker(spec: RunSpec, w: int, local_rank: int = 0) -> None:
     puller = (Puller(module, params, owned, totals, spec.timeout_s, spec.max_trace_spans)
               if spec.pipeline_pulls else None)
     start = time.time()
+    meter = CpuMeter()  # the CPU of its threads over the training loop (validate's accounting)
     # BSP resume: every worker continues with the checkpoint's iteration, the one the shards expect
     t = spec.resume.version if spec.resume is not None else 0
     while True:
@@ -282,11 +284,12 @@ def run_worker(spec: RunSpec, w: int, local_rank: int = 0) -> None:
             module.zero_grad(set_to_none=False)
             if sender is not None:
                 sender.begin(t, bits, qgen, share)
-            a, p0 = time.time(), time.perf_counter()
+            a, p0, c0 = time.time(), time.perf_counter(), time.thread_time()
             loss = task.loss_fn(task.call(module, x), y)
             loss.backward()
             if device.startswith("cuda"):
                 torch.cuda.synchronize()
+            totals["compute_cpu_s"] += time.thread_time() - c0  # this thread's CPU in forward and backward
             # pipelined pulls: forward's waits for parameters are waiting, not compute
             waited = puller.waited if puller is not None else 0.0
             totals["wait_s"] += waited
@@ -315,7 +318,8 @@ def run_worker(spec: RunSpec, w: int, local_rank: int = 0) -> None:
     if sender is not None:
         sender.close()
     send_report(ws, t, totals, spans, sender.spans if sender is not None else [],
-                recv_spans=puller.spans if puller is not None else [])
+                recv_spans=puller.spans if puller is not None else [],
+                cpu={**meter.read(), "compute_cpu_s": totals["compute_cpu_s"]})
 
 
 def send_report(ws: WorkerSpec, t: int, totals: dict[str, Any], spans: list[list[object]],

@@ -184,6 +184,29 @@ def test_message_copies_share_the_core_with_the_shards() -> None:
     assert r.iteration_times() == _approx([5.0] * 2)
 
 
+def test_cpu_given_to_each_process_and_its_transport() -> None:
+    # one worker on 1 core with copy_Bps 1e3: 3 iterations of 1 s of compute (0.1 + 0.9)
+    # and, for its transport, a pull and a push of 1e3 B (1 s each); the shard, off the
+    # host, is not listed
+    r = _run(_hosted(1, [Host("h", 1, 0.0, 1e3)], [Placement(0)], iterations=3))
+    assert r.extra["host_cpu_s"] == _approx({"cpu:0": 3.0, "cpu:0 transport": 6.0})
+    # on the host, the shard copies each message too: 3 x 2 x 1 s (its own work, ~1e-17 s
+    # a task, is 0 to the 1e-12 the comparison allows)
+    r = _run(_hosted(1, [Host("h", 1, 0.0, 1e3)], [Placement(0)], shard=Placement(0), iterations=3))
+    assert r.extra["host_cpu_s"] == _approx({"cpu:0": 3.0, "cpu:0 transport": 6.0,
+                                              "ps:0": 0.0, "ps:0 transport": 6.0})
+    # no host: nothing to account
+    assert "host_cpu_s" not in _run(_hosted(1, [], [None], iterations=2)).extra
+
+
+def test_cancelled_compute_keeps_only_the_cpu_it_got() -> None:
+    # worker 1 fails at 0.1 during its forward (0.05 s of CPU at half a core): worker 0
+    # does its full 1 s; worker 1 is charged what it got, not its 0.1 s forward
+    prob = _hosted(2, [Host("h", 1)], [Placement(0), Placement(0)], iterations=1, warmup=0,
+                   dynamics=[Dynamic(1, 0.1, fail=True)])
+    assert _run(prob).extra["host_cpu_s"] == _approx({"cpu:0": 1.0, "cpu:1": 0.05})
+
+
 def test_no_copy_rate_means_free_messages() -> None:
     r = _run(_hosted(1, [Host("h", 1)], [Placement(0)], shard=Placement(0), iterations=2))
     assert r.iteration_times() == _approx([1.0] * 2)  # the shard's work is ~1e-17 s

@@ -271,6 +271,31 @@ def test_a_push_part_carries_its_tensors_end_to_end(bits: int) -> None:
         wire.part_tensors(wire.Message(4, m.header, payload[:-1]), numels)
 
 
+def _burn(cpu_s: float) -> None:
+    """Spin this thread until it has used ``cpu_s`` more seconds of CPU."""
+    end = time.thread_time() + cpu_s
+    while time.thread_time() < end:
+        pass
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="no /proc: no per-thread CPU")
+def test_cpu_meter_counts_every_thread_by_name() -> None:
+    import threading
+
+    from runtime.affinity import CpuMeter
+
+    meter = CpuMeter()
+    t = threading.Thread(target=_burn, args=(0.2,))
+    t.start()
+    _burn(0.1)
+    t.join()  # the thread has exited: its CPU stays in the total, not in its name's figure
+    got = meter.read()
+    assert got["cpu_s"] >= 0.3
+    assert got["wall_s"] >= 0.2  # the two spun side by side at most
+    assert got["threads_cpu_s"] is not None
+    assert sum(got["threads_cpu_s"].values()) >= 0.09  # this thread's 0.1 s, to the clock tick
+
+
 def test_quantized_pushes_carry_packed_bytes(tmp_path: Path) -> None:
     res = run(config(tmp_path, job={"quantization": 4, "iterations": 8},
                      runtime={"workers": [{"threads": 2, "affinity": [0]}], "ps_affinity": [0]}))
@@ -278,6 +303,12 @@ def test_quantized_pushes_carry_packed_bytes(tmp_path: Path) -> None:
     assert emu["this_machine:0"] == {"threads": 2, "affinity": [0], "slowdown": []}
     assert emu["this_machine:1"]["threads"] == 1
     assert emu["ps:0"] == {"threads": 1, "affinity": [0]}  # runtime.ps_affinity pins the shard
+    cpu = res.extra["runtime"]["cpu"]  # every rank's CPU over its loop, gloo's threads apart
+    assert set(cpu) == {"this_machine:0", "this_machine:1", "ps:0"}
+    for proc, got in cpu.items():
+        assert got["wall_s"] > 0 and got["cpu_s"] > 0, proc
+        assert "gloo_tcp_loop" in got["threads_cpu_s"], proc
+    assert cpu["this_machine:0"]["compute_cpu_s"] > 0 and "compute_cpu_s" not in cpu["ps:0"]
     module, _ = task.build("mlp", 0, {"in_features": 16, "hidden": [32], "classes": 4})
     want = sum(packed_bytes(p.numel(), 4) for p in module.parameters())
     pushes = res.extra["runtime"]["pushes"]

@@ -181,6 +181,33 @@ def test_bad_config_is_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFix
 
 
 # -------------------------------------------------------------- end to end
+def test_cpu_per_iteration_by_hand() -> None:
+    # 4 iterations in both; the DES ends at 2 s, the real run's longest loop takes 4 s
+    def devs() -> list[DeviceUsage]:
+        return [DeviceUsage("w:0", "worker", 0.0, 0.0, 0.0), DeviceUsage("ps:0", "ps", 0.0, 0.0, 0.0)]
+
+    sim = RunResult("x", "des", "equal", 0, [0.5, 1.0, 1.5, 2.0], [10] * 4, devs(),
+                    extra={"host_cpu_s": {"w:0": 0.8, "w:0 transport": 0.4, "ps:0": 0.2, "ps:0 transport": 0.4}})
+    real = RunResult("x", "runtime", "equal", 0, [1.0, 2.0, 3.0, 4.0], [10] * 4, devs(), extra={"runtime": {"cpu": {
+        "w:0": {"wall_s": 4.0, "cpu_s": 2.0, "threads_cpu_s": {"python3": 1.6, "gloo_tcp_loop": 0.4},
+                "compute_cpu_s": 1.2},
+        "ps:0": {"wall_s": 3.9, "cpu_s": 1.2, "threads_cpu_s": None}}}})
+    got = validate.cpu_per_iteration(sim, real)
+    assert got is not None
+    assert got["processes"] == {
+        "w:0": {"role": "worker", "sim_ms": pytest.approx(200.0), "sim_transport_ms": pytest.approx(100.0),
+                "real_ms": pytest.approx(500.0), "real_transport_ms": pytest.approx(100.0),
+                "real_compute_ms": pytest.approx(300.0)},
+        "ps:0": {"role": "ps", "sim_ms": pytest.approx(50.0), "sim_transport_ms": pytest.approx(100.0),
+                 "real_ms": pytest.approx(300.0), "real_transport_ms": None, "real_compute_ms": None}}
+    assert got["sim_total_ms"] == pytest.approx(450.0) and got["real_total_ms"] == pytest.approx(800.0)
+    assert got["sim_cores_busy"] == pytest.approx(1.8 / 2.0)  # 1.8 CPU-s over 2 s
+    assert got["real_cores_busy"] == pytest.approx(3.2 / 4.0)  # 3.2 CPU-s over the longest loop
+    # a DES without hosts, or a real run without the figures: nothing to compare
+    assert validate.cpu_per_iteration(_result("des", [1.0], []), real) is None
+    assert validate.cpu_per_iteration(sim, _result("runtime", [1.0], [])) is None
+
+
 def test_validate_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import psutil
 
@@ -218,4 +245,10 @@ def test_validate_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     sim = json.loads((out / "equal/sim/summary.json").read_text())
     assert real["evaluator"] == "runtime" and sim["evaluator"] == "des"
     assert real["iterations"] == sim["iterations"] == 6
+    # the CPU of every rank over its loop, beside the DES's: one row per process in the report
+    cpu = data["schedulers"]["equal"]["diagnostics"]["cpu_per_iteration"]
+    assert set(cpu["processes"]) == {"this_machine:0", "this_machine:1", "ps:0"}
+    assert all(p["real_ms"] > 0 and p["sim_ms"] > 0 for p in cpu["processes"].values())
+    assert all(cpu["processes"][w]["real_compute_ms"] > 0 for w in ("this_machine:0", "this_machine:1"))
+    assert "CPU per iteration (ms" in report
     assert "iteration_time_mean_s" in capsys.readouterr().out

@@ -954,6 +954,16 @@ class DataParallelSim:
             extra["final_shares"] = {r.device: r.batch for r in self.plan_now.replicas}
         if self.qpolicy is not None:
             extra["quant_bits"] = [list(ch) for ch in self.quant_changes]
+        if self.cpu is not None:
+            # CPU seconds given to each hosted process over the run: its compute (and a
+            # shard's work), and apart its messages' copies (its transport thread)
+            cpu_s: dict[str, float] = {}
+            for i, dev_id in enumerate((*self.c.workers, *self.c.shards)):
+                if (k := self.proc[i]) is not None:
+                    cpu_s[dev_id] = self.cpu.cpu_s[k]
+                if (k := self.copier[i]) is not None:
+                    cpu_s[f"{dev_id} transport"] = self.cpu.cpu_s[k]
+            extra["host_cpu_s"] = cpu_s
         return RunResult(
             name=self.problem.name, evaluator="des", scheduler=self.plan.scheduler,
             seed=self.problem.seed, iter_end_s=list(self.iter_end), iter_samples=list(self.iter_samples),

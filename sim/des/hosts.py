@@ -50,6 +50,7 @@ class HostCPU(FluidShare):
         # the fair rates of a host depend only on which of its processes run how many
         # flows: memoised per host on that tuple (a run revisits a few states)
         self._memo: list[dict[tuple[int, ...], list[float]]] = [{} for _ in hosts]
+        self.cpu_s = [0.0] * len(procs)  # CPU seconds each process's flows have been given
 
     def compute(self, proc: int, work_s: float, on_done: Callable[[], None]) -> tuple[_Pair, int] | None:
         """Run ``work_s`` seconds of ``proc``'s work; ``on_done`` when it is done.
@@ -59,7 +60,20 @@ class HostCPU(FluidShare):
         if work_s <= 0:
             on_done()
             return None
+        self.cpu_s[proc] += work_s
         return self._start(self.procs[proc].host, len(self.hosts) + proc, work_s, on_done)
+
+    def cancel(self, handle: tuple[_Pair, int]) -> None:
+        """Withdraw a compute that has not finished; the work it has not been given is
+        taken off its process's :attr:`cpu_s`."""
+        p, seq = handle
+        for target, s, _ in p.flows:
+            if s == seq:
+                now = self.env._now
+                served = p.served + (p.rate * (now - p.t) if p.rate > 0.0 else 0.0)
+                self.cpu_s[p.dst - len(self.hosts)] -= max(target - served, 0.0)
+                break
+        super().cancel(handle)
 
     def busy(self, host: int) -> bool:
         """Whether every core of ``host`` is taken now: its background threads plus the
