@@ -53,20 +53,27 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                      "mean_ms": round(1e3 * statistics.fmean(got.rtts), 3),
                      "median_ms": round(1e3 * statistics.median(got.rtts), 3),
                      "worker_cpu_ms": round(per * got.cpu_s, 3),
-                     "worker_gloo_thread_cpu_ms": None if got.loop_cpu_s is None else round(per * got.loop_cpu_s, 3)})
+                     "worker_gloo_thread_cpu_ms": None if got.loop_cpu_s is None else round(per * got.loop_cpu_s, 3),
+                     "shard_cpu_ms": round(per * got.shard_cpu_s, 3),
+                     "shard_gloo_thread_cpu_ms": (None if got.shard_loop_cpu_s is None
+                                                  else round(per * got.shard_loop_cpu_s, 3))})
     out = {"cores": cores, "rounds": args.rounds, "worker_core": cores[0], "cases": rows}
     if args.json:
         print(json.dumps(out, indent=1))
     else:
         print(f"worker pinned to core {cores[0]} of {cores}; {args.rounds} round trips per case")
-        print("worker CPU: the worker-like rank's CPU per round trip, all of it and its gloo thread's")
+        print("CPU ms per round trip of each rank, all of it and its gloo thread's")
         print(f"{'busy':>4}  {'shard':<14} {'payload':>7}  {'mean ms':>8}  {'median ms':>9}  "
-              f"{'worker CPU ms':>13}  {'gloo thread ms':>14}")
+              f"{'worker CPU':>10}  {'its gloo':>8}  {'shard CPU':>9}  {'its gloo':>8}")
+
+        def ms(x: float | None) -> str:
+            return "-" if x is None else f"{x:.3f}"
+
         for r in rows:
-            gloo = r["worker_gloo_thread_cpu_ms"]
             print(f"{r['busy_processes']:>4}  {r['shard']:<14} {r['payload_bytes']:>7}  "
-                  f"{r['mean_ms']:>8.3f}  {r['median_ms']:>9.3f}  {r['worker_cpu_ms']:>13.3f}  "
-                  f"{'-' if gloo is None else f'{gloo:.3f}':>14}")
+                  f"{r['mean_ms']:>8.3f}  {r['median_ms']:>9.3f}  {r['worker_cpu_ms']:>10.3f}  "
+                  f"{ms(r['worker_gloo_thread_cpu_ms']):>8}  {r['shard_cpu_ms']:>9.3f}  "
+                  f"{ms(r['shard_gloo_thread_cpu_ms']):>8}")
     return out
 
 

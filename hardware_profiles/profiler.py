@@ -868,8 +868,8 @@ def _wake_rank(rank: int, port: int, rounds: int, core: int, results: Any,
     """Rank 0 plays a PS shard (``runtime.wire.Receiver``; unpinned, as a shard without
     ``runtime.ps_affinity`` runs, or pinned to ``shard_core``), rank 1 a worker pinned to
     ``core``: ``rounds`` round trips of a PUSH (header only, or with ``payload_bytes``
-    of payload) and a header-only PARAMS. The worker reports each round trip's time,
-    and the CPU seconds over all rounds of its process and of its gloo transport
+    of payload) and a header-only PARAMS. The worker reports each round trip's time;
+    each rank the CPU seconds over all rounds of its process and of its gloo transport
     threads (``gloo_tcp_loop``; None where ``/proc`` has no thread names)."""
 
     import torch
@@ -883,23 +883,23 @@ def _wake_rank(rank: int, port: int, rounds: int, core: int, results: Any,
         pin({shard_core})
     torch.set_num_threads(1)
     _loopback_group(rank, port)
-    if rank == 0:
-        rx = wire.Receiver()
+    out: list[float] = []
+    rx = wire.Receiver() if rank == 0 else None
+    cpu0, loop0 = time.process_time(), _thread_cpu_s("gloo_tcp_loop")
+    if rx is not None:
         for _ in range(rounds):
             rx.get(60.0)
             wire.send(1, wire.PARAMS, 0)
     else:
         payload = torch.zeros(payload_bytes, dtype=torch.uint8) if payload_bytes else None
-        out = []
-        cpu0, loop0 = time.process_time(), _thread_cpu_s("gloo_tcp_loop")
         for _ in range(rounds):
             a = time.perf_counter()
             wire.send(0, wire.PUSH, 0, payload=payload)
             wire.recv(0)
             out.append(time.perf_counter() - a)
-        loop1 = _thread_cpu_s("gloo_tcp_loop")
-        results.put({"rtt": out, "cpu_s": time.process_time() - cpu0,
-                     "loop_cpu_s": None if loop0 is None or loop1 is None else loop1 - loop0})
+    loop1 = _thread_cpu_s("gloo_tcp_loop")
+    results.put({"rank": rank, "rtt": out, "cpu_s": time.process_time() - cpu0,
+                 "loop_cpu_s": None if loop0 is None or loop1 is None else loop1 - loop0})
     time.sleep(0.5)
     os._exit(0)  # the receiver thread is blocked inside gloo
 
@@ -914,13 +914,15 @@ def _thread_cpu_s(name: str) -> float | None:
 
 
 class Handoffs(NamedTuple):
-    """Round trips of :func:`handoff_rtts`: their times (s, warm-up left out), and the
-    worker-like rank's CPU seconds over all rounds, of the process and of its gloo
-    transport threads (None where unknown)."""
+    """Round trips of :func:`handoff_rtts`: their times (s, warm-up left out), and each
+    rank's CPU seconds over all rounds, of the process and of its gloo transport threads
+    (None where unknown): the worker-like rank's, then the shard-like one's."""
 
     rtts: list[float]
     cpu_s: float
     loop_cpu_s: float | None
+    shard_cpu_s: float
+    shard_loop_cpu_s: float | None
 
 
 def handoff_rtts(hogs: int, rounds: int, warmup: int = 20, shard_core: int | None = None,
@@ -940,8 +942,9 @@ def handoff_rtts(hogs: int, rounds: int, warmup: int = 20, shard_core: int | Non
     procs += [ctx.Process(target=_wake_rank, daemon=True,
                           args=(r, port, rounds + warmup, cores[0], results, shard_core, payload_bytes))
               for r in range(2)]
-    [got] = _run_ranks(procs, results, 1, timeout_s, "hand-off benchmark", stop=stop)
-    return Handoffs(list(got["rtt"][warmup:]), got["cpu_s"], got["loop_cpu_s"])
+    got = {g["rank"]: g for g in _run_ranks(procs, results, 2, timeout_s, "hand-off benchmark", stop=stop)}
+    w, sh = got[1], got[0]
+    return Handoffs(list(w["rtt"][warmup:]), w["cpu_s"], w["loop_cpu_s"], sh["cpu_s"], sh["loop_cpu_s"])
 
 
 def wake_bench(rounds: int = 1000, warmup: int = 20, timeout_s: float = 120.0) -> dict[str, Any]:

@@ -500,3 +500,19 @@ def test_wire_bench_runs_and_leaves_no_process() -> None:
             assert r["wire_pull_Bps"] > 0 and r["wire_push_Bps"] > 0 and r["wire_cpu_Bps"] > 0
             assert set(r["wire_cpu_s_per_B"]) == {"w_push", "s_push", "s_pull", "w_pull"}
     assert not mp.active_children()
+
+
+def test_handoff_rtts_report_both_ranks_and_leave_no_process() -> None:
+    """The hand-off benchmark on the real ranks: one time per round after the warm-up,
+    and each rank's CPU (gloo's thread apart where /proc names it); no rank left running."""
+    import multiprocessing as mp
+
+    from hardware_profiles.profiler import handoff_rtts
+
+    with time_limit(120):
+        got = handoff_rtts(0, 6, warmup=2, payload_bytes=64)
+    assert len(got.rtts) == 6 and all(t > 0 for t in got.rtts)
+    assert got.cpu_s > 0 and got.shard_cpu_s > 0  # each rank sent and received 8 messages
+    if Path("/proc/self/task").is_dir():
+        assert got.loop_cpu_s is not None and got.shard_loop_cpu_s is not None
+    assert not mp.active_children()
