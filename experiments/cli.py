@@ -247,6 +247,11 @@ def cmd_validate(a: argparse.Namespace) -> int:
     rows = [{"scheduler": r.scheduler, "metric": k, "sim": m["sim"], "real": m["real"],
              "error": validate.pct(m["rel_error"])} for r in v.runs for k, m in r.metrics.items()]
     print_table(rows, ("scheduler", "metric", "sim", "real", "error"))
+    for r in v.runs:
+        if c := r.diagnostics.get("cpu_per_iteration"):
+            print(f"{r.scheduler}: CPU per iteration, every process: {c['sim_total_ms']:.4g} ms simulated, "
+                  f"{c['real_total_ms']:.4g} ms real ({validate.pct(validate.rel_error(c['sim_total_ms'], c['real_total_ms']))}"
+                  f"); by process in report.md")
     if v.ranking_preserved is not None:
         print(f"ranking preserved: {'yes' if v.ranking_preserved else 'no'}")
     print(f"wrote {out}/ (report.md, validation.csv, validation.json, sim_vs_real.png, "
