@@ -113,7 +113,10 @@ def decomposition_rows(results: Sequence[validate.Validation]) -> list[dict[str,
 def cpu_rows(results: Sequence[validate.Validation]) -> list[dict[str, Any]]:
     """CPU per iteration, all processes together (ms), simulated and real, and how many
     cores were busy on the mean (:func:`experiments.validate.cpu_per_iteration`); the
-    workers' and the shards' parts; the real workers' forward and backward alone."""
+    workers' and the shards' parts; the real workers' forward and backward alone; and the
+    DES rerun with each rank's CPU scaled to what it used in the real run
+    (:func:`experiments.validate.with_cpu_scaled`: what is left is how the cores are
+    shared and the waits)."""
     rows = []
     for v in results:
         for r in v.runs:
@@ -136,7 +139,11 @@ def cpu_rows(results: Sequence[validate.Validation]) -> list[dict[str, Any]]:
                          "workers sim": part("worker", "sim"), "workers real": part("worker", "real"),
                          "shards sim": part("ps", "sim"), "shards real": part("ps", "real"),
                          "fwd+bwd real": sum(comp) if comp else None,
-                         "cores busy sim": c["sim_cores_busy"], "cores busy real": c["real_cores_busy"]})
+                         "cores busy sim": c["sim_cores_busy"], "cores busy real": c["real_cores_busy"],
+                         "iter sim, real CPU": _ms(oracle := r.diagnostics.get("sim_with_real_cpu", {})
+                                                   .get("iteration_time_mean_s")),
+                         "its error": validate.pct(validate.rel_error(
+                             oracle, r.metrics["iteration_time_mean_s"]["real"]))})
     return rows
 
 
@@ -160,7 +167,9 @@ def summary_lines(results: Sequence[validate.Validation]) -> list[str]:
     kept = sum(1 for v in ranked if v.ranking_preserved)
     return [f"- median |error| of the mean iteration time: {med(list(results))} "
             f"(same real runs: the DES without the host {med_diag(list(results), 'sim_without_host')}, "
-            f"with the host but messages free of CPU {med_diag(list(results), 'sim_without_copies')})",
+            f"with the host but messages free of CPU {med_diag(list(results), 'sim_without_copies')}; "
+            f"diagnostics: given each worker's real compute {med_diag(list(results), 'sim_with_real_compute')}, "
+            f"each rank's real CPU {med_diag(list(results), 'sim_with_real_cpu')})",
             f"- worker threads <= cores: {med(fit)}; more worker threads than cores: {med(over)}",
             f"- ranking preserved: {kept} of {len(ranked)} multi-scheduler configs"]
 

@@ -472,6 +472,29 @@ def with_compute_scaled(problem: Problem, factors: dict[str, float]) -> Problem:
     return dataclasses.replace(problem, dynamics=tuple(sorted((*new, *keep), key=lambda d: d.at_s)))
 
 
+def with_cpu_scaled(problem: Problem, factors: dict[str, float]) -> Problem:
+    """``problem`` with each hosted process's CPU multiplied by ``factors[device]``
+    (:attr:`sim.cluster.Placement.cpu_scale`: its compute or a shard's work and its
+    messages' copies alike).
+
+    A diagnostic, not a model: given the CPU each rank used in the real run, what is left
+    of the error is how the DES shares the cores and orders the work, and the waits.
+    """
+    cl = problem.cluster
+    placement = tuple((dev, dataclasses.replace(pl, cpu_scale=pl.cpu_scale * factors.get(dev, 1.0)))
+                      for dev, pl in cl.placement)
+    return dataclasses.replace(problem, cluster=dataclasses.replace(cl, placement=placement))
+
+
+def real_cpu_factors(cpu: dict[str, Any] | None) -> dict[str, float]:
+    """Per process, the real run's CPU over the DES's (compute and transport together),
+    from :func:`cpu_per_iteration` ({} without its figures)."""
+    if not cpu:
+        return {}
+    return {dev: p["real_ms"] / sim for dev, p in cpu["processes"].items()
+            if (sim := p["sim_ms"] + p["sim_transport_ms"]) > 0}
+
+
 # ------------------------------------------------------------------ one config
 @dataclass
 class SchedulerRun:
@@ -682,6 +705,14 @@ def validate(config: str | Path, scheduler_arg: str | None = None, iterations: i
         scaled, _ = runner.schedule(loaded, problem, name)
         oracle = runner.evaluate(with_compute_scaled(sim_problem, factors), plan, "des", trace=False,
                                  scheduler=scaled)
+        # and the DES given the CPU each rank really used (see with_cpu_scaled)
+        cpu = cpu_per_iteration(sim, real)
+        cpu_factors = real_cpu_factors(cpu)
+        cpu_oracle = None
+        if cpu_factors:
+            rescaled, _ = runner.schedule(loaded, problem, name)
+            cpu_oracle = runner.evaluate(with_cpu_scaled(sim_problem, cpu_factors), plan, "des", trace=False,
+                                         scheduler=rescaled).summary()["iteration_time_s"]["mean"]
         diag = {"standalone_compute_s": {str(b): v for b, v in standalone.items()},
                 "sim_with_real_compute": {"iteration_time_mean_s": oracle.summary()["iteration_time_s"]["mean"],
                                           "compute_factors": factors},
@@ -691,7 +722,8 @@ def validate(config: str | Path, scheduler_arg: str | None = None, iterations: i
                 "shares": {r.device: r.batch for r in plan.replicas},
                 "loadavg_1min": [load_before, os.getloadavg()[0]], "real_wall_s": wall,
                 "real_workers": real.summary()["workers"], "sim_workers": sim.summary()["workers"],
-                "cpu_per_iteration": cpu_per_iteration(sim, real)}
+                "cpu_per_iteration": cpu,
+                "sim_with_real_cpu": {"iteration_time_mean_s": cpu_oracle, "cpu_factors": cpu_factors}}
         runs.append(SchedulerRun(name, metrics, diag))
         if out is not None:
             runner.write_run(out / name / "sim", sim, plan, loaded)

@@ -74,11 +74,17 @@ class Placement:
         threads: compute threads of the process (torch intra-op threads): the
             runnable threads it adds while it computes, and the most cores it can use.
         affinity: core indices it may run on (None: every core of the host).
+        cpu_scale: every second of work the DES gives the process (its compute, a
+            shard's work, its messages' copies) costs it ``cpu_scale`` seconds of CPU.
+            Not a config field: a diagnostic (``hetsim validate`` reruns the DES with
+            each rank's CPU scaled to what the real run used); the analytic evaluator
+            ignores it.
     """
 
     host: int
     threads: int = 1
     affinity: tuple[int, ...] | None = None
+    cpu_scale: float = 1.0
 
 
 @dataclass(frozen=True)

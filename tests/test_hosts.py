@@ -199,6 +199,13 @@ def test_cpu_given_to_each_process_and_its_transport() -> None:
     assert "host_cpu_s" not in _run(_hosted(1, [], [None], iterations=2)).extra
 
 
+def test_cpu_scale_stretches_every_second_of_a_process() -> None:
+    # the lone worker of the test above with cpu_scale 2: compute 2 s, each copy 2 s
+    r = _run(_hosted(1, [Host("h", 1, 0.0, 1e3)], [Placement(0, cpu_scale=2.0)], iterations=3))
+    assert r.iteration_times() == _approx([6.0] * 3)
+    assert r.extra["host_cpu_s"] == _approx({"cpu:0": 6.0, "cpu:0 transport": 12.0})
+
+
 def test_cancelled_compute_keeps_only_the_cpu_it_got() -> None:
     # worker 1 fails at 0.1 during its forward (0.05 s of CPU at half a core): worker 0
     # does its full 1 s; worker 1 is charged what it got, not its 0.1 s forward

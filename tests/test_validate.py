@@ -4,6 +4,7 @@ errors, and one small end-to-end run (2 workers, a tiny mlp, 6 iterations)."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 from pathlib import Path
 
@@ -12,7 +13,9 @@ import pytest
 from experiments import cli, runner, validate
 from runtime.spec import parse_options
 from sim import costmodel
+from sim.cluster import Host, Placement
 from sim.result import DeviceUsage, RunResult, Trace
+from tests.helpers_eval import dense, model, problem, profile
 
 TINY = """\
 name: tiny_validate
@@ -206,6 +209,19 @@ def test_cpu_per_iteration_by_hand() -> None:
     # a DES without hosts, or a real run without the figures: nothing to compare
     assert validate.cpu_per_iteration(_result("des", [1.0], []), real) is None
     assert validate.cpu_per_iteration(sim, _result("runtime", [1.0], [])) is None
+
+
+def test_real_cpu_factors_and_the_rescaled_problem() -> None:
+    cpu = {"processes": {"w:0": {"sim_ms": 200.0, "sim_transport_ms": 100.0, "real_ms": 600.0},
+                         "ps:0": {"sim_ms": 0.0, "sim_transport_ms": 0.0, "real_ms": 5.0}}}
+    assert validate.real_cpu_factors(cpu) == {"w:0": 2.0}  # a process the DES gave no CPU has none
+    assert validate.real_cpu_factors(None) == {}
+    base = problem([profile("cpu", kind="cpu")] * 2, [profile("ps", kind="cpu")], model(dense("fc", 1e3)), 20)
+    prob = dataclasses.replace(base, cluster=dataclasses.replace(
+        base.cluster, hosts=(Host("h", 2),), placement=(("cpu:0", Placement(0)), ("cpu:1", Placement(0, 2)))))
+    scaled = validate.with_cpu_scaled(prob, {"cpu:0": 2.0})
+    assert dict(scaled.cluster.placement)["cpu:0"].cpu_scale == 2.0
+    assert dict(scaled.cluster.placement)["cpu:1"] == dict(prob.cluster.placement)["cpu:1"]
 
 
 def test_validate_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -53,13 +53,15 @@ class HostCPU(FluidShare):
         self.cpu_s = [0.0] * len(procs)  # CPU seconds each process's flows have been given
 
     def compute(self, proc: int, work_s: float, on_done: Callable[[], None]) -> tuple[_Pair, int] | None:
-        """Run ``work_s`` seconds of ``proc``'s work; ``on_done`` when it is done.
+        """Run ``work_s`` seconds of ``proc``'s work (times its placement's ``cpu_scale``);
+        ``on_done`` when it is done.
 
         Returns a handle for :meth:`cancel` (None: no work, ``on_done`` already called).
         """
         if work_s <= 0:
             on_done()
             return None
+        work_s *= self.procs[proc].cpu_scale
         self.cpu_s[proc] += work_s
         return self._start(self.procs[proc].host, len(self.hosts) + proc, work_s, on_done)
 
