@@ -792,6 +792,11 @@ def report_md(results: Sequence[Validation], title: str = "hetsim validate") -> 
                           f"{cpu['real_total_ms']:.1f} real ({pct(rel_error(cpu['sim_total_ms'], cpu['real_total_ms']))}"
                           f"); cores busy {cpu['sim_cores_busy']:.2f} simulated, "
                           f"{cpu['real_cores_busy']:.2f} real.", "", markdown_table(df), ""]
+                rc = r.diagnostics.get("sim_with_real_cpu", {}).get("iteration_time_mean_s")
+                if rc is not None:
+                    real = r.metrics["iteration_time_mean_s"]["real"]
+                    lines += [f"The DES given each rank's real CPU (a diagnostic, `with_cpu_scaled`): mean "
+                              f"iteration {rc:.4g} s ({pct(rel_error(rc, real))}).", ""]
     return "\n".join(lines) + "\n"
 
 
