@@ -66,12 +66,14 @@ from typing import Any
 
 import numpy as np
 import simpy
+from simpy.events import NORMAL
 
 from sim.convergence import model_tensor_elems
 from sim.costmodel import PlanCosts, plan_costs
 from sim.des.hosts import HostCPU
 from sim.des.network import FlowNetwork
 from sim.des.shard import ShardServer
+from sim.des.timer import Timer, call_later, sleep
 from sim.observation import Observation, WorkerStatus, accepted_shares, full_membership, rate_sps
 from sim.plan import Plan
 from sim.problem import Problem
@@ -454,7 +456,7 @@ class DataParallelSim:
 
             def delivered() -> None:
                 if busy(host):
-                    env.timeout(wake_s).callbacks.append(lambda _ev: arrived())
+                    call_later(env, wake_s, lambda _ev: arrived())
                 else:
                     arrived()
         copier = self.copier
@@ -612,7 +614,10 @@ class DataParallelSim:
         slowed = w in self.slowed  # only these can have a compute interrupted by a slowdown
         hosted = self.proc[w] is not None
         plain = not hosted and not slowed  # nothing can interrupt its compute: a plain timeout
-        timeout = env.timeout
+        # a plain compute step is a Timer pushed here, as sim.des.timer.sleep would (the
+        # step is the run's most frequent event: the call is worth saving)
+        queue: list[Any] = env._queue
+        eid, push = env._eid, heapq.heappush
         G, bsp, online, batch = self.G, self.sync == "bsp", self.online, self.batch
         adopt_at_pull = self.adopting and bsp  # BSP takes a new share with its first parameters
         pull_whole, all_chunks = self.pull_whole, list(range(self.C))
@@ -657,7 +662,10 @@ class DataParallelSim:
                     acct.state = _COMPUTE
                     t0 = env._now
                     if plain:
-                        yield timeout(fwd[g])
+                        step = Timer()
+                        step.callbacks = []
+                        push(queue, (t0 + fwd[g], NORMAL, next(eid), step))
+                        yield step
                     elif hosted:
                         yield from self._host_compute(w, fwd[g])
                     else:
@@ -673,7 +681,10 @@ class DataParallelSim:
                         continue
                     t0 = env._now
                     if plain:
-                        yield timeout(bwd[g])
+                        step = Timer()
+                        step.callbacks = []
+                        push(queue, (t0 + bwd[g], NORMAL, next(eid), step))
+                        yield step
                     elif hosted:
                         yield from self._host_compute(w, bwd[g])
                     else:
@@ -713,7 +724,7 @@ class DataParallelSim:
             while True:
                 t0, slow = self.env.now, self.slow[w]
                 try:
-                    yield self.env.timeout(work_s * slow)
+                    yield sleep(self.env, work_s * slow)
                     return
                 except simpy.Interrupt as e:
                     if e.cause != "slowdown":
@@ -745,7 +756,7 @@ class DataParallelSim:
         finally:
             self.flow[w] = None
         if slow > 1.0:
-            yield env.timeout((slow - 1.0) * (env.now - t0))
+            yield sleep(env, (slow - 1.0) * (env.now - t0))
 
     def _ssp_gate(self, w: int, it: int) -> Any:
         bound = self.problem.job.staleness

@@ -40,21 +40,30 @@ from collections.abc import Callable, Sequence
 
 import simpy
 
+from sim.des.timer import call_later
+
+#: The rate of a pair whose flows changed since the last settle, which re-rates it.
+#: Every share is > 0, so a dirty pair never looks current to :meth:`FluidShare._settle`
+#: (one comparison instead of two per pair visited). Whoever marks a pair dirty has just
+#: brought its service counter to the current time (``t = now``), so the rate it had is
+#: not needed any more: the settle, at the same instant, would have added rate x 0.
+DIRTY = -1.0
+
 
 class _Pair:
     """Flows from one link to another: one rate, one service counter."""
 
-    __slots__ = ("src", "dst", "rate", "served", "t", "flows", "ver", "dirty", "due", "dseq", "ent")
+    __slots__ = ("src", "dst", "rate", "served", "t", "flows", "ver", "due", "dseq", "ent")
 
     def __init__(self, src: int, dst: int, now: float) -> None:
         self.src = src
         self.dst = dst
-        self.rate = 0.0
+        # DIRTY until the next settle rates it, and again whenever its flows change
+        self.rate = DIRTY
         self.served = 0.0  # bytes each of its flows has received since the pair was created
         self.t = now
         self.flows: list[tuple[float, int, Callable[[], None]]] = []  # (served target, seq, cb)
         self.ver = 0  # an entry of the completion heap is live while it carries this
-        self.dirty = False
         # (due, dseq): the key of its next completion, from its latest re-rating; ``ent``:
         # the time of its live heap entry (inf: none), never later than ``due``
         self.due = math.inf
@@ -89,7 +98,8 @@ class FluidShare:
         # share _settle reads is current.
         self._share = [math.inf] * n_resources
         # dicts, not sets: iteration order must not depend on object ids (same seed, same bytes)
-        self._pairs_on: list[dict[_Pair, None]] = [{} for _ in range(n_resources)]
+        # the pairs on each resource, each with its other resource
+        self._pairs_on: list[dict[_Pair, int]] = [{} for _ in range(n_resources)]
         self._nres = n_resources
         self._pairs: dict[int, _Pair] = {}  # by src * n_resources + dst
         self._heap: list[tuple[float, int, int, _Pair]] = []
@@ -110,14 +120,14 @@ class FluidShare:
         p = self._pairs.get(key)
         if p is None:
             p = self._pairs[key] = _Pair(src, dst, now)
-            self._pairs_on[src][p] = None
-            self._pairs_on[dst][p] = None
+            self._pairs_on[src][p] = dst
+            self._pairs_on[dst][p] = src
         elif p.rate > 0.0:
             p.served += p.rate * (now - p.t)
             p.t = now
+            p.rate = DIRTY  # its earliest target may have changed
         self._seq += 1
         heapq.heappush(p.flows, (p.served + amount, self._seq, on_done))
-        p.dirty = True  # its earliest target may have changed
         n = self._n
         n[src] += 1
         n[dst] += 1
@@ -126,7 +136,7 @@ class FluidShare:
         dirty.add(dst)
         if not self._settle_pending:
             self._settle_pending = True
-            self.env.timeout(0).callbacks.append(self._settle)
+            call_later(self.env, 0, self._settle)
         return p, self._seq
 
     def cancel(self, handle: tuple[_Pair, int]) -> None:
@@ -141,6 +151,7 @@ class FluidShare:
         if p.rate > 0.0:
             p.served += p.rate * (now - p.t)
         p.t = now
+        p.rate = DIRTY
         flows[i] = flows[-1]
         flows.pop()
         heapq.heapify(flows)
@@ -148,7 +159,6 @@ class FluidShare:
         self._n[p.dst] -= 1
         self._dirty.add(p.src)
         self._dirty.add(p.dst)
-        p.dirty = True
         if not flows:
             p.ver += 1  # its heap entry is stale now
             del self._pairs[p.src * self._nres + p.dst]
@@ -156,7 +166,7 @@ class FluidShare:
             del self._pairs_on[p.dst][p]
         if not self._settle_pending:
             self._settle_pending = True
-            self.env.timeout(0).callbacks.append(self._settle)
+            call_later(self.env, 0, self._settle)
 
     # -- internals ---------------------------------------------------------
     def _settle(self, _ev: object = None) -> None:
@@ -171,21 +181,22 @@ class FluidShare:
         seq = self._seq
         # A pair on two dirty links is re-rated at its first visit; the second finds
         # its rate current and leaves it (the same order as visiting each pair once).
+        # ``pairs_on[link]`` maps each pair to its other link, so the loop reads one
+        # share per pair: this is the innermost loop of a network-bound run.
         for link in dirty:
-            for p in pairs_on[link]:
-                r = share[p.src]
-                b = share[p.dst]
-                if b <= r:
-                    r = b
+            mine = share[link]
+            for p, other in pairs_on[link].items():
+                r = share[other]
+                if mine <= r:
+                    r = mine
                 old = p.rate
-                if r != old or p.dirty:
+                if r != old:  # changed, or DIRTY
                     served = p.served
                     if old > 0.0:
                         served += old * (now - p.t)
                         p.served = served
                     p.t = now
                     p.rate = r
-                    p.dirty = False
                     seq += 1
                     left = p.flows[0][0] - served
                     due = now + (left if left > 0.0 else 0.0) / r
@@ -230,7 +241,7 @@ class FluidShare:
             self._wake_at = t
             self._wake_token += 1
             token = self._wake_token
-            self.env.timeout(max(t - self.env.now, 0.0)).callbacks.append(lambda _e: self._wake(token))
+            call_later(self.env, max(t - self.env.now, 0.0), lambda _e: self._wake(token))
 
     def _wake(self, token: int) -> None:
         now = self.env._now  # the property's value, without the call
@@ -253,8 +264,10 @@ class FluidShare:
         for p in due:
             p.ver += 1  # its entry is consumed; settle pushes the next one
             p.ent = math.inf
-            p.served += p.rate * (now - p.t)
+            if p.rate > 0.0:  # not DIRTY (then t = now already)
+                p.served += p.rate * (now - p.t)
             p.t = now
+            p.rate = DIRTY
             # The earliest flow is due by construction (its entry is current); others
             # whose target is reached to rounding go with it. Never judge the earliest
             # by bytes: rounding in `served` could leave it a hair short forever.
@@ -271,7 +284,6 @@ class FluidShare:
                 n[dst] -= 1
             dirty.add(src)
             dirty.add(dst)
-            p.dirty = True
             if not flows:
                 del self._pairs[src * self._nres + dst]
                 del self._pairs_on[src][p]
@@ -281,11 +293,11 @@ class FluidShare:
         # delivery callback schedules nothing urgent that could run between them.
         if delivered:
             if self.latency_s > 0:
-                def deliver_all(_e: simpy.Event) -> None:
+                def deliver_all(_e: object) -> None:
                     for cb in delivered:
                         cb()
 
-                self.env.timeout(self.latency_s).callbacks.append(deliver_all)
+                call_later(self.env, self.latency_s, deliver_all)
             else:
                 for cb in delivered:
                     cb()
@@ -319,8 +331,7 @@ class FlowNetwork(FluidShare):
             self._deliver(on_delivered)
             return
         if not self.fair:
-            ev = self.env.timeout(nbytes / min(self.bw[src], self.bw[dst]))
-            ev.callbacks.append(lambda _e: self._deliver(on_delivered))
+            call_later(self.env, nbytes / min(self.bw[src], self.bw[dst]), lambda _e: self._deliver(on_delivered))
             return
         self._start(src, dst, nbytes, on_delivered)
 
@@ -335,6 +346,6 @@ class FlowNetwork(FluidShare):
 
     def _deliver(self, cb: Callable[[], None]) -> None:
         if self.latency_s > 0:
-            self.env.timeout(self.latency_s).callbacks.append(lambda _e: cb())
+            call_later(self.env, self.latency_s, lambda _e: cb())
         else:
             cb()

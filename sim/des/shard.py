@@ -7,6 +7,8 @@ from collections.abc import Callable
 
 import simpy
 
+from sim.des.timer import call_later
+
 
 class ShardServer:
     """Serves tasks one at a time in order of (ready time, key).
@@ -41,7 +43,7 @@ class ShardServer:
         heapq.heappush(self._heap, (self.env.now, key, cost_s, label, on_done))
         if not self._busy and not self._settle_pending:
             self._settle_pending = True
-            self.env.timeout(0).callbacks.append(self._start)
+            call_later(self.env, 0, self._start)
 
     def _start(self, _ev: object = None) -> None:
         self._settle_pending = False
@@ -55,7 +57,7 @@ class ShardServer:
             self._run(cost, self._finish)
             return
         self.busy_s += cost
-        env.timeout(cost).callbacks.append(self._finish)
+        call_later(env, cost, self._finish)
 
     def _finish(self, _ev: object = None) -> None:
         self._busy = False

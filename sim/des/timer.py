@@ -1,0 +1,59 @@
+"""Timeouts at a fraction of ``simpy.Timeout``'s cost, for the DES's hot paths.
+
+A DES run creates a timeout for nearly every event it processes (a worker's
+compute step, a network settle or wake, a shard task). ``env.timeout(d)``
+costs a class call, ``Timeout.__init__`` (five attribute stores into an
+instance dict) and ``env.schedule``; :class:`Timer` is a slotted object with
+the one attribute SimPy's event loop writes, ``callbacks``, and reads ``_ok``
+and ``_value`` from its class. It is pushed onto ``env._queue`` with the key
+``env.schedule`` would give a ``Timeout`` (``now + delay``, ``NORMAL``, the next
+event id), so the events, their order and the event count are those of
+``env.timeout``: only the cost of making one changes (about half).
+
+A process may yield a :class:`Timer` (SimPy appends its resume callback to
+``callbacks`` and reads ``_ok`` and ``_value`` when it fires), and
+``env.run``/``env.step`` process it like any event. It is not a
+``simpy.Event``: nothing may ask it ``triggered``/``processed``/``value`` or
+combine it in ``all_of``/``any_of``; the DES uses it only where no one does.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+from typing import Any
+
+import simpy
+from simpy.events import NORMAL
+
+
+class Timer:
+    """An event that fires after a delay; see the module docstring."""
+
+    __slots__ = ("callbacks",)
+    _ok = True  # succeeded, as a Timeout always does
+    _value = None  # what a process that yielded it gets back
+
+    callbacks: list[Callable[[Any], None]] | None
+
+
+def call_later(env: simpy.Environment, delay: float, callback: Callable[[Any], None]) -> Timer:
+    """``env.timeout(delay).callbacks.append(callback)``, with the same queue key."""
+    if delay < 0:
+        raise ValueError(f"Negative delay {delay}")
+    t = Timer()
+    t.callbacks = [callback]
+    queue: list[Any] = env._queue
+    heapq.heappush(queue, (env._now + delay, NORMAL, next(env._eid), t))
+    return t
+
+
+def sleep(env: simpy.Environment, delay: float) -> Timer:
+    """``env.timeout(delay)`` for a process to yield, with the same queue key."""
+    if delay < 0:
+        raise ValueError(f"Negative delay {delay}")
+    t = Timer()
+    t.callbacks = []
+    queue: list[Any] = env._queue
+    heapq.heappush(queue, (env._now + delay, NORMAL, next(env._eid), t))
+    return t
