@@ -37,6 +37,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable, Sequence
+from heapq import heappop, heappush
 
 import simpy
 
@@ -115,19 +116,19 @@ class FluidShare:
 
     def _start(self, src: int, dst: int, amount: float, on_done: Callable[[], None]) -> tuple[_Pair, int]:
         """Start a flow of ``amount`` (> 0) from ``src`` to ``dst``; returns its handle."""
-        now = self.env._now  # the property's value, without the call
         key = src * self._nres + dst
         p = self._pairs.get(key)
         if p is None:
-            p = self._pairs[key] = _Pair(src, dst, now)
+            p = self._pairs[key] = _Pair(src, dst, self.env._now)
             self._pairs_on[src][p] = dst
             self._pairs_on[dst][p] = src
         elif p.rate > 0.0:
+            now = self.env._now  # the property's value, without the call
             p.served += p.rate * (now - p.t)
             p.t = now
             p.rate = DIRTY  # its earliest target may have changed
-        self._seq += 1
-        heapq.heappush(p.flows, (p.served + amount, self._seq, on_done))
+        seq = self._seq = self._seq + 1
+        heappush(p.flows, (p.served + amount, seq, on_done))
         n = self._n
         n[src] += 1
         n[dst] += 1
@@ -137,7 +138,7 @@ class FluidShare:
         if not self._settle_pending:
             self._settle_pending = True
             call_later(self.env, 0, self._settle)
-        return p, self._seq
+        return p, seq
 
     def cancel(self, handle: tuple[_Pair, int]) -> None:
         """Withdraw a flow that has not finished (its callback is never called);
@@ -177,7 +178,7 @@ class FluidShare:
         dirty = sorted(self._dirty)
         self._refresh(dirty)
         self._dirty.clear()
-        heap, push = self._heap, heapq.heappush
+        heap, push = self._heap, heappush
         seq = self._seq
         # A pair on two dirty links is re-rated at its first visit; the second finds
         # its rate current and leaves it (the same order as visiting each pair once).
@@ -226,7 +227,7 @@ class FluidShare:
             e = heap[0]
             p = e[3]
             if e[2] != p.ver:
-                heapq.heappop(heap)
+                heappop(heap)
             elif e[1] != p.dseq:
                 p.ent = p.due
                 heapq.heapreplace(heap, (p.due, p.dseq, e[2], p))
@@ -241,7 +242,7 @@ class FluidShare:
             self._wake_at = t
             self._wake_token += 1
             token = self._wake_token
-            call_later(self.env, max(t - self.env.now, 0.0), lambda _e: self._wake(token))
+            call_later(self.env, max(t - self.env._now, 0.0), lambda _e: self._wake(token))
 
     def _wake(self, token: int) -> None:
         now = self.env._now  # the property's value, without the call
@@ -252,15 +253,16 @@ class FluidShare:
         horizon = now + 1e-12 * max(now, 1e-9)
         due: list[_Pair] = []
         while heap and heap[0][0] <= horizon:
-            _, seq, ver, p = heapq.heappop(heap)
+            _, seq, ver, p = heappop(heap)
             if ver == p.ver:
                 if seq == p.dseq:
                     due.append(p)
                 else:  # a lower bound: back with its current key
                     p.ent = p.due
-                    heapq.heappush(heap, (p.due, p.dseq, ver, p))
+                    heappush(heap, (p.due, p.dseq, ver, p))
         delivered: list[Callable[[], None]] = []
-        n, dirty, pop = self._n, self._dirty, heapq.heappop
+        n, dirty, pop = self._n, self._dirty, heappop
+        pairs, pairs_on, nres = self._pairs, self._pairs_on, self._nres
         for p in due:
             p.ver += 1  # its entry is consumed; settle pushes the next one
             p.ent = math.inf
@@ -285,9 +287,9 @@ class FluidShare:
             dirty.add(src)
             dirty.add(dst)
             if not flows:
-                del self._pairs[src * self._nres + dst]
-                del self._pairs_on[src][p]
-                del self._pairs_on[dst][p]
+                del pairs[src * nres + dst]
+                del pairs_on[src][p]
+                del pairs_on[dst][p]
         # One latency timer for every message this wake delivers: the per-message timers
         # would fire back to back at the same instant (consecutive event ids), and a
         # delivery callback schedules nothing urgent that could run between them.

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Callable
+from heapq import heappop, heappush
 
 import simpy
 
@@ -40,7 +40,7 @@ class ShardServer:
 
     def submit(self, key: tuple[int, ...], cost_s: float, label: str,
                on_done: Callable[[], None] | None) -> None:
-        heapq.heappush(self._heap, (self.env.now, key, cost_s, label, on_done))
+        heappush(self._heap, (self.env._now, key, cost_s, label, on_done))
         if not self._busy and not self._settle_pending:
             self._settle_pending = True
             call_later(self.env, 0, self._start)
@@ -49,10 +49,10 @@ class ShardServer:
         self._settle_pending = False
         if self._busy or not self._heap:
             return
-        _, _, cost, label, cb = heapq.heappop(self._heap)
+        _, _, cost, label, cb = heappop(self._heap)
         self._busy = True
         env = self.env
-        self._cur = (cb, label, env.now)
+        self._cur = (cb, label, env._now)
         if self._run is not None:
             self._run(cost, self._finish)
             return
