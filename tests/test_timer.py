@@ -1,0 +1,86 @@
+"""sim.des.timer: a Timer is scheduled, ordered, counted and processed exactly as the
+``simpy.Timeout`` it stands in for (the DES's outputs are byte-identical either way)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import simpy
+
+from sim.des.engine import run_until
+from sim.des.timer import Timer, call_later, sleep
+
+
+def _trace(use_timer: bool) -> tuple[list[tuple[float, str]], list[Any]]:
+    """Callbacks at equal and distinct times, zero delays, and a process yielding its
+    sleeps, interleaved; returns what ran when and the queue keys after setup."""
+    env = simpy.Environment()
+    log: list[tuple[float, str]] = []
+
+    def later(delay: float, tag: str) -> None:
+        cb = lambda _e: log.append((env.now, tag))  # noqa: E731
+        if use_timer:
+            call_later(env, delay, cb)
+        else:
+            env.timeout(delay).callbacks.append(cb)
+
+    def proc() -> Any:
+        for k, d in enumerate((0.5, 0, 1.0, 0.25)):
+            yield sleep(env, d) if use_timer else env.timeout(d)
+            log.append((env.now, f"p{k}"))
+            later(0, f"z{k}")
+
+    later(1.0, "a")
+    later(0.5, "b")
+    later(1.0, "c")
+    later(0, "d")
+    env.process(proc())
+    keys = [(t, prio, eid) for t, prio, eid, _ in sorted(env._queue)]
+    env.run()
+    return log, keys + [next(env._eid)]
+
+
+def test_same_keys_same_order_same_count_as_timeouts() -> None:
+    assert _trace(True) == _trace(False)
+
+
+def test_run_until_and_a_process_waiting_on_a_timer() -> None:
+    env = simpy.Environment()
+    done = env.event()
+    seen: list[float] = []
+
+    def proc() -> Any:
+        yield sleep(env, 2.0)
+        seen.append(env.now)
+        done.succeed()
+
+    env.process(proc())
+    run_until(env, done)
+    assert seen == [2.0] and env.now == 2.0
+
+
+def test_an_interrupted_process_leaves_its_timer() -> None:
+    env = simpy.Environment()
+    seen: list[tuple[float, str]] = []
+
+    def proc() -> Any:
+        try:
+            yield sleep(env, 5.0)
+            seen.append((env.now, "slept"))
+        except simpy.Interrupt:
+            seen.append((env.now, "interrupted"))
+
+    p = env.process(proc())
+    call_later(env, 1.0, lambda _e: p.interrupt())
+    env.run()
+    assert seen == [(1.0, "interrupted")] and env.now == 5.0  # the timer still fires, unwatched
+
+
+def test_negative_delay_is_refused() -> None:
+    env = simpy.Environment()
+    with pytest.raises(ValueError):
+        call_later(env, -1.0, lambda _e: None)
+    with pytest.raises(ValueError):
+        sleep(env, -1e-9)
+    assert isinstance(sleep(env, 0.0), Timer)
