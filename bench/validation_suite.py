@@ -110,13 +110,17 @@ def decomposition_rows(results: Sequence[validate.Validation]) -> list[dict[str,
     return rows
 
 
+CPU_ROWS_TEXT = (
+    "CPU per iteration, every process together (ms), simulated and real, and how many cores "
+    "were busy on the mean; the workers' and the shards' parts; the real workers' main threads "
+    "in forward and backward; the DES rerun with each rank's CPU scaled to what it used in the "
+    "real run, and, as a control, the real CPU divided by the cores the DES kept busy (no rerun).")
+
+
 def cpu_rows(results: Sequence[validate.Validation]) -> list[dict[str, Any]]:
-    """CPU per iteration, all processes together (ms), simulated and real, and how many
-    cores were busy on the mean (:func:`experiments.validate.cpu_per_iteration`); the
-    workers' and the shards' parts; the real workers' forward and backward alone; and the
-    DES rerun with each rank's CPU scaled to what it used in the real run
-    (:func:`experiments.validate.with_cpu_scaled`: what is left is how the cores are
-    shared and the waits)."""
+    """One row per (config, scheduler): :data:`CPU_ROWS_TEXT`, from
+    :func:`experiments.validate.cpu_per_iteration` and the ``sim_with_real_cpu`` rerun
+    (:func:`experiments.validate.with_cpu_scaled`)."""
     rows = []
     for v in results:
         for r in v.runs:
@@ -126,10 +130,10 @@ def cpu_rows(results: Sequence[validate.Validation]) -> list[dict[str, Any]]:
             ps = c["processes"]
 
             def part(role: str, side: str, ps: dict[str, Any] = ps) -> float:
-                """The CPU of the processes in ``role``: a simulated one's transport is apart,
-                a real one's total has its transport threads in it."""
+                """The CPU of the placed processes in ``role``: a simulated one's transport is
+                apart, a real one's total has its transport threads in it."""
                 return sum(p[f"{side}_ms"] + (p["sim_transport_ms"] if side == "sim" else 0.0)
-                           for p in ps.values() if p["role"] == role)
+                           for p in ps.values() if p["role"] == role and p["sim_ms"] is not None)
 
             workers = [k for k, p in ps.items() if p["role"] == "worker"]
             comp = [x for k in workers if (x := ps[k]["real_compute_ms"]) is not None]
@@ -142,8 +146,12 @@ def cpu_rows(results: Sequence[validate.Validation]) -> list[dict[str, Any]]:
                          "cores busy sim": c["sim_cores_busy"], "cores busy real": c["real_cores_busy"],
                          "iter sim, real CPU": _ms(oracle := r.diagnostics.get("sim_with_real_cpu", {})
                                                    .get("iteration_time_mean_s")),
-                         "its error": validate.pct(validate.rel_error(
-                             oracle, r.metrics["iteration_time_mean_s"]["real"]))})
+                         "error, real CPU": validate.pct(validate.rel_error(
+                             oracle, r.metrics["iteration_time_mean_s"]["real"])),
+                         "real CPU / sim cores busy": (naive := c["real_total_ms"] / c["sim_cores_busy"]
+                                                       if c["sim_cores_busy"] else None),
+                         "error, control": validate.pct(validate.rel_error(
+                             None if naive is None else 1e-3 * naive, r.metrics["iteration_time_mean_s"]["real"]))})
     return rows
 
 
@@ -161,6 +169,14 @@ def summary_lines(results: Sequence[validate.Validation]) -> list[str]:
                                             r.metrics["iteration_time_mean_s"]["real"])) is not None]
         return f"{100 * statistics.median(errs):.1f}%" if errs else "-"
 
+    def med_naive(vs: list[validate.Validation]) -> str:
+        """The median |error| of real CPU per iteration / the DES's cores busy, as an iteration."""
+        errs = [abs(e) for v in vs for r in v.runs
+                if (c := r.diagnostics.get("cpu_per_iteration")) and c["sim_cores_busy"]
+                and (e := validate.rel_error(1e-3 * c["real_total_ms"] / c["sim_cores_busy"],
+                                             r.metrics["iteration_time_mean_s"]["real"])) is not None]
+        return f"{100 * statistics.median(errs):.1f}%" if errs else "-"
+
     fit = [v for v in results if not v.info.get("oversubscribed")]
     over = [v for v in results if v.info.get("oversubscribed")]
     ranked = [v for v in results if v.ranking_preserved is not None]
@@ -169,7 +185,8 @@ def summary_lines(results: Sequence[validate.Validation]) -> list[str]:
             f"(same real runs: the DES without the host {med_diag(list(results), 'sim_without_host')}, "
             f"with the host but messages free of CPU {med_diag(list(results), 'sim_without_copies')}; "
             f"diagnostics: given each worker's real compute {med_diag(list(results), 'sim_with_real_compute')}, "
-            f"each rank's real CPU {med_diag(list(results), 'sim_with_real_cpu')})",
+            f"each rank's real CPU {med_diag(list(results), 'sim_with_real_cpu')}; control: the real CPU over "
+            f"the cores the DES kept busy {med_naive(list(results))})",
             f"- worker threads <= cores: {med(fit)}; more worker threads than cores: {med(over)}",
             f"- ranking preserved: {kept} of {len(ranked)} multi-scheduler configs"]
 
@@ -224,7 +241,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{took}.", "", *lines, "", table, "", "## Where the time goes (ms per iteration, "
             "mean over workers)", "", decomposition_rows.__doc__.split("\n\n")[0].replace("\n    ", " ")
             if decomposition_rows.__doc__ else "", "", decomp, "", "## Where the CPU goes (ms per iteration)", "",
-            " ".join((cpu_rows.__doc__ or "").split()), "", cpu_table, ""]
+            CPU_ROWS_TEXT, "", cpu_table, ""]
     body = (out / "report.md").read_text().split("\n", 2)[2]  # every metric, under the suite table
     (out / "report.md").write_text("\n".join(head) + body)
     (out / "suite.json").write_text(json.dumps({"wall_s": wall, "summary": lines, "rows": suite_rows(results),

@@ -492,7 +492,7 @@ def real_cpu_factors(cpu: dict[str, Any] | None) -> dict[str, float]:
     if not cpu:
         return {}
     return {dev: p["real_ms"] / sim for dev, p in cpu["processes"].items()
-            if (sim := p["sim_ms"] + p["sim_transport_ms"]) > 0}
+            if p["sim_ms"] is not None and (sim := p["sim_ms"] + p["sim_transport_ms"]) > 0}
 
 
 # ------------------------------------------------------------------ one config
@@ -538,9 +538,12 @@ def cpu_per_iteration(sim: RunResult, real: RunResult) -> dict[str, Any] | None:
     the DES's CPU given to each hosted process (its compute and a shard's work) and apart
     to its transport (its messages' copies); the runtime's CPU of each process over its
     loop (every thread), of its gloo transport threads (``gloo_tcp_loop``) and, for a
-    worker, of its forward and backward alone. ``cores_busy``: all processes' CPU over the
-    run's wall time. None when either side lacks the figures (a DES without hosts, an
-    older run)."""
+    worker, of its main thread in forward and backward. Every figure is per global
+    iteration of its side (in ASP/SSP a rank's part of those iterations may differ
+    between the sides). ``cores_busy``: all processes' CPU over the run's wall time.
+    None when either side lacks the figures (a DES without hosts, an older run, a rank
+    that sent no final report, e.g. a failed worker); a rank the DES did not place on
+    the host is listed with no simulated CPU and left out of both totals."""
     s_cpu = sim.extra.get("host_cpu_s")
     r_cpu = real.extra.get("runtime", {}).get("cpu")
     n_sim, n_real = len(sim.iter_end_s), len(real.iter_end_s)
@@ -551,14 +554,16 @@ def cpu_per_iteration(sim: RunResult, real: RunResult) -> dict[str, Any] | None:
     for proc, got in r_cpu.items():
         threads = got.get("threads_cpu_s") or {}
         comp = got.get("compute_cpu_s")
-        rows[proc] = {"role": role.get(proc), "sim_ms": 1e3 * s_cpu.get(proc, 0.0) / n_sim,
-                      "sim_transport_ms": 1e3 * s_cpu.get(f"{proc} transport", 0.0) / n_sim,
+        placed = proc in s_cpu
+        rows[proc] = {"role": role.get(proc), "sim_ms": 1e3 * s_cpu[proc] / n_sim if placed else None,
+                      "sim_transport_ms": 1e3 * s_cpu.get(f"{proc} transport", 0.0) / n_sim if placed else None,
                       "real_ms": 1e3 * got["cpu_s"] / n_real,
                       "real_transport_ms": 1e3 * threads["gloo_tcp_loop"] / n_real if "gloo_tcp_loop" in threads
                       else None,
                       "real_compute_ms": None if comp is None else 1e3 * comp / n_real}
-    sim_total = sum(r["sim_ms"] + r["sim_transport_ms"] for r in rows.values())
-    real_total = sum(r["real_ms"] for r in rows.values())
+    both = [r for r in rows.values() if r["sim_ms"] is not None]
+    sim_total = sum(r["sim_ms"] + r["sim_transport_ms"] for r in both)
+    real_total = sum(r["real_ms"] for r in both)
     real_wall = max(got["wall_s"] for got in r_cpu.values())
     return {"processes": rows, "sim_total_ms": sim_total, "real_total_ms": real_total,
             "sim_cores_busy": 1e-3 * sim_total * n_sim / sim.iter_end_s[-1],

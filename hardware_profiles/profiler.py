@@ -875,7 +875,7 @@ def _wake_rank(rank: int, port: int, rounds: int, core: int, results: Any,
     import torch
 
     from runtime import wire
-    from runtime.affinity import pin
+    from runtime.affinity import CpuMeter, pin
 
     if rank == 1:
         pin({core})
@@ -885,7 +885,7 @@ def _wake_rank(rank: int, port: int, rounds: int, core: int, results: Any,
     _loopback_group(rank, port)
     out: list[float] = []
     rx = wire.Receiver() if rank == 0 else None
-    cpu0, loop0 = time.process_time(), _thread_cpu_s("gloo_tcp_loop")
+    meter = CpuMeter()
     if rx is not None:
         for _ in range(rounds):
             rx.get(60.0)
@@ -897,20 +897,11 @@ def _wake_rank(rank: int, port: int, rounds: int, core: int, results: Any,
             wire.send(0, wire.PUSH, 0, payload=payload)
             wire.recv(0)
             out.append(time.perf_counter() - a)
-    loop1 = _thread_cpu_s("gloo_tcp_loop")
-    results.put({"rank": rank, "rtt": out, "cpu_s": time.process_time() - cpu0,
-                 "loop_cpu_s": None if loop0 is None or loop1 is None else loop1 - loop0})
+    got = meter.read()
+    results.put({"rank": rank, "rtt": out, "cpu_s": got["cpu_s"],
+                 "loop_cpu_s": (got["threads_cpu_s"] or {}).get("gloo_tcp_loop")})
     time.sleep(0.5)
     os._exit(0)  # the receiver thread is blocked inside gloo
-
-
-def _thread_cpu_s(name: str) -> float | None:
-    """CPU seconds (user + system) this process's threads called ``name`` have used
-    (Linux ``/proc/self/task``; None elsewhere, or where no thread has that name)."""
-    from runtime.affinity import cpu_by_thread
-
-    by = cpu_by_thread()
-    return None if by is None else by.get(name)
 
 
 class Handoffs(NamedTuple):

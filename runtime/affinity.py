@@ -59,41 +59,64 @@ def in_force() -> dict[str, Any]:
     return {"threads": torch.get_num_threads(), "affinity": sorted(cpus)}
 
 
-def cpu_by_thread() -> dict[str, float] | None:
-    """CPU seconds (user + system) this process's live threads have used, summed by
-    thread name (``/proc/self/task/*/comm``: ``gloo_tcp_loop`` for gloo's transport
-    threads; Python threads keep the process's name). None without ``/proc``."""
-    try:
-        tick = os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, AttributeError):
-        return None
-    out: dict[str, float] = {}
+def thread_cpu() -> dict[int, tuple[str, float]] | None:
+    """Each live thread of this process: ``{thread id: (name, CPU seconds so far)}``.
+    The CPU is the scheduler's run time in nanoseconds (``/proc/self/task/*/schedstat``),
+    or user + system time in clock ticks (``stat``) where that is missing. The name is
+    ``/proc/self/task/*/comm``: ``gloo_tcp_loop`` for gloo's transport threads; Python
+    threads keep the process's name. None without ``/proc``."""
     tids = thread_ids()
+    if not tids:
+        return None
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    out: dict[int, tuple[str, float]] = {}
     for t in tids:
         try:
             with open(f"/proc/self/task/{t}/comm") as f:
                 name = f.read().strip()
-            with open(f"/proc/self/task/{t}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
+            try:
+                with open(f"/proc/self/task/{t}/schedstat") as f:
+                    cpu = int(f.read().split()[0]) * 1e-9
+            except (OSError, ValueError, IndexError):
+                with open(f"/proc/self/task/{t}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                cpu = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
         except OSError:
             continue  # the thread has exited
-        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick  # utime, stime
-    return out if tids else None
+        out[t] = (name, cpu)
+    return out
+
+
+def cpu_by_thread() -> dict[str, float] | None:
+    """CPU seconds this process's live threads have used, summed by thread name
+    (:func:`thread_cpu`; None without ``/proc``)."""
+    got = thread_cpu()
+    if got is None:
+        return None
+    out: dict[str, float] = {}
+    for name, cpu in got.values():
+        out[name] = out.get(name, 0.0) + cpu
+    return out
 
 
 class CpuMeter:
     """The CPU a process uses from its creation on: in all (``time.process_time``) and
-    by thread name (:func:`cpu_by_thread`; a thread that exits meanwhile drops out of
-    its name's figure, not of the total), against the wall time."""
+    by thread name (:func:`thread_cpu`, each thread from its own start figure), against
+    the wall time. A thread that exits before :meth:`read` drops out of its name's
+    figure (not of the total), so the names need not add up to the total."""
 
     def __init__(self) -> None:
-        self.t0, self.c0, self.by0 = time.perf_counter(), time.process_time(), cpu_by_thread()
+        self.t0, self.c0, self.by0 = time.perf_counter(), time.process_time(), thread_cpu()
 
     def read(self) -> dict[str, Any]:
         """``{"wall_s", "cpu_s", "threads_cpu_s": {name: s} | None}`` since creation."""
-        by = cpu_by_thread()
-        threads = None
-        if by is not None and self.by0 is not None:
-            threads = {k: round(v - self.by0.get(k, 0.0), 4) for k, v in sorted(by.items())}
+        now = thread_cpu()
+        threads: dict[str, float] | None = None
+        if now is not None and self.by0 is not None:
+            threads = {}
+            for tid, (name, cpu) in now.items():
+                start = self.by0[tid][1] if tid in self.by0 else 0.0
+                threads[name] = threads.get(name, 0.0) + cpu - start
+            threads = {k: round(v, 6) for k, v in sorted(threads.items())}
         return {"wall_s": time.perf_counter() - self.t0, "cpu_s": time.process_time() - self.c0,
                 "threads_cpu_s": threads}

@@ -250,8 +250,8 @@ def run_worker(spec: RunSpec, w: int, local_rank: int = 0) -> None:
     teacher = task.Teacher(spec.model, spec.seed, spec.model_kwargs, device)
     params = list(module.parameters())
     owned = task.partition([p.numel() for p in params], S)
-    totals = {"compute_s": 0.0, "compute_cpu_s": 0.0, "comm_s": 0.0, "wait_s": 0.0, "pushed_bytes": 0,
-              "pulled_bytes": 0}
+    totals = {"compute_s": 0.0, "comm_s": 0.0, "wait_s": 0.0, "pushed_bytes": 0, "pulled_bytes": 0}
+    compute_cpu_s = 0.0  # this thread's CPU in forward and backward (not torch's other threads)
     spans: list[list[object]] = []
 
     def span(name: str, a: float, b: float) -> None:
@@ -289,7 +289,7 @@ def run_worker(spec: RunSpec, w: int, local_rank: int = 0) -> None:
             loss.backward()
             if device.startswith("cuda"):
                 torch.cuda.synchronize()
-            totals["compute_cpu_s"] += time.thread_time() - c0  # this thread's CPU in forward and backward
+            compute_cpu_s += time.thread_time() - c0
             # pipelined pulls: forward's waits for parameters are waiting, not compute
             waited = puller.waited if puller is not None else 0.0
             totals["wait_s"] += waited
@@ -319,7 +319,7 @@ def run_worker(spec: RunSpec, w: int, local_rank: int = 0) -> None:
         sender.close()
     send_report(ws, t, totals, spans, sender.spans if sender is not None else [],
                 recv_spans=puller.spans if puller is not None else [],
-                cpu={**meter.read(), "compute_cpu_s": totals["compute_cpu_s"]})
+                cpu={**meter.read(), "compute_cpu_s": compute_cpu_s})
 
 
 def send_report(ws: WorkerSpec, t: int, totals: dict[str, Any], spans: list[list[object]],

@@ -206,6 +206,28 @@ def test_cpu_scale_stretches_every_second_of_a_process() -> None:
     assert r.extra["host_cpu_s"] == _approx({"cpu:0": 6.0, "cpu:0 transport": 12.0})
 
 
+def test_cpu_counts_every_thread_of_a_process() -> None:
+    # a two-thread worker alone on two cores computes 1 s an iteration on both: 2 CPU-s each
+    r = _run(_hosted(1, [Host("h", 2)], [Placement(0, threads=2)], iterations=3))
+    assert r.iteration_times() == _approx([1.0] * 3)
+    assert r.extra["host_cpu_s"] == _approx({"cpu:0": 6.0})
+
+
+def test_cancel_at_the_start_gives_back_all_of_it() -> None:
+    import simpy
+
+    from sim.des.hosts import HostCPU
+
+    env = simpy.Environment()
+    cpu = HostCPU(env, [Host("h", 1)], [Placement(0, threads=2)])
+    handle = cpu.compute(0, 1.5, lambda: None)
+    assert handle is not None and cpu.cpu_s == [3.0]
+    assert cpu.cancel(handle) == 1.5  # the same instant: none of it served (the pair still DIRTY)
+    assert cpu.cpu_s == [0.0]
+    with pytest.raises(ValueError, match="cpu_scale"):
+        HostCPU(env, [Host("h", 1)], [Placement(0, cpu_scale=0.0)])
+
+
 def test_cancelled_compute_keeps_only_the_cpu_it_got() -> None:
     # worker 1 fails at 0.1 during its forward (0.05 s of CPU at half a core): worker 0
     # does its full 1 s; worker 1 is charged what it got, not its 0.1 s forward

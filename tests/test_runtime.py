@@ -293,7 +293,8 @@ def test_cpu_meter_counts_every_thread_by_name() -> None:
     assert got["cpu_s"] >= 0.3
     assert got["wall_s"] >= 0.2  # the two spun side by side at most
     assert got["threads_cpu_s"] is not None
-    assert sum(got["threads_cpu_s"].values()) >= 0.09  # this thread's 0.1 s, to the clock tick
+    mine = sum(got["threads_cpu_s"].values())  # the live threads: this one's 0.1 s and a little
+    assert 0.1 <= mine < 0.2
 
 
 def test_quantized_pushes_carry_packed_bytes(tmp_path: Path) -> None:
@@ -307,7 +308,8 @@ def test_quantized_pushes_carry_packed_bytes(tmp_path: Path) -> None:
     assert set(cpu) == {"this_machine:0", "this_machine:1", "ps:0"}
     for proc, got in cpu.items():
         assert got["wall_s"] > 0 and got["cpu_s"] > 0, proc
-        assert "gloo_tcp_loop" in got["threads_cpu_s"], proc
+        if Path("/proc/self/task").is_dir():
+            assert "gloo_tcp_loop" in got["threads_cpu_s"], proc
     assert cpu["this_machine:0"]["compute_cpu_s"] > 0 and "compute_cpu_s" not in cpu["ps:0"]
     module, _ = task.build("mlp", 0, {"in_features": 16, "hidden": [32], "classes": 4})
     want = sum(packed_bytes(p.numel(), 4) for p in module.parameters())

@@ -206,6 +206,13 @@ def test_cpu_per_iteration_by_hand() -> None:
     assert got["sim_total_ms"] == pytest.approx(450.0) and got["real_total_ms"] == pytest.approx(800.0)
     assert got["sim_cores_busy"] == pytest.approx(1.8 / 2.0)  # 1.8 CPU-s over 2 s
     assert got["real_cores_busy"] == pytest.approx(3.2 / 4.0)  # 3.2 CPU-s over the longest loop
+    # a rank the DES did not place: listed without simulated CPU, out of both totals
+    off = RunResult("x", "des", "equal", 0, [0.5, 1.0, 1.5, 2.0], [10] * 4, devs(),
+                    extra={"host_cpu_s": {"w:0": 0.8, "w:0 transport": 0.4}})
+    got = validate.cpu_per_iteration(off, real)
+    assert got is not None and got["processes"]["ps:0"]["sim_ms"] is None
+    assert got["sim_total_ms"] == pytest.approx(300.0) and got["real_total_ms"] == pytest.approx(500.0)
+    assert validate.real_cpu_factors(got) == {"w:0": pytest.approx(500.0 / 300.0)}
     # a DES without hosts, or a real run without the figures: nothing to compare
     assert validate.cpu_per_iteration(_result("des", [1.0], []), real) is None
     assert validate.cpu_per_iteration(sim, _result("runtime", [1.0], [])) is None
@@ -213,8 +220,9 @@ def test_cpu_per_iteration_by_hand() -> None:
 
 def test_real_cpu_factors_and_the_rescaled_problem() -> None:
     cpu = {"processes": {"w:0": {"sim_ms": 200.0, "sim_transport_ms": 100.0, "real_ms": 600.0},
-                         "ps:0": {"sim_ms": 0.0, "sim_transport_ms": 0.0, "real_ms": 5.0}}}
-    assert validate.real_cpu_factors(cpu) == {"w:0": 2.0}  # a process the DES gave no CPU has none
+                         "ps:0": {"sim_ms": 0.0, "sim_transport_ms": 0.0, "real_ms": 5.0},
+                         "w:1": {"sim_ms": None, "sim_transport_ms": None, "real_ms": 7.0}}}
+    assert validate.real_cpu_factors(cpu) == {"w:0": 2.0}  # none where the DES gave no CPU or no place
     assert validate.real_cpu_factors(None) == {}
     base = problem([profile("cpu", kind="cpu")] * 2, [profile("ps", kind="cpu")], model(dense("fc", 1e3)), 20)
     prob = dataclasses.replace(base, cluster=dataclasses.replace(

@@ -50,7 +50,12 @@ class HostCPU(FluidShare):
         # the fair rates of a host depend only on which of its processes run how many
         # flows: memoised per host on that tuple (a run revisits a few states)
         self._memo: list[dict[tuple[int, ...], list[float]]] = [{} for _ in hosts]
-        self.cpu_s = [0.0] * len(procs)  # CPU seconds each process's flows have been given
+        if any(pl.cpu_scale <= 0 for pl in procs):
+            raise ValueError("a placement's cpu_scale must be > 0")
+        # CPU seconds of the work handed to each process: its threads x its work (each
+        # thread runs at the flow's speed); a compute still running at the end counts in
+        # full, a cancelled one only what it got
+        self.cpu_s = [0.0] * len(procs)
 
     def compute(self, proc: int, work_s: float, on_done: Callable[[], None]) -> tuple[_Pair, int] | None:
         """Run ``work_s`` seconds of ``proc``'s work (times its placement's ``cpu_scale``);
@@ -58,24 +63,21 @@ class HostCPU(FluidShare):
 
         Returns a handle for :meth:`cancel` (None: no work, ``on_done`` already called).
         """
+        pl = self.procs[proc]
+        work_s *= pl.cpu_scale
         if work_s <= 0:
             on_done()
             return None
-        work_s *= self.procs[proc].cpu_scale
-        self.cpu_s[proc] += work_s
-        return self._start(self.procs[proc].host, len(self.hosts) + proc, work_s, on_done)
+        self.cpu_s[proc] += work_s * pl.threads
+        return self._start(pl.host, len(self.hosts) + proc, work_s, on_done)
 
-    def cancel(self, handle: tuple[_Pair, int]) -> None:
-        """Withdraw a compute that has not finished; the work it has not been given is
-        taken off its process's :attr:`cpu_s`."""
-        p, seq = handle
-        for target, s, _ in p.flows:
-            if s == seq:
-                now = self.env._now
-                served = p.served + (p.rate * (now - p.t) if p.rate > 0.0 else 0.0)
-                self.cpu_s[p.dst - len(self.hosts)] -= max(target - served, 0.0)
-                break
-        super().cancel(handle)
+    def cancel(self, handle: tuple[_Pair, int]) -> float:
+        """Withdraw a compute that has not finished; the work it had not been given is
+        taken off its process's :attr:`cpu_s` (and returned)."""
+        left = super().cancel(handle)
+        proc = handle[0].dst - len(self.hosts)
+        self.cpu_s[proc] -= left * self.procs[proc].threads
+        return left
 
     def busy(self, host: int) -> bool:
         """Whether every core of ``host`` is taken now: its background threads plus the

@@ -140,19 +140,20 @@ class FluidShare:
             call_later(self.env, 0, self._settle)
         return p, seq
 
-    def cancel(self, handle: tuple[_Pair, int]) -> None:
-        """Withdraw a flow that has not finished (its callback is never called);
-        a finished one is left alone."""
+    def cancel(self, handle: tuple[_Pair, int]) -> float:
+        """Withdraw a flow that has not finished (its callback is never called) and
+        return the amount it had not been served; a finished one is left alone (0)."""
         p, seq = handle
         flows = p.flows
         i = next((k for k, f in enumerate(flows) if f[1] == seq), None)
         if i is None or self._pairs.get(p.src * self._nres + p.dst) is not p:
-            return
+            return 0.0
         now = self.env._now  # the property's value, without the call
         if p.rate > 0.0:
             p.served += p.rate * (now - p.t)
         p.t = now
         p.rate = DIRTY
+        left = max(flows[i][0] - p.served, 0.0)
         flows[i] = flows[-1]
         flows.pop()
         heapq.heapify(flows)
@@ -168,6 +169,7 @@ class FluidShare:
         if not self._settle_pending:
             self._settle_pending = True
             call_later(self.env, 0, self._settle)
+        return left
 
     # -- internals ---------------------------------------------------------
     def _settle(self, _ev: object = None) -> None:
