@@ -976,8 +976,8 @@ class DataParallelSim:
         if self.qpolicy is not None:
             extra["quant_bits"] = [list(ch) for ch in self.quant_changes]
         if self.cpu is not None:
-            # CPU seconds given to each hosted process over the run: its compute (and a
-            # shard's work), and apart its messages' copies (its transport thread)
+            # CPU seconds of the work handed to each hosted process over the run (HostCPU.cpu_s):
+            # its compute (and a shard's work), and apart its messages' copies (its transport)
             cpu_s: dict[str, float] = {}
             for i, dev_id in enumerate((*self.c.workers, *self.c.shards)):
                 if (k := self.proc[i]) is not None:
