@@ -275,5 +275,6 @@ def test_validate_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert all(p["real_ms"] > 0 and p["sim_ms"] > 0 for p in cpu["processes"].values())
     assert all(cpu["processes"][w]["real_compute_ms"] > 0 for w in ("this_machine:0", "this_machine:1"))
     assert "CPU per iteration (ms" in report and "The DES given each rank's real CPU" in report
+    assert "Control, no rerun" in report
     printed = capsys.readouterr().out
     assert "iteration_time_mean_s" in printed and "equal: CPU per iteration, every process:" in printed
