@@ -26,7 +26,7 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -148,10 +148,9 @@ def cpu_rows(results: Sequence[validate.Validation]) -> list[dict[str, Any]]:
                                                    .get("iteration_time_mean_s")),
                          "error, real CPU": validate.pct(validate.rel_error(
                              oracle, r.metrics["iteration_time_mean_s"]["real"])),
-                         "real CPU / sim cores busy": (naive := c["real_total_ms"] / c["sim_cores_busy"]
-                                                       if c["sim_cores_busy"] else None),
+                         "real CPU / sim cores busy": _ms(control := validate.cpu_control_s(c)),
                          "error, control": validate.pct(validate.rel_error(
-                             None if naive is None else 1e-3 * naive, r.metrics["iteration_time_mean_s"]["real"]))})
+                             control, r.metrics["iteration_time_mean_s"]["real"]))})
     return rows
 
 
@@ -162,20 +161,19 @@ def summary_lines(results: Sequence[validate.Validation]) -> list[str]:
                 if (e := r.metrics["iteration_time_mean_s"]["rel_error"]) is not None]
         return f"{100 * statistics.median(errs):.1f}% over {len(errs)} runs" if errs else "-"
 
-    def med_diag(vs: list[validate.Validation], key: str) -> str:
-        """The median |error| of the DES variant ``diagnostics[key]`` on the same real runs."""
+    def med_of(vs: list[validate.Validation], estimate: Callable[[validate.SchedulerRun], float | None]) -> str:
+        """The median |error| of another estimate of each run's mean iteration, on the same real runs."""
         errs = [abs(e) for v in vs for r in v.runs
-                if (e := validate.rel_error(r.diagnostics.get(key, {}).get("iteration_time_mean_s"),
-                                            r.metrics["iteration_time_mean_s"]["real"])) is not None]
+                if (e := validate.rel_error(estimate(r), r.metrics["iteration_time_mean_s"]["real"])) is not None]
         return f"{100 * statistics.median(errs):.1f}%" if errs else "-"
 
+    def med_diag(vs: list[validate.Validation], key: str) -> str:
+        """... of the DES variant ``diagnostics[key]``."""
+        return med_of(vs, lambda r: r.diagnostics.get(key, {}).get("iteration_time_mean_s"))
+
     def med_naive(vs: list[validate.Validation]) -> str:
-        """The median |error| of real CPU per iteration / the DES's cores busy, as an iteration."""
-        errs = [abs(e) for v in vs for r in v.runs
-                if (c := r.diagnostics.get("cpu_per_iteration")) and c["sim_cores_busy"]
-                and (e := validate.rel_error(1e-3 * c["real_total_ms"] / c["sim_cores_busy"],
-                                             r.metrics["iteration_time_mean_s"]["real"])) is not None]
-        return f"{100 * statistics.median(errs):.1f}%" if errs else "-"
+        """... of the control :func:`experiments.validate.cpu_control_s`."""
+        return med_of(vs, lambda r: validate.cpu_control_s(r.diagnostics.get("cpu_per_iteration")))
 
     fit = [v for v in results if not v.info.get("oversubscribed")]
     over = [v for v in results if v.info.get("oversubscribed")]
@@ -227,7 +225,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             results.append(validate.validate(c, SCHEDULERS.get(c.stem), a.iterations, out / c.stem,
                                              on_step=step))
-    wall = time.monotonic() - t0
+    wall: float | None = time.monotonic() - t0
+    if a.report_only:  # nothing ran: keep the runs' own wall time (None where unknown)
+        old = out / "suite.json"
+        wall = json.loads(old.read_text()).get("wall_s") if old.is_file() else None
     validate.write_files(out, results, title="hetsim validation suite")
     import pandas as pd
 
@@ -236,7 +237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cpu = cpu_rows(results)
     cpu_table = markdown_table(pd.DataFrame(cpu)) if cpu else "(no CPU figures in these runs)"
     lines = summary_lines(results)
-    took = "" if a.report_only else f", {wall:.0f} s"
+    took = "" if wall is None else f", {wall:.0f} s"
     head = ["# hetsim validation suite", "", f"`python -m bench.validation_suite`: {len(results)} configs"
             f"{took}.", "", *lines, "", table, "", "## Where the time goes (ms per iteration, "
             "mean over workers)", "", decomposition_rows.__doc__.split("\n\n")[0].replace("\n    ", " ")

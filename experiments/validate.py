@@ -486,6 +486,15 @@ def with_cpu_scaled(problem: Problem, factors: dict[str, float]) -> Problem:
     return dataclasses.replace(problem, cluster=dataclasses.replace(cl, placement=placement))
 
 
+def cpu_control_s(cpu: dict[str, Any] | None) -> float | None:
+    """A control for the rerun with real CPU, without any rerun: the real run's CPU per
+    iteration over the cores the DES kept busy, as an iteration time in seconds (None
+    without :func:`cpu_per_iteration`'s figures)."""
+    if not cpu or not cpu["sim_cores_busy"]:
+        return None
+    return 1e-3 * cpu["real_total_ms"] / cpu["sim_cores_busy"]
+
+
 def real_cpu_factors(cpu: dict[str, Any] | None) -> dict[str, float]:
     """Per process, the real run's CPU over the DES's (compute and transport together),
     from :func:`cpu_per_iteration` ({} without its figures)."""
@@ -802,8 +811,7 @@ def report_md(results: Sequence[Validation], title: str = "hetsim validate") -> 
                 if rc is not None:
                     lines += [f"The DES given each rank's real CPU (a diagnostic, `with_cpu_scaled`): mean "
                               f"iteration {rc:.4g} s ({pct(rel_error(rc, real))}).", ""]
-                if cpu["sim_cores_busy"]:
-                    est = 1e-3 * cpu["real_total_ms"] / cpu["sim_cores_busy"]
+                if (est := cpu_control_s(cpu)) is not None:
                     lines += [f"Control, no rerun: the real CPU per iteration over the cores the DES kept "
                               f"busy, {est:.4g} s ({pct(rel_error(est, real))}).", ""]
     return "\n".join(lines) + "\n"

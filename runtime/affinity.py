@@ -87,18 +87,6 @@ def thread_cpu() -> dict[int, tuple[str, float]] | None:
     return out
 
 
-def cpu_by_thread() -> dict[str, float] | None:
-    """CPU seconds this process's live threads have used, summed by thread name
-    (:func:`thread_cpu`; None without ``/proc``)."""
-    got = thread_cpu()
-    if got is None:
-        return None
-    out: dict[str, float] = {}
-    for name, cpu in got.values():
-        out[name] = out.get(name, 0.0) + cpu
-    return out
-
-
 class CpuMeter:
     """The CPU a process uses from its creation on: in all (``time.process_time``) and
     by thread name (:func:`thread_cpu`, each thread from its own start figure), against

@@ -378,14 +378,18 @@ class DataParallelSim:
         else:
             self.net.transfer(self.chunk_up[c], self.N + w, nbytes, delivered)
 
-    def _pulled(self, w: int, c: int, t0: float, done: simpy.Event | None) -> None:
-        """Chunk c's parameters, sent at ``t0``, reached worker w (``done``: a top-up's event)."""
+    def _landed(self, w: int, label: str, t0: float) -> None:
+        """A message of worker w's, sent at ``t0``, arrived: one transfer fewer in flight."""
         now = self.env._now
         a = self.acct[w]
         a.advance(now)
         a.inflight -= 1
         if self.trace is not None:
-            self.trace.async_span("network", w, self.c.workers[w], self.pull_label[c], t0, now)
+            self.trace.async_span("network", w, self.c.workers[w], label, t0, now)
+
+    def _pulled(self, w: int, c: int, t0: float, done: simpy.Event | None) -> None:
+        """Chunk c's parameters, sent at ``t0``, reached worker w (``done``: a top-up's event)."""
+        self._landed(w, self.pull_label[c], t0)
         if done is not None:  # a top-up
             done.succeed()
             return
@@ -412,12 +416,7 @@ class DataParallelSim:
     def _pushed(self, w: int, it: int, c: int, t0: float, agg: float, apply_one: float, batch: int,
                 bits: int) -> None:
         """Worker w's gradient of chunk c (iteration ``it``), sent at ``t0``, reached its shard."""
-        now = self.env._now
-        a = self.acct[w]
-        a.advance(now)
-        a.inflight -= 1
-        if self.trace is not None:
-            self.trace.async_span("network", w, self.c.workers[w], self.push_label[c], t0, now)
+        self._landed(w, self.push_label[c], t0)
         self._arrive(w, it, c, agg, apply_one, batch, bits)
 
     def _transfer(self, src: int, dst: int, src_link: int, dst_link: int, nbytes: float,
