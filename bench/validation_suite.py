@@ -11,7 +11,11 @@ whether each multi-scheduler config keeps its ranking. The DES runs with this
 machine as a host (``cluster.hosts``, filled in by ``hetsim validate``: its
 cores and the background load sampled before each run, every rank a process
 on it), and the suite also reports what the DES predicted without it (every
-device computing on its own, as before hosts existed). Writes OUT/report.md
+device computing on its own, as before hosts existed). Where the profile has a
+runtime CPU model (``network.runtime_cpu``, fitted by ``python -m
+bench.runtime_calibration`` on other configs), the simulated side is the DES
+with each process's CPU predicted by it, and the suite also reports the DES
+without it. Writes OUT/report.md
 (the suite table, then every metric of every run), OUT/validation.csv,
 OUT/validation.json, OUT/sim_vs_real.png and OUT/CONFIG/SCHEDULER/{sim,real}/.
 
@@ -49,6 +53,8 @@ def suite_rows(results: Sequence[validate.Validation]) -> list[dict[str, Any]]:
                          "worker threads / cores": f"{v.info.get('worker_threads')}/{v.info.get('cores')}",
                          "sim_s": m["sim"], "real_s": m["real"],
                          "error": validate.pct(m["rel_error"]),
+                         "sim w/o CPU model": (nm := _without_model(r)),
+                         "error w/o CPU model": validate.pct(validate.rel_error(nm, m["real"])),
                          "sim w/o host": (nh := r.diagnostics.get("sim_without_host", {})
                                               .get("iteration_time_mean_s")),
                          "error w/o host": validate.pct(validate.rel_error(nh, m["real"])),
@@ -60,6 +66,12 @@ def suite_rows(results: Sequence[validate.Validation]) -> list[dict[str, Any]]:
                                                else "yes" if v.ranking_preserved else "NO"),
                          "load avg": r.diagnostics.get("loadavg_1min", [None])[0]})
     return rows
+
+
+def _without_model(r: validate.SchedulerRun) -> float | None:
+    """The DES's mean iteration before the runtime CPU model (None: the run used none)."""
+    rc = r.diagnostics.get("runtime_cpu") or {}
+    return rc["sim_without_model"]["iteration_time_mean_s"] if rc.get("model") is not None else None
 
 
 def _mean_over_workers(metrics: dict[str, dict[str, float | None]], kind: str, side: str) -> float | None:
@@ -180,7 +192,8 @@ def summary_lines(results: Sequence[validate.Validation]) -> list[str]:
     ranked = [v for v in results if v.ranking_preserved is not None]
     kept = sum(1 for v in ranked if v.ranking_preserved)
     return [f"- median |error| of the mean iteration time: {med(list(results))} "
-            f"(same real runs: the DES without the host {med_diag(list(results), 'sim_without_host')}, "
+            f"(same real runs: the DES without the runtime CPU model {med_of(list(results), _without_model)}, "
+            f"without the host {med_diag(list(results), 'sim_without_host')}, "
             f"with the host but messages free of CPU {med_diag(list(results), 'sim_without_copies')}; "
             f"diagnostics: given each worker's real compute {med_diag(list(results), 'sim_with_real_compute')}, "
             f"each rank's real CPU {med_diag(list(results), 'sim_with_real_cpu')}; control: the real CPU over "

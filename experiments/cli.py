@@ -248,6 +248,12 @@ def cmd_validate(a: argparse.Namespace) -> int:
              "error": validate.pct(m["rel_error"])} for r in v.runs for k, m in r.metrics.items()]
     print_table(rows, ("scheduler", "metric", "sim", "real", "error"))
     for r in v.runs:
+        rc = r.diagnostics.get("runtime_cpu") or {}
+        if rc.get("model") is not None:
+            first = rc["sim_without_model"]["iteration_time_mean_s"]
+            real = r.metrics["iteration_time_mean_s"]["real"]
+            print(f"{r.scheduler}: sim = the DES with the profile's runtime CPU model (network.runtime_cpu); "
+                  f"without it {first:.4g} s a mean iteration ({validate.pct(validate.rel_error(first, real))})")
         if c := r.diagnostics.get("cpu_per_iteration"):
             print(f"{r.scheduler}: CPU per iteration, every process: {c['sim_total_ms']:.4g} ms simulated, "
                   f"{c['real_total_ms']:.4g} ms real ({validate.pct(validate.rel_error(c['sim_total_ms'], c['real_total_ms']))}"

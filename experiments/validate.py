@@ -87,7 +87,7 @@ from typing import Any
 import numpy as np
 
 import schedulers
-from experiments import runner
+from experiments import runner, runtime_cpu
 from experiments.plots import markdown_table
 from hardware_profiles.schema import LayerTable
 from runtime import entry
@@ -486,6 +486,16 @@ def with_cpu_scaled(problem: Problem, factors: dict[str, float]) -> Problem:
     return dataclasses.replace(problem, cluster=dataclasses.replace(cl, placement=placement))
 
 
+def _runtime_model(problem: Problem) -> runtime_cpu.RuntimeCpuModel | None:
+    """The profile's runtime CPU model (``network.runtime_cpu``), or None; a malformed one is
+    a one-line error naming the profile's type and the field."""
+    try:
+        return runtime_cpu.model_of(problem)
+    except ValueError as e:
+        names = sorted({problem.cluster.device(d).type.name for d, _ in problem.cluster.placement})
+        raise ConfigError(f"profile {', '.join(names)}", "network.runtime_cpu", str(e)) from None
+
+
 def cpu_control_s(cpu: dict[str, Any] | None) -> float | None:
     """A control for the rerun with real CPU, without any rerun: the real run's CPU per
     iteration over the cores the DES kept busy, as an iteration time in seconds (None
@@ -689,6 +699,17 @@ def validate(config: str | Path, scheduler_arg: str | None = None, iterations: i
         if on_step:
             on_step(f"{name}: des")
         sim = runner.evaluate(sim_problem, plan, "des", trace=True, scheduler=sched_sim)
+        # the runtime's CPU per process (runtime_cpu): predicted from this first run's figures,
+        # then the DES again with each process's CPU scaled to the prediction
+        figs = runtime_cpu.figures(sim_problem, sim)
+        cpu_model = _runtime_model(sim_problem)
+        first = sim.summary()["iteration_time_s"]["mean"]
+        cpu_model_factors: dict[str, float] = {}
+        if cpu_model is not None and figs:
+            cpu_model_factors = cpu_model.factors(figs)
+            sim_problem = with_cpu_scaled(sim_problem, cpu_model_factors)
+            modelled, _ = runner.schedule(loaded, problem, name)
+            sim = runner.evaluate(sim_problem, plan, "des", trace=True, scheduler=modelled)
         # the DES as it was before hosts: every device computing on its own
         unhosted, _ = runner.schedule(loaded, problem, name)
         no_host = runner.evaluate(simulated_problem(problem, plan, opts), plan, "des", trace=False,
@@ -737,7 +758,11 @@ def validate(config: str | Path, scheduler_arg: str | None = None, iterations: i
                 "loadavg_1min": [load_before, os.getloadavg()[0]], "real_wall_s": wall,
                 "real_workers": real.summary()["workers"], "sim_workers": sim.summary()["workers"],
                 "cpu_per_iteration": cpu,
-                "sim_with_real_cpu": {"iteration_time_mean_s": cpu_oracle, "cpu_factors": cpu_factors}}
+                "sim_with_real_cpu": {"iteration_time_mean_s": cpu_oracle, "cpu_factors": cpu_factors},
+                "runtime_cpu": {"model": cpu_model.to_json() if cpu_model is not None else None,
+                                "figures": {dev: dataclasses.asdict(f) for dev, f in figs.items()},
+                                "factors": cpu_model_factors,
+                                "sim_without_model": {"iteration_time_mean_s": first}}}
         runs.append(SchedulerRun(name, metrics, diag))
         if out is not None:
             runner.write_run(out / name / "sim", sim, plan, loaded)
@@ -797,6 +822,14 @@ def report_md(results: Sequence[Validation], title: str = "hetsim validate") -> 
                     lines.append(f"The DES without the host (every device computing on its own): mean "
                                  f"iteration {nh:.4g} s ({pct(rel_error(nh, real))}).")
                 lines.append("")
+            rm = r.diagnostics.get("runtime_cpu") or {}
+            if rm.get("model") is not None:
+                first = rm["sim_without_model"]["iteration_time_mean_s"]
+                real = r.metrics["iteration_time_mean_s"]["real"]
+                lines += ["The simulated side is the DES with each process's CPU predicted by the runtime CPU "
+                          "model of the profile (`runtime_cpu`; factors " + ", ".join(
+                              f"{d} {f:.2f}" for d, f in rm["factors"].items()) + f"); the DES without it: mean "
+                          f"iteration {first:.4g} s ({pct(rel_error(first, real))}).", ""]
             cpu = r.diagnostics.get("cpu_per_iteration")
             if cpu:
                 df = pd.DataFrame([{"process": k, **{c: round(x, 2) if isinstance(x, float) else x

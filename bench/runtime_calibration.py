@@ -1,0 +1,157 @@
+"""Fit the runtime CPU model (experiments/runtime_cpu.py) to real runs of configs that are not validated.
+
+    python -m bench.runtime_calibration [--out results/runtime_calibration] [--only c1,c3]
+        [--report-only] [--write PROFILE]
+
+Runs `hetsim validate` on each config of experiments/configs/runtime_calibration/
+(real runs on this machine, emulated as in the validation suite), takes from each
+process its DES figures (compute, transport, messages, processes sharing its cores)
+and its real CPU per iteration, fits the model's coefficients per role, and prints
+them with the fit's errors per process, in all and leaving each config out in turn
+(fit on the others, predict it). ``--write PROFILE`` stores the fit in that profile's
+``network.runtime_cpu`` (the rest of the profile unchanged), from where `hetsim
+validate` applies it. ``--report-only`` refits from OUT/*/validation.json without
+running anything. Writes OUT/calibration.json and OUT/report.md.
+
+The validation suite's configs (experiments/configs/validation/) are never used
+here: the suite measures the model out of sample.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from experiments import runtime_cpu, validate
+from experiments.plots import markdown_table
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG_DIR = ROOT / "experiments" / "configs" / "runtime_calibration"
+
+
+def samples_of(v: validate.Validation) -> list[tuple[str, runtime_cpu.Figures, float]]:
+    """``(label, DES figures, real CPU ms per iteration)`` of every process of every run of
+    ``v`` that has both (the figures are those of the DES before any runtime CPU model)."""
+    out = []
+    for r in v.runs:
+        figs = (r.diagnostics.get("runtime_cpu") or {}).get("figures") or {}
+        cpu = r.diagnostics.get("cpu_per_iteration") or {}
+        for dev, f in figs.items():
+            real = cpu.get("processes", {}).get(dev, {}).get("real_ms")
+            if real:
+                out.append((f"{v.name}|{r.scheduler}|{dev}", runtime_cpu.Figures(**f), float(real)))
+    return out
+
+
+def leave_one_out(samples: list[tuple[str, runtime_cpu.Figures, float]]) -> dict[str, float]:
+    """Per sample, the relative error of its prediction by the model fitted to every other
+    config's samples (configs: the label's first field)."""
+    configs = sorted({s[0].split("|")[0] for s in samples})
+    out = {}
+    for c in configs:
+        model = runtime_cpu.fit([(f, r) for lab, f, r in samples if lab.split("|")[0] != c])
+        for lab, f, r in samples:
+            if lab.split("|")[0] == c:
+                out[lab] = model.predict_ms(f) / r - 1.0
+    return out
+
+
+def fit_report(samples: list[tuple[str, runtime_cpu.Figures, float]],
+               note: str) -> tuple[runtime_cpu.RuntimeCpuModel, pd.DataFrame, dict[str, Any]]:
+    """The fit on every sample, a row per process and the summary figures."""
+    model = runtime_cpu.fit([(f, r) for _, f, r in samples], note)
+    loo = leave_one_out(samples) if len({s[0].split("|")[0] for s in samples}) > 1 else {}
+    rows = []
+    for lab, f, r in samples:
+        cfg, sched, dev = lab.split("|")
+        rows.append({"config": cfg, "scheduler": sched, "process": dev, "role": f.role, "m": round(f.sharing, 2),
+                     "compute_ms": round(f.compute_ms, 2), "transport_ms": round(f.transport_ms, 2),
+                     "messages": round(f.messages, 1), "des_ms": round(f.sim_ms, 2), "real_ms": round(r, 2),
+                     "des_error": validate.pct(f.sim_ms / r - 1), "fit_ms": round(model.predict_ms(f), 2),
+                     "fit_error": validate.pct(model.predict_ms(f) / r - 1),
+                     "left_out_error": validate.pct(loo.get(lab))})
+
+    def med(xs: list[float]) -> float | None:
+        return statistics.median(abs(x) for x in xs) if xs else None
+
+    summary = {"processes": len(samples),
+               "des_median_abs_error": med([f.sim_ms / r - 1 for _, f, r in samples]),
+               "fit_median_abs_error": med([model.predict_ms(f) / r - 1 for _, f, r in samples]),
+               "left_out_median_abs_error": med(list(loo.values()))}
+    return model, pd.DataFrame(rows), summary
+
+
+def write_model(profile_path: Path, model: runtime_cpu.RuntimeCpuModel) -> None:
+    """Store ``model`` in the profile's ``network.runtime_cpu``, the rest unchanged."""
+    from hardware_profiles.profiler import write_profile
+    from hardware_profiles.schema import DeviceProfile, NetworkMeasurement
+
+    prof = DeviceProfile.model_validate(json.loads(profile_path.read_text()))
+    net = prof.network.model_dump() if prof.network is not None else {}
+    net["runtime_cpu"] = model.to_json()
+    write_profile(prof.model_copy(update={"network": NetworkMeasurement(**net)}), profile_path)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default="results/runtime_calibration")
+    ap.add_argument("--only", help="comma-separated config name prefixes (c1,c3)")
+    ap.add_argument("--report-only", action="store_true", help="refit from OUT/*/validation.json")
+    ap.add_argument("--write", metavar="PROFILE", help="store the fit in this profile's network.runtime_cpu")
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    configs = sorted(CONFIG_DIR.glob("*.yaml"))
+    if args.only:
+        keep = tuple(x.strip() for x in args.only.split(",") if x.strip())
+        configs = [c for c in configs if c.stem.startswith(keep)]
+    results: list[validate.Validation] = []
+    t0 = time.monotonic()
+    for i, c in enumerate(configs):
+        vj = out / c.stem / "validation.json"
+        if args.report_only:
+            if not vj.exists():
+                print(f"{vj}: missing (run without --report-only first)", file=sys.stderr)
+                return 2
+            results.append(validate.Validation.from_json(json.loads(vj.read_text())))
+            continue
+        print(f"[{i + 1}/{len(configs)}] {c.stem} ...", flush=True)
+        results.append(validate.validate(c, out=out / c.stem))
+    samples = [s for v in results for s in samples_of(v)]
+    if not samples:
+        print("no process has both DES figures and real CPU", file=sys.stderr)
+        return 2
+    note = (f"bench.runtime_calibration, {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC: "
+            f"{len(samples)} processes of {', '.join(v.name for v in results)}")
+    model, df, summary = fit_report(samples, note)
+    coef = pd.DataFrame([{"role": role, **dict(zip(runtime_cpu.TERMS, getattr(model, role)))} for role in
+                         runtime_cpu.ROLES])
+    text = ["# Runtime CPU model: fit", "", note, "",
+            "cpu = a compute + b compute (m - 1) + c transport + d messages (ms per iteration; d in ms per "
+            "message end)", "", markdown_table(coef.round(4)), "",
+            f"Median |error| per process: the DES alone {validate.pct(summary['des_median_abs_error'])}, the fit "
+            f"{validate.pct(summary['fit_median_abs_error'])}, each config left out of the fit "
+            f"{validate.pct(summary['left_out_median_abs_error'])}.", "", markdown_table(df), ""]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.md").write_text("\n".join(text))
+    (out / "calibration.json").write_text(json.dumps({"model": model.to_json(), "summary": summary,
+                                                      "rows": df.to_dict("records"),
+                                                      "wall_s": None if args.report_only
+                                                      else time.monotonic() - t0}, indent=1) + "\n")
+    print("\n".join(text[:9]))
+    if args.write:
+        write_model(Path(args.write), model)
+        print(f"stored in {args.write} (network.runtime_cpu)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,174 @@
+"""The runtime's CPU per process, predicted from the DES's own figures: a model fitted to real runs.
+
+On one machine the DES charges each process of the runtime its compute (a shard's
+aggregation and update) and its messages' copies; the runtime's processes use more
+(`hetsim validate`'s CPU table: 18-44% more in the validation suite of 2026-12-01, 00:37):
+gloo's transport threads beside the copies, Python around every message, compute
+slowed by the processes it time-slices a core with. Given each process's real CPU
+the DES comes within 3% of the real iteration on the median (`with_cpu_scaled`), so
+the missing CPU is most of the error. This module predicts it, per process and per
+iteration, from four figures of a first DES run (:func:`figures`):
+
+    cpu = a * compute + b * compute * (m - 1) + c * transport + d * messages
+
+``compute`` and ``transport``: the CPU the DES gave the process (ms per iteration;
+``extra.host_cpu_s``); ``messages``: the message ends it had (``extra.host_messages``);
+``m``: how many processes share its cores (:func:`sharing`; 1 alone). Workers and PS
+shards have coefficients of their own (:class:`RuntimeCpuModel`), fitted by
+:func:`fit` (non-negative least squares on relative errors) to real runs of configs
+other than those validated (``python -m bench.runtime_calibration``), and stored in
+the profile (``network.runtime_cpu``). `hetsim validate` then runs the DES twice:
+once as it is, and once with each process's CPU scaled to the prediction
+(:func:`factors`, through ``Placement.cpu_scale``); the second is the prediction it
+compares with the real run.
+
+It is an empirical model of this runtime on one kind of machine, not of the
+hardware: refit it when the runtime or the machine changes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from scipy.optimize import nnls
+
+from sim.cluster import Cluster, Placement
+from sim.problem import Problem
+from sim.result import RunResult
+
+ROLES = ("worker", "ps")
+TERMS = ("compute", "compute_x_corunners", "transport", "messages")
+
+
+@dataclass(frozen=True)
+class Figures:
+    """One process's DES figures per iteration: the inputs of :class:`RuntimeCpuModel`."""
+
+    role: str  # "worker" or "ps"
+    compute_ms: float  # CPU of its compute (a shard: its aggregation and update)
+    transport_ms: float  # CPU of its messages' copies
+    messages: float  # message ends (sent or received)
+    sharing: float  # m: processes on its cores, itself included (1.0 alone)
+
+    def terms(self) -> list[float]:
+        """The model's four terms: compute, compute x (m - 1), transport, messages."""
+        return [self.compute_ms, self.compute_ms * (self.sharing - 1.0), self.transport_ms, self.messages]
+
+    @property
+    def sim_ms(self) -> float:
+        """The CPU the DES charged: compute and transport."""
+        return self.compute_ms + self.transport_ms
+
+
+def sharing(cluster: Cluster, dev: str) -> float:
+    """How many processes share ``dev``'s cores, itself included: 1 plus, for each other
+    process on its host, its threads times the fraction of its cores that are also
+    ``dev``'s, averaged over ``dev``'s cores (an affinity of None: every core of the
+    host). Every process pinned to one core: the processes pinned to that core."""
+    placement = dict(cluster.placement)
+    me = placement[dev]
+
+    def cores(pl: Placement) -> set[int]:
+        return set(pl.affinity) if pl.affinity else set(range(cluster.hosts[pl.host].cores))
+
+    mine = cores(me)
+    m = 1.0
+    for other, pl in placement.items():
+        if other == dev or pl.host != me.host:
+            continue
+        theirs = cores(pl)
+        m += pl.threads * len(mine & theirs) / len(theirs) / len(mine)
+    return m
+
+
+def figures(problem: Problem, result: RunResult) -> dict[str, Figures]:
+    """Per hosted process of ``result`` (a DES run of ``problem`` on hosts), its
+    :class:`Figures` per iteration ({} without hosts or iterations)."""
+    cpu = result.extra.get("host_cpu_s")
+    msgs = result.extra.get("host_messages", {})
+    n = len(result.iter_end_s)
+    if not cpu or not n:
+        return {}
+    shards = {d.id for d in problem.cluster.shards}
+    out = {}
+    for dev, _ in problem.cluster.placement:
+        if dev not in cpu:
+            continue
+        out[dev] = Figures("ps" if dev in shards else "worker", 1e3 * cpu[dev] / n,
+                           1e3 * cpu.get(f"{dev} transport", 0.0) / n, msgs.get(dev, 0) / n,
+                           sharing(problem.cluster, dev))
+    return out
+
+
+@dataclass(frozen=True)
+class RuntimeCpuModel:
+    """Coefficients per role, in :data:`TERMS` order (``d`` in ms per message end)."""
+
+    worker: tuple[float, float, float, float]
+    ps: tuple[float, float, float, float]
+    note: str = ""
+
+    def predict_ms(self, f: Figures) -> float:
+        """The real CPU per iteration the model expects of a process with figures ``f``."""
+        coef = self.worker if f.role == "worker" else self.ps
+        return float(np.dot(coef, f.terms()))
+
+    def factors(self, figs: dict[str, Figures]) -> dict[str, float]:
+        """Per process, predicted over simulated CPU: the ``cpu_scale`` that makes the DES
+        charge the prediction (a process the DES gave no CPU, or whose prediction is 0, is
+        left out)."""
+        return {dev: p / f.sim_ms for dev, f in figs.items()
+                if f.sim_ms > 0 and (p := self.predict_ms(f)) > 0}
+
+    def to_json(self) -> dict[str, Any]:
+        return {"terms": list(TERMS), "worker": list(self.worker), "ps": list(self.ps), "note": self.note}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> RuntimeCpuModel:
+        if list(d.get("terms", TERMS)) != list(TERMS):
+            raise ValueError(f"runtime_cpu.terms must be {list(TERMS)}, got {d.get('terms')}")
+        coef = {}
+        for role in ROLES:
+            v = d.get(role)
+            if not isinstance(v, (list, tuple)) or len(v) != len(TERMS) or not all(
+                    isinstance(x, (int, float)) and x >= 0 for x in v):
+                raise ValueError(f"runtime_cpu.{role} must be {len(TERMS)} numbers >= 0, got {v!r}")
+            coef[role] = tuple(float(x) for x in v)
+        return cls(coef["worker"], coef["ps"], str(d.get("note", "")))  # type: ignore[arg-type]
+
+
+def fit(samples: list[tuple[Figures, float]], note: str = "") -> RuntimeCpuModel:
+    """Fit :class:`RuntimeCpuModel` to ``(figures, real CPU ms per iteration)`` pairs: per
+    role, non-negative least squares of ``predicted / real - 1`` (each process counts alike,
+    whatever its CPU). A role without samples keeps the identity (compute and transport as
+    the DES charges them).
+
+    Raises:
+        ValueError: a real figure <= 0.
+    """
+    coef: dict[str, tuple[float, ...]] = {}
+    for role in ROLES:
+        rows = [(f, r) for f, r in samples if f.role == role]
+        if any(r <= 0 for _, r in rows):
+            raise ValueError("every real CPU figure must be > 0")
+        if not rows:
+            coef[role] = (1.0, 0.0, 1.0, 0.0)
+            continue
+        a = np.array([f.terms() for f, _ in rows]) / np.array([[r] for _, r in rows])
+        x, _ = nnls(a, np.ones(len(rows)))
+        coef[role] = tuple(float(v) for v in x)
+    return RuntimeCpuModel(coef["worker"], coef["ps"], note)  # type: ignore[arg-type]
+
+
+def model_of(problem: Problem) -> RuntimeCpuModel | None:
+    """The model stored in the profile of the problem's first placed process
+    (``network.runtime_cpu``), or None."""
+    cl = problem.cluster
+    for dev, _ in cl.placement:
+        net = cl.device(dev).type.network
+        raw = getattr(net, "runtime_cpu", None) if net is not None else None
+        if raw:
+            return RuntimeCpuModel.from_json(raw)
+    return None

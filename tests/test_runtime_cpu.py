@@ -1,0 +1,153 @@
+"""The runtime CPU model (experiments/runtime_cpu.py) and its calibration (bench/runtime_calibration.py).
+
+Hand-computed cases: the sharing count, the DES's message ends, a fit that must
+recover the coefficients that generated its samples, the factors, and the
+profile round trip; the end-to-end use by `hetsim validate` is in
+tests/test_validate.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from bench import runtime_calibration
+from experiments import runtime_cpu, validate
+from experiments.runtime_cpu import Figures, RuntimeCpuModel
+from sim.cluster import Host, Placement
+from sim.errors import ConfigError
+from tests.test_hosts import _approx, _hosted, _run
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _cluster(cores: int, placement: dict[str, Placement]):  # type: ignore[no-untyped-def]
+    prob = _hosted(1, [Host("h", cores)], [Placement(0)])
+    return dataclasses.replace(prob.cluster, placement=tuple(placement.items()))
+
+
+def test_sharing_counts_the_processes_on_a_processs_cores() -> None:
+    pinned = {"w0": Placement(0, 1, (0,)), "w1": Placement(0, 1, (1,)), "w2": Placement(0, 1, (0,)),
+              "ps": Placement(0, 1, (0,))}
+    cl = _cluster(2, pinned)
+    # core 0 holds w0, w2 and the shard; core 1 w1 alone
+    assert [runtime_cpu.sharing(cl, d) for d in pinned] == [3.0, 1.0, 3.0, 3.0]
+    # an unpinned process counts half on each of two cores; seen from it, a process pinned to
+    # one of its cores is there half of its cores: 1 + 1/2
+    mixed = {"a": Placement(0, 1, None), "b": Placement(0, 1, (0,)), "c": Placement(0, 2, (0,))}
+    cl = _cluster(2, mixed)
+    assert runtime_cpu.sharing(cl, "a") == pytest.approx(1 + 0.5 + 2 * 0.5)
+    assert runtime_cpu.sharing(cl, "b") == pytest.approx(1 + 0.5 + 2)
+    # a process on another host shares nothing
+    other = {"a": Placement(0, 1, (0,)), "b": Placement(1, 1, (0,))}
+    prob = _hosted(1, [Host("h", 1), Host("g", 1)], [Placement(0)])
+    cl = dataclasses.replace(prob.cluster, placement=tuple(other.items()))
+    assert runtime_cpu.sharing(cl, "a") == 1.0
+
+
+def test_des_counts_each_processs_message_ends() -> None:
+    # one worker and the shard on a 1-core host with copy_Bps 1e3 (tests/test_hosts.py): each
+    # iteration one pull and one push, so 2 ends for each of them
+    prob = _hosted(1, [Host("h", 1, 0.0, 1e3)], [Placement(0)], shard=Placement(0), iterations=3)
+    r = _run(prob)
+    assert r.extra["host_messages"] == {"cpu:0": 6, "ps:0": 6}
+    figs = runtime_cpu.figures(prob, r)
+    # per iteration: the worker 1 s of compute and 2 s of copies; the shard ~0 s and 2 s
+    assert figs["cpu:0"] == Figures("worker", _approx(1e3), _approx(2e3), 2.0, 2.0)  # type: ignore[arg-type]
+    assert figs["ps:0"].role == "ps" and figs["ps:0"].transport_ms == _approx(2e3)
+    assert figs["ps:0"].messages == 2.0 and figs["ps:0"].sharing == 2.0
+
+
+def test_predict_and_factors_by_hand() -> None:
+    m = RuntimeCpuModel(worker=(1.0, 0.5, 2.0, 0.1), ps=(0.5, 0.0, 1.0, 1.0))
+    w = Figures("worker", compute_ms=10.0, transport_ms=4.0, messages=2.0, sharing=3.0)
+    s = Figures("ps", compute_ms=2.0, transport_ms=8.0, messages=6.0, sharing=3.0)
+    # worker: 10 + 0.5 x 10 x 2 + 2 x 4 + 0.1 x 2 = 28.2; shard: 1 + 8 + 6 = 15
+    assert m.predict_ms(w) == pytest.approx(28.2)
+    assert m.predict_ms(s) == pytest.approx(15.0)
+    assert m.factors({"w": w, "s": s}) == {"w": pytest.approx(28.2 / 14), "s": pytest.approx(15 / 10)}
+    # no simulated CPU: no factor
+    assert m.factors({"z": Figures("worker", 0.0, 0.0, 0.0, 1.0)}) == {}
+
+
+def test_fit_recovers_the_coefficients_that_made_the_samples() -> None:
+    truth = RuntimeCpuModel(worker=(0.9, 0.2, 1.5, 0.05), ps=(0.6, 0.0, 0.7, 0.8))
+    figs = [Figures(role, c, t, n, m) for role in ("worker", "ps")
+            for c, t, n, m in [(10, 4, 2, 1), (10, 4, 2, 3), (2, 1, 22, 3), (25, 5, 9, 2), (5, 0.5, 2, 2),
+                               (27, 1.3, 2, 3)]]
+    got = runtime_cpu.fit([(f, truth.predict_ms(f)) for f in figs], note="n")
+    assert got.worker == pytest.approx(truth.worker, abs=1e-9)
+    assert got.ps == pytest.approx(truth.ps, abs=1e-9)
+    assert got.note == "n"
+    # without samples of a role, that role is the DES's own accounting
+    only = runtime_cpu.fit([(f, truth.predict_ms(f)) for f in figs if f.role == "worker"])
+    assert only.ps == (1.0, 0.0, 1.0, 0.0)
+    with pytest.raises(ValueError, match="> 0"):
+        runtime_cpu.fit([(figs[0], 0.0)])
+
+
+def test_leave_one_out_is_exact_when_the_model_is() -> None:
+    truth = RuntimeCpuModel(worker=(1.0, 0.1, 2.0, 0.0), ps=(1.0, 0.0, 1.0, 0.5))
+    samples = []
+    for cfg, (c, t, n, m) in enumerate([(10, 4, 2, 1), (10, 4, 2, 3), (2, 1, 22, 3), (25, 5, 9, 2),
+                                        (5, 0.5, 4, 2)]):
+        for role in ("worker", "ps"):
+            f = Figures(role, c, t, n, m)
+            samples.append((f"c{cfg}|equal|{role}", f, truth.predict_ms(f)))
+    loo = runtime_calibration.leave_one_out(samples)
+    assert set(loo) == {s[0] for s in samples}
+    assert max(abs(e) for e in loo.values()) < 1e-9
+
+
+def test_model_json_round_trip_and_bad_fields() -> None:
+    m = RuntimeCpuModel(worker=(1.0, 0.5, 2.0, 0.1), ps=(0.5, 0.0, 1.0, 1.0), note="x")
+    assert RuntimeCpuModel.from_json(json.loads(json.dumps(m.to_json()))) == m
+    bad = m.to_json() | {"ps": [1.0, -1.0, 0.0, 0.0]}
+    with pytest.raises(ValueError, match="runtime_cpu.ps must be 4 numbers >= 0"):
+        RuntimeCpuModel.from_json(bad)
+    with pytest.raises(ValueError, match="runtime_cpu.terms"):
+        RuntimeCpuModel.from_json(m.to_json() | {"terms": ["compute"]})
+
+
+def test_calibration_writes_the_model_into_a_profile_and_validate_reads_it(tmp_path: Path) -> None:
+    src = REPO / "hardware_profiles" / "measured" / "this_machine.json"
+    prof = tmp_path / "mine.json"
+    shutil.copy(src, prof)
+    prof.write_text(prof.read_text().replace('"name": "this_machine"', '"name": "mine"', 1))
+    m = RuntimeCpuModel(worker=(1.0, 0.25, 2.0, 0.0), ps=(1.0, 0.0, 1.0, 0.5), note="test")
+    runtime_calibration.write_model(prof, m)
+    data = json.loads(prof.read_text())
+    assert data["network"]["runtime_cpu"] == m.to_json()
+    # every other field as it was
+    before = json.loads(src.read_text())
+    assert {k: v for k, v in data.items() if k not in ("network", "name")} == {
+        k: v for k, v in before.items() if k not in ("network", "name")}
+    assert {k: v for k, v in data["network"].items() if k != "runtime_cpu"} == {
+        k: v for k, v in before["network"].items() if k != "runtime_cpu"}
+    # a problem whose devices use that profile finds the model
+    assert runtime_cpu.model_of(_placed_problem(tmp_path)) == m
+    # a malformed model is a one-line error naming the profile and the field
+    data["network"]["runtime_cpu"]["worker"] = [1, 2]
+    prof.write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match="network.runtime_cpu"):
+        validate._runtime_model(_placed_problem(tmp_path))
+
+
+def _placed_problem(folder: Path):  # type: ignore[no-untyped-def]
+    """A one-worker problem on profile ``mine`` (in ``folder``), both ranks on one host."""
+    from sim.config import config_from_dict
+    from sim.problem import build_problem
+
+    cfg = config_from_dict({
+        "name": "t", "profiles": [str(folder)],
+        "cluster": {"devices": [{"type": "mine", "count": 1}], "ps": {"shards": 1, "type": "mine"},
+                    "network": {"bandwidth_gbps": 10}},
+        "job": {"model": "mlp", "global_batch": 8, "iterations": 2}}, "<test>")
+    prob = build_problem(cfg, folder, "<test>")
+    cl = prob.cluster
+    return dataclasses.replace(prob, cluster=dataclasses.replace(
+        cl, hosts=(Host("h", 2),), placement=((cl.devices[0].id, Placement(0)), (cl.shards[0].id, Placement(0)))))
