@@ -94,7 +94,7 @@ def test_leave_one_out_is_exact_when_the_model_is() -> None:
     truth = RuntimeCpuModel(worker=(1.0, 0.1, 2.0, 0.0), ps=(1.0, 0.0, 1.0, 0.5))
     samples = []
     for cfg, (c, t, n, m) in enumerate([(10, 4, 2, 1), (10, 4, 2, 3), (2, 1, 22, 3), (25, 5, 9, 2),
-                                        (5, 0.5, 4, 2)]):
+                                        (5, 0.5, 4, 2), (27, 1.3, 2, 3)]):
         for role in ("worker", "ps"):
             f = Figures(role, c, t, n, m)
             samples.append((f"c{cfg}|equal|{role}", f, truth.predict_ms(f)))
