@@ -19,8 +19,9 @@ shards have coefficients of their own (:class:`RuntimeCpuModel`), fitted by
 other than those validated (``python -m bench.runtime_calibration``), and stored in
 the profile (``network.runtime_cpu``). `hetsim validate` then runs the DES twice:
 once as it is, and once with each process's CPU scaled to the prediction
-(:func:`factors`, through ``Placement.cpu_scale``); the second is the prediction it
-compares with the real run.
+(:meth:`RuntimeCpuModel.scales`: its compute through ``Placement.cpu_scale``, its
+copies through ``Placement.copy_scale``); the second is the prediction it compares
+with the real run.
 
 It is an empirical model of this runtime on one kind of machine, not of the
 hardware: refit it when the runtime or the machine changes.
@@ -115,12 +116,24 @@ class RuntimeCpuModel:
         coef = self.worker if f.role == "worker" else self.ps
         return float(np.dot(coef, f.terms()))
 
-    def factors(self, figs: dict[str, Figures]) -> dict[str, float]:
-        """Per process, predicted over simulated CPU: the ``cpu_scale`` that makes the DES
-        charge the prediction (a process the DES gave no CPU, or whose prediction is 0, is
-        left out)."""
-        return {dev: p / f.sim_ms for dev, f in figs.items()
-                if f.sim_ms > 0 and (p := self.predict_ms(f)) > 0}
+    def scales(self, figs: dict[str, Figures]) -> dict[str, tuple[float, float]]:
+        """Per process, the ``(cpu_scale, copy_scale)`` of its placement that make the DES
+        charge the prediction: its compute scaled to the compute terms (``a`` and ``b``),
+        its copies to the transport terms (``c`` and ``d``; ``copy_scale`` applies on top
+        of ``cpu_scale``). A process without copies (transport 0) has its message term
+        added to its compute; one whose two parts cannot be scaled apart (either
+        predicted 0) is scaled as a whole; one with no simulated CPU is left out."""
+        out: dict[str, tuple[float, float]] = {}
+        for dev, f in figs.items():
+            a, b, c, d = self.worker if f.role == "worker" else self.ps
+            comp = a * f.compute_ms + b * f.compute_ms * (f.sharing - 1.0)
+            trans = c * f.transport_ms + d * f.messages
+            if f.compute_ms > 0 and f.transport_ms > 0 and comp > 0 and trans > 0:
+                cs = comp / f.compute_ms
+                out[dev] = (cs, trans / f.transport_ms / cs)
+            elif f.sim_ms > 0 and comp + trans > 0:
+                out[dev] = ((comp + trans) / f.sim_ms, 1.0)
+        return out
 
     def to_json(self) -> dict[str, Any]:
         return {"terms": list(TERMS), "worker": list(self.worker), "ps": list(self.ps), "note": self.note}

@@ -496,6 +496,16 @@ def _runtime_model(problem: Problem) -> runtime_cpu.RuntimeCpuModel | None:
         raise ConfigError(f"profile {', '.join(names)}", "network.runtime_cpu", str(e)) from None
 
 
+def with_cpu_model(problem: Problem, scales: dict[str, tuple[float, float]]) -> Problem:
+    """``problem`` with each hosted process's compute and copies scaled by the runtime
+    CPU model (``scales[device]``: ``(cpu_scale, copy_scale)``, from
+    :meth:`experiments.runtime_cpu.RuntimeCpuModel.scales`)."""
+    cl = problem.cluster
+    placement = tuple((dev, dataclasses.replace(pl, cpu_scale=pl.cpu_scale * s[0], copy_scale=pl.copy_scale * s[1])
+                       if (s := scales.get(dev)) else pl) for dev, pl in cl.placement)
+    return dataclasses.replace(problem, cluster=dataclasses.replace(cl, placement=placement))
+
+
 def cpu_control_s(cpu: dict[str, Any] | None) -> float | None:
     """A control for the rerun with real CPU, without any rerun: the real run's CPU per
     iteration over the cores the DES kept busy, as an iteration time in seconds (None
@@ -704,10 +714,10 @@ def validate(config: str | Path, scheduler_arg: str | None = None, iterations: i
         figs = runtime_cpu.figures(sim_problem, sim)
         cpu_model = _runtime_model(sim_problem)
         first = sim.summary()["iteration_time_s"]["mean"]
-        cpu_model_factors: dict[str, float] = {}
+        cpu_model_scales: dict[str, tuple[float, float]] = {}
         if cpu_model is not None and figs:
-            cpu_model_factors = cpu_model.factors(figs)
-            sim_problem = with_cpu_scaled(sim_problem, cpu_model_factors)
+            cpu_model_scales = cpu_model.scales(figs)
+            sim_problem = with_cpu_model(sim_problem, cpu_model_scales)
             modelled, _ = runner.schedule(loaded, problem, name)
             sim = runner.evaluate(sim_problem, plan, "des", trace=True, scheduler=modelled)
         # the DES as it was before hosts: every device computing on its own
@@ -761,7 +771,7 @@ def validate(config: str | Path, scheduler_arg: str | None = None, iterations: i
                 "sim_with_real_cpu": {"iteration_time_mean_s": cpu_oracle, "cpu_factors": cpu_factors},
                 "runtime_cpu": {"model": cpu_model.to_json() if cpu_model is not None else None,
                                 "figures": {dev: dataclasses.asdict(f) for dev, f in figs.items()},
-                                "factors": cpu_model_factors,
+                                "scales": {d: list(v) for d, v in cpu_model_scales.items()},
                                 "sim_without_model": {"iteration_time_mean_s": first}}}
         runs.append(SchedulerRun(name, metrics, diag))
         if out is not None:
@@ -827,8 +837,9 @@ def report_md(results: Sequence[Validation], title: str = "hetsim validate") -> 
                 first = rm["sim_without_model"]["iteration_time_mean_s"]
                 real = r.metrics["iteration_time_mean_s"]["real"]
                 lines += ["The simulated side is the DES with each process's CPU predicted by the runtime CPU "
-                          "model of the profile (`runtime_cpu`; factors " + ", ".join(
-                              f"{d} {f:.2f}" for d, f in rm["factors"].items()) + f"); the DES without it: mean "
+                          "model of the profile (`runtime_cpu`; compute x, copies x: " + ", ".join(
+                              f"{d} {c:.2f}, {c * t:.2f}" for d, (c, t) in rm["scales"].items())
+                          + f"); the DES without it: mean "
                           f"iteration {first:.4g} s ({pct(rel_error(first, real))}).", ""]
             cpu = r.diagnostics.get("cpu_per_iteration")
             if cpu:

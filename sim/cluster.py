@@ -77,14 +77,18 @@ class Placement:
         cpu_scale: every second of work the DES gives the process (its compute, a
             shard's work, its messages' copies) costs it ``cpu_scale`` seconds of CPU.
             Not a config field: a diagnostic (``hetsim validate`` reruns the DES with
-            each rank's CPU scaled to what the real run used); the analytic evaluator
-            ignores it.
+            each rank's CPU scaled to what the real run used, and with the runtime
+            CPU model's prediction); the analytic evaluator ignores it.
+        copy_scale: its messages' copies cost ``copy_scale`` times more again (on
+            top of ``cpu_scale``). Not a config field: the runtime CPU model scales a
+            process's compute and its transport apart.
     """
 
     host: int
     threads: int = 1
     affinity: tuple[int, ...] | None = None
     cpu_scale: float = 1.0
+    copy_scale: float = 1.0
 
 
 @dataclass(frozen=True)

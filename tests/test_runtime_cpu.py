@@ -1,7 +1,7 @@
 """The runtime CPU model (experiments/runtime_cpu.py) and its calibration (bench/runtime_calibration.py).
 
 Hand-computed cases: the sharing count, the DES's message ends, a fit that must
-recover the coefficients that generated its samples, the factors, and the
+recover the coefficients that generated its samples, the scales, and the
 profile round trip; the end-to-end use by `hetsim validate` is in
 tests/test_validate.py.
 """
@@ -62,16 +62,40 @@ def test_des_counts_each_processs_message_ends() -> None:
     assert figs["ps:0"].messages == 2.0 and figs["ps:0"].sharing == 2.0
 
 
-def test_predict_and_factors_by_hand() -> None:
+def test_predict_and_scales_by_hand() -> None:
     m = RuntimeCpuModel(worker=(1.0, 0.5, 2.0, 0.1), ps=(0.5, 0.0, 1.0, 1.0))
     w = Figures("worker", compute_ms=10.0, transport_ms=4.0, messages=2.0, sharing=3.0)
     s = Figures("ps", compute_ms=2.0, transport_ms=8.0, messages=6.0, sharing=3.0)
     # worker: 10 + 0.5 x 10 x 2 + 2 x 4 + 0.1 x 2 = 28.2; shard: 1 + 8 + 6 = 15
     assert m.predict_ms(w) == pytest.approx(28.2)
     assert m.predict_ms(s) == pytest.approx(15.0)
-    assert m.factors({"w": w, "s": s}) == {"w": pytest.approx(28.2 / 14), "s": pytest.approx(15 / 10)}
-    # no simulated CPU: no factor
-    assert m.factors({"z": Figures("worker", 0.0, 0.0, 0.0, 1.0)}) == {}
+    # worker: compute 10 -> 20 (x 2), copies 4 -> 8.2 (x 2.05 = 2 x 1.025); shard: compute 2 -> 1
+    # (x 0.5), copies 8 -> 14 (x 1.75 = 0.5 x 3.5)
+    got = m.scales({"w": w, "s": s})
+    assert got["w"] == (pytest.approx(2.0), pytest.approx(1.025))
+    assert got["s"] == (pytest.approx(0.5), pytest.approx(3.5))
+    # no copies: the message term joins the compute (10 + 10 + 0.2 = 20.2 over 10)
+    assert m.scales({"x": Figures("worker", 10.0, 0.0, 2.0, 3.0)}) == {"x": (pytest.approx(2.02), 1.0)}
+    # a part predicted 0 (no compute coefficients): scaled as a whole, (0 + 8.2) / 14
+    z = RuntimeCpuModel(worker=(0.0, 0.0, 2.0, 0.1), ps=(1.0, 0.0, 1.0, 0.0))
+    assert z.scales({"w": w}) == {"w": (pytest.approx(8.2 / 14), 1.0)}
+    # no simulated CPU: left out
+    assert m.scales({"z": Figures("worker", 0.0, 0.0, 0.0, 1.0)}) == {}
+
+
+def test_copy_scale_stretches_only_the_copies() -> None:
+    # the lone worker of tests/test_hosts.py (1 core, copy_Bps 1e3: 1 s of compute, a 1 s copy
+    # each way): cpu_scale 2 doubles both; copy_scale 1.5 on top makes each copy 3 s:
+    # 2 + 3 + 3 = 8 s an iteration
+    prob = _hosted(1, [Host("h", 1, 0.0, 1e3)], [Placement(0, cpu_scale=2.0, copy_scale=1.5)], iterations=3)
+    r = _run(prob)
+    assert r.iteration_times() == _approx([8.0] * 3)
+    assert r.extra["host_cpu_s"] == _approx({"cpu:0": 6.0, "cpu:0 transport": 18.0})
+    scaled = validate.with_cpu_model(_hosted(1, [Host("h", 1, 0.0, 1e3)], [Placement(0)], iterations=3),
+                                     {"cpu:0": (2.0, 1.5)})
+    assert dict(scaled.cluster.placement)["cpu:0"] == Placement(0, cpu_scale=2.0, copy_scale=1.5)
+    with pytest.raises(ValueError, match="copy_scale must be > 0"):
+        _run(_hosted(1, [Host("h", 1, 0.0, 1e3)], [Placement(0, copy_scale=0.0)], iterations=1))
 
 
 def test_fit_recovers_the_coefficients_that_made_the_samples() -> None:

@@ -276,11 +276,12 @@ def test_validate_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert all(cpu["processes"][w]["real_compute_ms"] > 0 for w in ("this_machine:0", "this_machine:1"))
     assert "CPU per iteration (ms" in report and "The DES given each rank's real CPU" in report
     assert "Control, no rerun" in report
-    # the profile's runtime CPU model (network.runtime_cpu) made the simulated side: factors
+    # the profile's runtime CPU model (network.runtime_cpu) made the simulated side: scales
     # for every process from the first DES run's figures, the first run kept for comparison
     rc = data["schedulers"]["equal"]["diagnostics"]["runtime_cpu"]
-    assert rc["model"] is not None and set(rc["factors"]) == {"this_machine:0", "this_machine:1", "ps:0"}
-    assert set(rc["figures"]) == set(rc["factors"])
+    assert rc["model"] is not None and set(rc["scales"]) == {"this_machine:0", "this_machine:1", "ps:0"}
+    assert set(rc["figures"]) == set(rc["scales"])
+    assert all(c > 0 and t > 0 for c, t in rc["scales"].values())
     assert all(f["messages"] > 0 and f["sharing"] >= 1 for f in rc["figures"].values())
     assert rc["sim_without_model"]["iteration_time_mean_s"] > 0
     assert "runtime CPU model of the profile" in report

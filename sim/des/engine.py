@@ -219,10 +219,13 @@ class DataParallelSim:
                 pl = placed[i]
                 assert pl is not None
                 rate = cl.hosts[pl.host].copy_Bps
+                if pl.copy_scale <= 0:
+                    raise ValueError("a placement's copy_scale must be > 0")
                 if rate > 0:
                     self.copier[i] = len(procs)
                     self.copy_s_per_B[i] = 1.0 / rate
-                    procs.append(dataclasses.replace(pl, threads=1))
+                    procs.append(dataclasses.replace(pl, threads=1, cpu_scale=pl.cpu_scale * pl.copy_scale,
+                                                     copy_scale=1.0))
             self.cpu = HostCPU(env, cl.hosts, procs)
             # a message's receiver on a host with wake_s: that host and its wake-up latency
             for i in ids:
