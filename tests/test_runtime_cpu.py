@@ -142,6 +142,10 @@ def test_calibration_writes_the_model_into_a_profile_and_validate_reads_it(tmp_p
     prof = tmp_path / "mine.json"
     shutil.copy(src, prof)
     prof.write_text(prof.read_text().replace('"name": "this_machine"', '"name": "mine"', 1))
+    data = json.loads(prof.read_text())
+    del data["network"]["runtime_cpu"]
+    prof.write_text(json.dumps(data))
+    assert runtime_cpu.model_of(_placed_problem(tmp_path)) is None  # a profile without one
     m = RuntimeCpuModel(worker=(1.0, 0.25, 2.0, 0.0), ps=(1.0, 0.0, 1.0, 0.5), note="test")
     runtime_calibration.write_model(prof, m)
     data = json.loads(prof.read_text())
