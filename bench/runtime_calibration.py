@@ -20,6 +20,7 @@ here: the suite measures the model out of sample.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import statistics
@@ -90,6 +91,24 @@ def fit_report(samples: list[tuple[str, runtime_cpu.Figures, float]],
     return model, pd.DataFrame(rows), summary
 
 
+def saved_samples(out: Path, stems: list[str]) -> list[tuple[str, runtime_cpu.Figures, float]] | None:
+    """The samples of the configs ``stems`` from OUT/STEM/validation.json where every one
+    exists, else from OUT/calibration.json's ``samples`` (unrounded, as fitted); None
+    without either."""
+    files = [out / s / "validation.json" for s in stems]
+    if all(f.is_file() for f in files):
+        return [x for f in files for x in samples_of(validate.Validation.from_json(json.loads(f.read_text())))]
+    cal = out / "calibration.json"
+    if not cal.is_file() or "samples" not in (data := json.loads(cal.read_text())):
+        return None
+    return [(x["label"], runtime_cpu.Figures(**x["figures"]), float(x["real_ms"])) for x in data["samples"]
+            if x["label"].split("|")[0] in stems]
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
 def write_model(profile_path: Path, model: runtime_cpu.RuntimeCpuModel) -> None:
     """Store ``model`` in the profile's ``network.runtime_cpu``, the rest unchanged."""
     from hardware_profiles.profiler import write_profile
@@ -105,7 +124,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="results/runtime_calibration")
     ap.add_argument("--only", help="comma-separated config name prefixes (c1,c3)")
-    ap.add_argument("--report-only", action="store_true", help="refit from OUT/*/validation.json")
+    ap.add_argument("--report-only", action="store_true",
+                    help="refit from OUT/*/validation.json, or from OUT/calibration.json's samples")
     ap.add_argument("--write", metavar="PROFILE", help="store the fit in this profile's network.runtime_cpu")
     args = ap.parse_args(argv)
     out = Path(args.out)
@@ -113,39 +133,43 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.only:
         keep = tuple(x.strip() for x in args.only.split(",") if x.strip())
         configs = [c for c in configs if c.stem.startswith(keep)]
-    results: list[validate.Validation] = []
     t0 = time.monotonic()
-    for i, c in enumerate(configs):
-        vj = out / c.stem / "validation.json"
-        if args.report_only:
-            if not vj.exists():
-                print(f"{vj}: missing (run without --report-only first)", file=sys.stderr)
-                return 2
-            results.append(validate.Validation.from_json(json.loads(vj.read_text())))
-            continue
-        print(f"[{i + 1}/{len(configs)}] {c.stem} ...", flush=True)
-        results.append(validate.validate(c, out=out / c.stem))
-    samples = [s for v in results for s in samples_of(v)]
+    previous = out / "calibration.json"
+    if args.report_only:
+        samples = saved_samples(out, [c.stem for c in configs])
+        if samples is None:
+            print(f"{out}: neither */validation.json of every config nor calibration.json with samples "
+                  "(run without --report-only first)", file=sys.stderr)
+            return 2
+    else:
+        samples = []
+        for i, c in enumerate(configs):
+            print(f"[{i + 1}/{len(configs)}] {c.stem} ...", flush=True)
+            samples += samples_of(validate.validate(c, out=out / c.stem))
     if not samples:
         print("no process has both DES figures and real CPU", file=sys.stderr)
         return 2
-    note = (f"bench.runtime_calibration, {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC: "
-            f"{len(samples)} processes of {', '.join(v.name for v in results)}")
+    names = list(dict.fromkeys(lab.split("|")[0] for lab, _, _ in samples))
+    note = (f"bench.runtime_calibration, fitted {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC: "
+            f"{len(samples)} processes of {', '.join(names)}")
     model, df, summary = fit_report(samples, note)
     coef = pd.DataFrame([{"role": role, **dict(zip(runtime_cpu.TERMS, getattr(model, role)))} for role in
                          runtime_cpu.ROLES])
     text = ["# Runtime CPU model: fit", "", note, "",
             "cpu = a compute + b compute (m - 1) + c transport + d messages (ms per iteration; d in ms per "
             "message end)", "", markdown_table(coef.round(4)), "",
-            f"Median |error| per process: the DES alone {validate.pct(summary['des_median_abs_error'])}, the fit "
-            f"{validate.pct(summary['fit_median_abs_error'])}, each config left out of the fit "
-            f"{validate.pct(summary['left_out_median_abs_error'])}.", "", markdown_table(df), ""]
+            f"Median |error| per process: the DES alone {_pct(summary['des_median_abs_error'])}, the fit "
+            f"{_pct(summary['fit_median_abs_error'])}, each config left out of the fit "
+            f"{_pct(summary['left_out_median_abs_error'])}.", "", markdown_table(df), ""]
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.md").write_text("\n".join(text))
-    (out / "calibration.json").write_text(json.dumps({"model": model.to_json(), "summary": summary,
-                                                      "rows": df.to_dict("records"),
-                                                      "wall_s": None if args.report_only
-                                                      else time.monotonic() - t0}, indent=1) + "\n")
+    wall: float | None = time.monotonic() - t0
+    if args.report_only:  # nothing ran: keep the runs' own wall time (None where unknown)
+        wall = json.loads(previous.read_text()).get("wall_s") if previous.is_file() else None
+    (out / "calibration.json").write_text(json.dumps({
+        "model": model.to_json(), "summary": summary, "wall_s": wall, "rows": df.to_dict("records"),
+        "samples": [{"label": lab, "figures": dataclasses.asdict(f), "real_ms": r} for lab, f, r in samples]},
+        indent=1) + "\n")
     print("\n".join(text[:9]))
     if args.write:
         write_model(Path(args.write), model)

@@ -71,7 +71,7 @@ def suite_rows(results: Sequence[validate.Validation]) -> list[dict[str, Any]]:
 def _without_model(r: validate.SchedulerRun) -> float | None:
     """The DES's mean iteration before the runtime CPU model (None: the run used none)."""
     rc = r.diagnostics.get("runtime_cpu") or {}
-    return rc["sim_without_model"]["iteration_time_mean_s"] if rc.get("model") is not None else None
+    return rc["sim_without_model"]["iteration_time_mean_s"] if rc.get("models") else None
 
 
 def _mean_over_workers(metrics: dict[str, dict[str, float | None]], kind: str, side: str) -> float | None:

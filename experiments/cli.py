@@ -249,7 +249,7 @@ def cmd_validate(a: argparse.Namespace) -> int:
     print_table(rows, ("scheduler", "metric", "sim", "real", "error"))
     for r in v.runs:
         rc = r.diagnostics.get("runtime_cpu") or {}
-        if rc.get("model") is not None:
+        if rc.get("models"):
             first = rc["sim_without_model"]["iteration_time_mean_s"]
             real = r.metrics["iteration_time_mean_s"]["real"]
             print(f"{r.scheduler}: sim = the DES with the profile's runtime CPU model (network.runtime_cpu); "

@@ -5,14 +5,14 @@ aggregation and update) and its messages' copies; the runtime's processes use mo
 (`hetsim validate`'s CPU table: 18-44% more in the validation suite of 2026-12-01, 00:37):
 gloo's transport threads beside the copies, Python around every message, compute
 slowed by the processes it time-slices a core with. Given each process's real CPU
-the DES comes within 3% of the real iteration on the median (`with_cpu_scaled`), so
-the missing CPU is most of the error. This module predicts it, per process and per
+the DES came within 2.2-5.0% of the real iteration on the median over twelve suite
+runs (`with_cpu_scaled`), so the missing CPU is most of the error. This module predicts it, per process and per
 iteration, from four figures of a first DES run (:func:`figures`):
 
     cpu = a * compute + b * compute * (m - 1) + c * transport + d * messages
 
 ``compute`` and ``transport``: the CPU the DES gave the process (ms per iteration;
-``extra.host_cpu_s``); ``messages``: the message ends it had (``extra.host_messages``);
+``extra.host_cpu_s``); ``messages``: the message ends it had (``extra.host_message_ends``);
 ``m``: how many processes share its cores (:func:`sharing`; 1 alone). Workers and PS
 shards have coefficients of their own (:class:`RuntimeCpuModel`), fitted by
 :func:`fit` (non-negative least squares on relative errors) to real runs of configs
@@ -21,7 +21,10 @@ the profile (``network.runtime_cpu``). `hetsim validate` then runs the DES twice
 once as it is, and once with each process's CPU scaled to the prediction
 (:meth:`RuntimeCpuModel.scales`: its compute through ``Placement.cpu_scale``, its
 copies through ``Placement.copy_scale``); the second is the prediction it compares
-with the real run.
+with the real run. With BSP and a static plan the second run charges each process
+exactly the prediction; where the rerun changes who does how many iterations (ASP,
+SSP, an online scheduler) it charges about it (within 4% in the suite: the figures
+come from the first run).
 
 It is an empirical model of this runtime on one kind of machine, not of the
 hardware: refit it when the runtime or the machine changes.
@@ -33,14 +36,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from pydantic import ValidationError
 from scipy.optimize import nnls
 
+from hardware_profiles.schema import RUNTIME_CPU_TERMS, RuntimeCpuFit
 from sim.cluster import Cluster, Placement
 from sim.problem import Problem
 from sim.result import RunResult
 
 ROLES = ("worker", "ps")
-TERMS = ("compute", "compute_x_corunners", "transport", "messages")
+TERMS = RUNTIME_CPU_TERMS
 
 
 @dataclass(frozen=True)
@@ -67,7 +72,10 @@ def sharing(cluster: Cluster, dev: str) -> float:
     """How many processes share ``dev``'s cores, itself included: 1 plus, for each other
     process on its host, its threads times the fraction of its cores that are also
     ``dev``'s, averaged over ``dev``'s cores (an affinity of None: every core of the
-    host). Every process pinned to one core: the processes pinned to that core."""
+    host). Every process pinned to one core: the processes pinned to that core. It counts
+    processes placed, not how often they run at once, and leaves out the process's own
+    threads beyond one and the host's background load; for unpinned processes it is a
+    density (1 + (P - 1) / cores), not a count of time slices."""
     placement = dict(cluster.placement)
     me = placement[dev]
 
@@ -88,7 +96,7 @@ def figures(problem: Problem, result: RunResult) -> dict[str, Figures]:
     """Per hosted process of ``result`` (a DES run of ``problem`` on hosts), its
     :class:`Figures` per iteration ({} without hosts or iterations)."""
     cpu = result.extra.get("host_cpu_s")
-    msgs = result.extra.get("host_messages", {})
+    msgs = result.extra.get("host_message_ends", {})
     n = len(result.iter_end_s)
     if not cpu or not n:
         return {}
@@ -139,23 +147,29 @@ class RuntimeCpuModel:
         return {"terms": list(TERMS), "worker": list(self.worker), "ps": list(self.ps), "note": self.note}
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> RuntimeCpuModel:
-        if list(d.get("terms", TERMS)) != list(TERMS):
-            raise ValueError(f"runtime_cpu.terms must be {list(TERMS)}, got {d.get('terms')}")
-        coef = {}
-        for role in ROLES:
-            v = d.get(role)
-            if not isinstance(v, (list, tuple)) or len(v) != len(TERMS) or not all(
-                    isinstance(x, (int, float)) and x >= 0 for x in v):
-                raise ValueError(f"runtime_cpu.{role} must be {len(TERMS)} numbers >= 0, got {v!r}")
-            coef[role] = tuple(float(x) for x in v)
-        return cls(coef["worker"], coef["ps"], str(d.get("note", "")))  # type: ignore[arg-type]
+    def from_fit(cls, fit: RuntimeCpuFit) -> RuntimeCpuModel:
+        """The model of a profile's ``network.runtime_cpu`` (validated when it was loaded)."""
+        return cls(tuple(fit.worker), tuple(fit.ps), fit.note)  # type: ignore[arg-type]
+
+    @classmethod
+    def from_json(cls, d: Any) -> RuntimeCpuModel:
+        """The inverse of :meth:`to_json`.
+
+        Raises:
+            ValueError: not the format of ``network.runtime_cpu`` (the first problem, in one line).
+        """
+        try:
+            return cls.from_fit(RuntimeCpuFit.model_validate(d))
+        except ValidationError as e:
+            err = e.errors()[0]
+            where = ".".join(str(x) for x in err["loc"])
+            raise ValueError(f"runtime_cpu{'.' + where if where else ''}: {err['msg']}") from None
 
 
 def fit(samples: list[tuple[Figures, float]], note: str = "") -> RuntimeCpuModel:
     """Fit :class:`RuntimeCpuModel` to ``(figures, real CPU ms per iteration)`` pairs: per
     role, non-negative least squares of ``predicted / real - 1`` (each process counts alike,
-    whatever its CPU). A role without samples keeps the identity (compute and transport as
+    whatever its CPU, so a config with more processes weighs more). A role without samples keeps the identity (compute and transport as
     the DES charges them).
 
     Raises:
@@ -175,13 +189,25 @@ def fit(samples: list[tuple[Figures, float]], note: str = "") -> RuntimeCpuModel
     return RuntimeCpuModel(coef["worker"], coef["ps"], note)  # type: ignore[arg-type]
 
 
-def model_of(problem: Problem) -> RuntimeCpuModel | None:
-    """The model stored in the profile of the problem's first placed process
-    (``network.runtime_cpu``), or None."""
+def models_of(problem: Problem) -> dict[str, RuntimeCpuModel]:
+    """Per placed process, the model in its device type's profile (``network.runtime_cpu``);
+    a process whose profile has none is absent."""
     cl = problem.cluster
+    out = {}
     for dev, _ in cl.placement:
         net = cl.device(dev).type.network
-        raw = getattr(net, "runtime_cpu", None) if net is not None else None
-        if raw:
-            return RuntimeCpuModel.from_json(raw)
-    return None
+        fit = getattr(net, "runtime_cpu", None) if net is not None else None
+        if isinstance(fit, RuntimeCpuFit):
+            out[dev] = RuntimeCpuModel.from_fit(fit)
+    return out
+
+
+def scales_for(problem: Problem, figs: dict[str, Figures]) -> dict[str, tuple[float, float]]:
+    """Per process with figures and a model in its profile (:func:`models_of`), the
+    ``(cpu_scale, copy_scale)`` of :meth:`RuntimeCpuModel.scales`."""
+    models = models_of(problem)
+    out: dict[str, tuple[float, float]] = {}
+    for dev, f in figs.items():
+        if dev in models:
+            out.update(models[dev].scales({dev: f}))
+    return out

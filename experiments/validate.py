@@ -480,20 +480,7 @@ def with_cpu_scaled(problem: Problem, factors: dict[str, float]) -> Problem:
     A diagnostic, not a model: given the CPU each rank used in the real run, what is left
     of the error is how the DES shares the cores and orders the work, and the waits.
     """
-    cl = problem.cluster
-    placement = tuple((dev, dataclasses.replace(pl, cpu_scale=pl.cpu_scale * factors.get(dev, 1.0)))
-                      for dev, pl in cl.placement)
-    return dataclasses.replace(problem, cluster=dataclasses.replace(cl, placement=placement))
-
-
-def _runtime_model(problem: Problem) -> runtime_cpu.RuntimeCpuModel | None:
-    """The profile's runtime CPU model (``network.runtime_cpu``), or None; a malformed one is
-    a one-line error naming the profile's type and the field."""
-    try:
-        return runtime_cpu.model_of(problem)
-    except ValueError as e:
-        names = sorted({problem.cluster.device(d).type.name for d, _ in problem.cluster.placement})
-        raise ConfigError(f"profile {', '.join(names)}", "network.runtime_cpu", str(e)) from None
+    return with_cpu_model(problem, {dev: (f, 1.0) for dev, f in factors.items()})
 
 
 def with_cpu_model(problem: Problem, scales: dict[str, tuple[float, float]]) -> Problem:
@@ -711,22 +698,24 @@ def validate(config: str | Path, scheduler_arg: str | None = None, iterations: i
         sim = runner.evaluate(sim_problem, plan, "des", trace=True, scheduler=sched_sim)
         # the runtime's CPU per process (runtime_cpu): predicted from this first run's figures,
         # then the DES again with each process's CPU scaled to the prediction
+        # (the diagnostics below start from that first run: they mean what they did before)
+        base_problem, base_sim = sim_problem, sim
         figs = runtime_cpu.figures(sim_problem, sim)
-        cpu_model = _runtime_model(sim_problem)
-        first = sim.summary()["iteration_time_s"]["mean"]
-        cpu_model_scales: dict[str, tuple[float, float]] = {}
-        if cpu_model is not None and figs:
-            cpu_model_scales = cpu_model.scales(figs)
+        cpu_model_scales = runtime_cpu.scales_for(sim_problem, figs)
+        if cpu_model_scales:
             sim_problem = with_cpu_model(sim_problem, cpu_model_scales)
             modelled, _ = runner.schedule(loaded, problem, name)
             sim = runner.evaluate(sim_problem, plan, "des", trace=True, scheduler=modelled)
+        models = runtime_cpu.models_of(sim_problem)
+        model_json = {sim_problem.cluster.device(d).type.name: m.to_json() for d, m in models.items()
+                      if d in cpu_model_scales}
         # the DES as it was before hosts: every device computing on its own
         unhosted, _ = runner.schedule(loaded, problem, name)
         no_host = runner.evaluate(simulated_problem(problem, plan, opts), plan, "des", trace=False,
                                   scheduler=unhosted)
         # and with the host but messages free of CPU (copy_Bps 0), as before copies were charged
-        cl = sim_problem.cluster
-        no_copy_problem = dataclasses.replace(sim_problem, cluster=dataclasses.replace(
+        cl = base_problem.cluster
+        no_copy_problem = dataclasses.replace(base_problem, cluster=dataclasses.replace(
             cl, hosts=tuple(dataclasses.replace(h, copy_Bps=0.0) for h in cl.hosts)))
         uncopied, _ = runner.schedule(loaded, problem, name)
         no_copy = runner.evaluate(no_copy_problem, plan, "des", trace=False, scheduler=uncopied)
@@ -740,23 +729,25 @@ def validate(config: str | Path, scheduler_arg: str | None = None, iterations: i
         wall = time.monotonic() - t0
         target = problem.job.target_loss
         metrics = compare(measured_metrics(sim, target), measured_metrics(real, target))
-        # diagnostic: the DES given the real run's compute times (see with_compute_scaled)
+        # diagnostic: the DES (its first run) given the real run's compute times (see
+        # with_compute_scaled)
+        base_metrics = compare(measured_metrics(base_sim, target), measured_metrics(real, target))
         factors = {}
         for d in plan.replicas:
-            c = metrics.get(f"compute_s:{d.device}", {})
+            c = base_metrics.get(f"compute_s:{d.device}", {})
             c_sim, c_real = c.get("sim"), c.get("real")
             if c_sim and c_real:
                 factors[d.device] = c_real / c_sim
         scaled, _ = runner.schedule(loaded, problem, name)
-        oracle = runner.evaluate(with_compute_scaled(sim_problem, factors), plan, "des", trace=False,
+        oracle = runner.evaluate(with_compute_scaled(base_problem, factors), plan, "des", trace=False,
                                  scheduler=scaled)
-        # and the DES given the CPU each rank really used (see with_cpu_scaled)
+        # and given the CPU each rank really used (see with_cpu_scaled)
         cpu = cpu_per_iteration(sim, real)
-        cpu_factors = real_cpu_factors(cpu)
+        cpu_factors = real_cpu_factors(cpu_per_iteration(base_sim, real))
         cpu_oracle = None
         if cpu_factors:
             rescaled, _ = runner.schedule(loaded, problem, name)
-            cpu_oracle = runner.evaluate(with_cpu_scaled(sim_problem, cpu_factors), plan, "des", trace=False,
+            cpu_oracle = runner.evaluate(with_cpu_scaled(base_problem, cpu_factors), plan, "des", trace=False,
                                          scheduler=rescaled).summary()["iteration_time_s"]["mean"]
         diag = {"standalone_compute_s": {str(b): v for b, v in standalone.items()},
                 "sim_with_real_compute": {"iteration_time_mean_s": oracle.summary()["iteration_time_s"]["mean"],
@@ -769,10 +760,11 @@ def validate(config: str | Path, scheduler_arg: str | None = None, iterations: i
                 "real_workers": real.summary()["workers"], "sim_workers": sim.summary()["workers"],
                 "cpu_per_iteration": cpu,
                 "sim_with_real_cpu": {"iteration_time_mean_s": cpu_oracle, "cpu_factors": cpu_factors},
-                "runtime_cpu": {"model": cpu_model.to_json() if cpu_model is not None else None,
+                "runtime_cpu": {"models": model_json or None,
                                 "figures": {dev: dataclasses.asdict(f) for dev, f in figs.items()},
                                 "scales": {d: list(v) for d, v in cpu_model_scales.items()},
-                                "sim_without_model": {"iteration_time_mean_s": first}}}
+                                "sim_without_model": {"iteration_time_mean_s":
+                                                      base_sim.summary()["iteration_time_s"]["mean"]}}}
         runs.append(SchedulerRun(name, metrics, diag))
         if out is not None:
             runner.write_run(out / name / "sim", sim, plan, loaded)
@@ -833,7 +825,7 @@ def report_md(results: Sequence[Validation], title: str = "hetsim validate") -> 
                                  f"iteration {nh:.4g} s ({pct(rel_error(nh, real))}).")
                 lines.append("")
             rm = r.diagnostics.get("runtime_cpu") or {}
-            if rm.get("model") is not None:
+            if rm.get("models"):
                 first = rm["sim_without_model"]["iteration_time_mean_s"]
                 real = r.metrics["iteration_time_mean_s"]["real"]
                 lines += ["The simulated side is the DES with each process's CPU predicted by the runtime CPU "

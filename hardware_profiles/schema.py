@@ -213,12 +213,37 @@ class Source(BaseModel):
     date: str = ""
 
 
+#: The terms of the runtime CPU model (experiments/runtime_cpu.py), in coefficient order.
+RUNTIME_CPU_TERMS = ("compute", "compute_x_corunners", "transport", "messages")
+_Coef = Annotated[float, Field(ge=0, strict=True)]
+
+
+class RuntimeCpuFit(_Strict):
+    """The runtime CPU model's coefficients (``experiments/runtime_cpu.py``), written by
+    ``python -m bench.runtime_calibration --write``: per role, one coefficient >= 0 per
+    term of ``terms`` (``messages`` in ms per message end)."""
+
+    terms: tuple[str, ...] = RUNTIME_CPU_TERMS
+    worker: tuple[_Coef, _Coef, _Coef, _Coef]
+    ps: tuple[_Coef, _Coef, _Coef, _Coef]
+    note: str = ""
+
+    @field_validator("terms")
+    @classmethod
+    def _terms(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if tuple(v) != RUNTIME_CPU_TERMS:
+            raise ValueError(f"must be {list(RUNTIME_CPU_TERMS)}")
+        return v
+
+
 class NetworkMeasurement(BaseModel):
     """Measured point-to-point / all-reduce figures (free-form beyond these keys)."""
 
     model_config = ConfigDict(extra="allow", frozen=True)
     p2p_bw_Bps: float | None = None
     p2p_latency_s: float | None = None
+    runtime_cpu: RuntimeCpuFit | None = Field(
+        default=None, description="the runtime CPU model fitted on this machine (hetsim validate applies it)")
 
 
 class DeviceProfile(_Strict):

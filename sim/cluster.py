@@ -76,9 +76,9 @@ class Placement:
         affinity: core indices it may run on (None: every core of the host).
         cpu_scale: every second of work the DES gives the process (its compute, a
             shard's work, its messages' copies) costs it ``cpu_scale`` seconds of CPU.
-            Not a config field: a diagnostic (``hetsim validate`` reruns the DES with
-            each rank's CPU scaled to what the real run used, and with the runtime
-            CPU model's prediction); the analytic evaluator ignores it.
+            Not a config field: ``hetsim validate`` sets it to the runtime CPU model's
+            prediction (experiments/runtime_cpu.py), and to each rank's real CPU in a
+            diagnostic rerun; the analytic evaluator ignores it.
         copy_scale: its messages' copies cost ``copy_scale`` times more again (on
             top of ``cpu_scale``). Not a config field: the runtime CPU model scales a
             process's compute and its transport apart.

@@ -208,7 +208,8 @@ class DataParallelSim:
         self.copier: list[int | None] = [None] * (N + S)
         self.wake_at: list[tuple[int, float] | None] = [None] * (N + S)
         self.copy_s_per_B: list[float] = [0.0] * (N + S)
-        # messages each process sent or received (its ends), on a host only (host_messages)
+        # messages with bytes each process sent or received (its ends), counted where messages
+        # go through the host (host_messages below)
         self.msg_ends: list[int] = [0] * (N + S)
         if any(pl is not None for pl in placed):
             ids = [i for i, pl in enumerate(placed) if pl is not None]
@@ -219,7 +220,7 @@ class DataParallelSim:
                 pl = placed[i]
                 assert pl is not None
                 rate = cl.hosts[pl.host].copy_Bps
-                if pl.copy_scale <= 0:
+                if not pl.copy_scale > 0:  # NaN too
                     raise ValueError("a placement's copy_scale must be > 0")
                 if rate > 0:
                     self.copier[i] = len(procs)
@@ -463,9 +464,10 @@ class DataParallelSim:
     def _transfer_now(self, src: int, dst: int, src_link: int, dst_link: int, nbytes: float,
                       delivered: Callable[[], None]) -> None:
         """:meth:`_transfer` once the message may go: the network, the copies and the wake-up."""
-        ends = self.msg_ends
-        ends[src] += 1
-        ends[dst] += 1
+        if nbytes > 0:
+            ends = self.msg_ends
+            ends[src] += 1
+            ends[dst] += 1
         if self.wake_at[dst] is not None:
             host, wake_s = self.wake_at[dst]  # type: ignore[misc]
             assert self.cpu is not None
@@ -992,9 +994,10 @@ class DataParallelSim:
                 if (k := self.copier[i]) is not None:
                     cpu_s[f"{dev_id} transport"] = self.cpu.cpu_s[k]
             extra["host_cpu_s"] = cpu_s
-            extra["host_messages"] = {dev_id: self.msg_ends[i]
-                                      for i, dev_id in enumerate((*self.c.workers, *self.c.shards))
-                                      if self.proc[i] is not None}
+            if self.host_messages:  # else no message went through the host: none counted
+                extra["host_message_ends"] = {dev_id: self.msg_ends[i]
+                                              for i, dev_id in enumerate((*self.c.workers, *self.c.shards))
+                                              if self.proc[i] is not None}
         return RunResult(
             name=self.problem.name, evaluator="des", scheduler=self.plan.scheduler,
             seed=self.problem.seed, iter_end_s=list(self.iter_end), iter_samples=list(self.iter_samples),

@@ -14,7 +14,10 @@ much a process competes, not how its own work scales: a profile's time is
 the process's time alone with its threads.
 
 A process waiting for a message, or sleeping in an emulated slowdown, has no
-flow and competes for nothing.
+flow and competes for nothing. The DES (sim/des/engine.py) also places here,
+for each process on a host with ``copy_Bps``, a one-thread copier process on the
+same cores that works on its messages' copies, at its placement's ``cpu_scale``
+times ``copy_scale``.
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ class HostCPU(FluidShare):
         # the fair rates of a host depend only on which of its processes run how many
         # flows: memoised per host on that tuple (a run revisits a few states)
         self._memo: list[dict[tuple[int, ...], list[float]]] = [{} for _ in hosts]
-        if any(pl.cpu_scale <= 0 for pl in procs):
+        if any(not pl.cpu_scale > 0 for pl in procs):  # NaN too
             raise ValueError("a placement's cpu_scale must be > 0")
         # CPU seconds of the work handed to each process: its threads x its work (each
         # thread runs at the flow's speed); a compute still running at the end counts in
