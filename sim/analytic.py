@@ -636,6 +636,9 @@ def _devices(problem: Problem, c: PlanCosts, compute: np.ndarray, comm: np.ndarr
 
 
 def _dyn_note(problem: Problem) -> dict[str, object]:
-    if problem.dynamics:
-        return {"note": "the analytic evaluator is steady-state: dynamics (slowdowns, failures) are ignored"}
+    ignored = [what for what, present in (("dynamics (slowdowns, failures)", problem.dynamics),
+                                           ("job.compute_noise", any(problem.job.compute_noise)))
+               if present]
+    if ignored:
+        return {"note": f"the analytic evaluator is steady-state: {' and '.join(ignored)} are ignored"}
     return {}

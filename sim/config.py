@@ -180,13 +180,18 @@ class JobConfig(_Strict):
     )
     failure_timeout_s: float = Field(5.0, gt=0, description="BSP failure-detection timeout")
     warmup_iterations: int = Field(1, ge=0, description="iterations excluded from throughput")
+    compute_noise: Annotated[float, Field(ge=0, le=10)] | Literal["profile"] = Field(
+        0.0, description="DES: each worker's compute per iteration drawn around its modelled time, with this "
+        "relative spread (IQR / median; 'profile': each device's measured spread.iteration_median)")
 
     @model_serializer(mode="wrap")
     def _dump(self, handler: Any) -> dict[str, Any]:
-        # quantization_params appears in the resolved config only when given
+        # quantization_params and compute_noise appear in the resolved config only when given
         out = handler(self)
         if out.get("quantization_params", 0) is None:
             del out["quantization_params"]
+        if out.get("compute_noise") == 0:
+            del out["compute_noise"]
         return out
 
     @model_validator(mode="after")

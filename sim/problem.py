@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,9 @@ class Job:
             = the fixed width ``quant_bits``.
         quant_every: with ``quant_adaptive``, observe the loss every this many
             global iterations.
+        compute_noise: the relative spread (IQR / median) of each worker's compute per
+            iteration in the DES (0: none), per worker in device order; see
+            :func:`sim.des.engine.noise_factors`.
     """
 
     model: Model
@@ -69,6 +73,7 @@ class Job:
     convergence: ConvergenceModel | None = None
     quant_adaptive: Adaptive | None = None
     quant_every: int = 1
+    compute_noise: tuple[float, ...] = ()
     pipeline_pulls: bool = True
 
 
@@ -115,6 +120,21 @@ def initial_free_memory_bytes(problem: Problem) -> dict[str, float]:
             if d.at_s <= 0 and d.free_memory_frac is not None}
     return {dev.id: dev.type.memory_bytes * frac.get(i, 1.0)
             for i, dev in enumerate(problem.cluster.devices)}
+
+
+def _compute_noise(spec: float | str, devices: Sequence[Device], source: str) -> tuple[float, ...]:
+    """``job.compute_noise`` per worker: the number for every worker, or with ``'profile'``
+    each device's measured ``spread.iteration_median`` (a profile without one: ConfigError)."""
+    if spec != "profile":
+        return tuple(float(spec) for _ in devices) if spec else ()
+    out = []
+    for d in devices:
+        rel = (d.type.spread or {}).get("iteration_median")
+        if not isinstance(rel, (int, float)) or rel < 0:
+            raise ConfigError(source, "job.compute_noise", f"'profile' needs a measured spread: profile "
+                              f"{d.type.name!r} has no spread.iteration_median")
+        out.append(float(rel))
+    return tuple(out)
 
 
 def build_problem(cfg: Config, base_dir: Path, source: str = "<config>") -> Problem:
@@ -192,6 +212,7 @@ def build_problem(cfg: Config, base_dir: Path, source: str = "<config>") -> Prob
         convergence=convergence,
         quant_adaptive=quant_adaptive,
         quant_every=quant_every,
+        compute_noise=_compute_noise(j.compute_noise, devices, source),
     )
     from sim.dynamics import build_dynamics  # sim.dynamics imports Dynamic from here
 

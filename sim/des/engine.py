@@ -61,6 +61,7 @@ import contextlib
 import dataclasses
 import gc
 import heapq
+import math
 from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any
@@ -81,6 +82,20 @@ from sim.problem import Problem
 from sim.result import DeviceUsage, RunResult, Trace
 
 _COMPUTE, _BLOCKED, _DONE = 0, 1, 2
+#: Spawn-key namespace of the compute-noise streams under the config's root seed (b"NOI").
+NOISE_STREAM = 0x4E4F49
+
+
+def noise_factors(seed: int, device: int, rel_iqr: float, chunk: int = 256) -> Iterator[float]:
+    """Compute-time factors of the worker on device ``device`` (its index in the cluster),
+    one per iteration: lognormal with median 1 whose relative IQR (IQR / median) is
+    ``rel_iqr`` (``sigma = asinh(rel_iqr / 2) / 0.6745``, 0.6745 the standard normal's
+    upper quartile), drawn from ``SeedSequence(seed, spawn_key=(NOISE_STREAM, device))``:
+    a worker's draws depend on neither the plan nor the other workers."""
+    sigma = math.asinh(rel_iqr / 2.0) / 0.6744897501960817
+    rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(NOISE_STREAM, device)))
+    while True:
+        yield from np.exp(sigma * rng.standard_normal(chunk)).tolist()
 #: with a target loss, run at most this many times the iterations BSP would need
 TARGET_CAP = 100
 #: allocations between young-generation garbage collections while a run is in progress
@@ -249,6 +264,12 @@ class DataParallelSim:
         self.servers = [ShardServer(env, self._span_cb(s) if trace else None, self._shard_run(s)) for s in range(S)]
         # the host flow of each worker's compute in progress (cancelled if the worker fails)
         self.flow: list[Any] = [None] * N
+        # job.compute_noise: per worker, its compute factors (None: no noise)
+        index = {d.id: i for i, d in enumerate(problem.cluster.devices)}
+        rel = dict(zip((d.id for d in problem.cluster.devices), problem.job.compute_noise))
+        self.noise: list[Iterator[float] | None] = [
+            noise_factors(problem.seed, index[dev], rel[dev]) if rel.get(dev, 0.0) > 0 else None
+            for dev in costs.workers]
         self.groups: list[list[int]] = [[] for _ in range(self.G)]
         for c_, g in enumerate(costs.chunk_group):
             self.groups[int(g)].append(c_)
@@ -640,11 +661,15 @@ class DataParallelSim:
         G, bsp, online, batch = self.G, self.sync == "bsp", self.online, self.batch
         adopt_at_pull = self.adopting and bsp  # BSP takes a new share with its first parameters
         pull_whole, all_chunks = self.pull_whole, list(range(self.C))
+        noise = self.noise[w]  # job.compute_noise: a factor per iteration, else None
+        k = 1.0
         it = 0
         try:
             while it < self.n_iter or not bsp:
                 if self.finished.triggered:
                     break
+                if noise is not None:
+                    k = next(noise)
                 if self.adopting and not bsp:
                     self._adopt(w)
                     while self.batch[w] == 0:  # idle until a rebalance gives it work
@@ -683,12 +708,12 @@ class DataParallelSim:
                     if plain:
                         step = Timer()
                         step.callbacks = []
-                        push(queue, (t0 + fwd[g], NORMAL, next(eid), step))
+                        push(queue, (t0 + fwd[g] * k, NORMAL, next(eid), step))
                         yield step
                     elif hosted:
-                        yield from self._host_compute(w, fwd[g])
+                        yield from self._host_compute(w, fwd[g] * k)
                     else:
-                        yield from self._compute(w, fwd[g])
+                        yield from self._compute(w, fwd[g] * k)
                     spent += env._now - t0
                     if tr is not None:
                         tr.span("workers", w, name, "fwd" if G == 1 else f"fwd g{g}", t0, env._now)
@@ -702,12 +727,12 @@ class DataParallelSim:
                     if plain:
                         step = Timer()
                         step.callbacks = []
-                        push(queue, (t0 + bwd[g], NORMAL, next(eid), step))
+                        push(queue, (t0 + bwd[g] * k, NORMAL, next(eid), step))
                         yield step
                     elif hosted:
-                        yield from self._host_compute(w, bwd[g])
+                        yield from self._host_compute(w, bwd[g] * k)
                     else:
-                        yield from self._compute(w, bwd[g])
+                        yield from self._compute(w, bwd[g] * k)
                     spent += env._now - t0
                     if tr is not None:
                         tr.span("workers", w, name, "bwd" if self.G == 1 else f"bwd g{g}", t0, env._now)
