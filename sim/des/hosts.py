@@ -90,8 +90,11 @@ class HostCPU(FluidShare):
         runnable = h.background_threads + sum(n[H + i] * self.procs[i].threads for i in self._on_host[host])
         return runnable >= h.cores
 
-    def _refresh(self, resources: list[int]) -> None:
+    def _refresh(self, resources: list[int]) -> list[int]:
+        """The fair rates of the processes on each host in ``resources``; returns those
+        processes' resources (a host's share stays infinite)."""
         H, n, share = len(self.hosts), self._n, self._share
+        changed: list[int] = []
         for h in resources:
             if h >= H:
                 continue  # a process's count changes with its host's: refreshed there
@@ -104,3 +107,5 @@ class HostCPU(FluidShare):
                 rates = self._memo[h][state] = thread_rates(host.cores, host.background_threads, groups)
             for i, r in zip(mine, rates):
                 share[H + i] = r
+                changed.append(H + i)
+        return changed

@@ -5,71 +5,79 @@ from A to B crosses A's uplink and B's downlink. With ``fair`` sharing, a
 link's bandwidth is split equally among the flows on it and a flow runs at the
 smaller of its two shares; capacity left unused by a flow that is throttled
 elsewhere is not handed to the others (a conservative, local approximation of
-max-min fairness that keeps each update O(flows on the two links touched)).
-Without sharing every flow gets min(bw_up, bw_down), as on an ideal
-non-blocking network. A message is delivered ``latency_s`` after its last
-byte leaves the fluid model, so an uncontended message takes
+max-min fairness). Without sharing every flow gets min(bw_up, bw_down), as on
+an ideal non-blocking network. A message is delivered ``latency_s`` after its
+last byte leaves the fluid model, so an uncontended message takes
 latency_s + n / bw exactly as in the analytic evaluator.
 
-Rates change only at flow arrivals and departures. Flows between the same
-two links always run at the same rate, so they are kept together in a pair
-group with one service counter: a flow finishes when its group's counter
-passes the value it had at the flow's start plus the flow's size. A change
-then costs O(pairs on the two links touched) instead of O(flows). Changes at
-one instant are batched by a zero-delay settle event, which re-rates (folds
-the service counter and computes the next completion time of) every pair on a
-link whose flow count changed and whose rate or earliest flow changed.
+Rates change only at flow arrivals and departures; changes at one instant are
+batched by a zero-delay settle event, which refreshes the shares of the
+resources whose flow count changed. The machinery (:class:`FluidShare`):
 
-Each group's next completion, keyed (time, seq), sits in one heap with lazy
-invalidation (a version number per pair). An entry need not be exact: a
-re-rating that makes a pair finish later (an arrival slows it) keeps its live
-entry, which is then a lower bound of the pair's key (earlier time, older
-seq), and only records the new key on the pair; the entry is replaced by the
-current key when it reaches the top of the heap. Only a re-rating that makes
-a pair finish earlier pushes a new entry. The pairs are popped in the order
-of their current keys all the same, so the results are those of an exact
-heap, with about half the pushes. tests/fluid_oracle.py keeps the per-flow
-version of the same model as a test oracle.
+* Pairs. Flows between the same two resources always run at the same rate,
+  so they are kept together in a pair with one service counter: a flow
+  finishes when its pair's service reaches the value it had at the flow's
+  start plus the flow's size.
+* Virtual clocks (the processor-sharing trick). Each resource L has a clock
+  V[L] that advances at its share, ``share[L]`` per second (folded to the
+  current time whenever the share changes). Each pair is *bound* to one of its
+  two resources whose share is the smaller (the pair's rate): while bound to
+  L its service is ``s0 + V[L] - vb``, where s0 and vb are its service and
+  V[L] when it was bound (or last rebased). Its earliest flow then finishes
+  when V[L] reaches a fixed virtual target, and a change of share[L] re-rates
+  every pair bound to L at once, without visiting any of them. Each resource
+  keeps a heap of its bound pairs by virtual target, and its next completion,
+  ``t[L] + (min target - V[L]) / share[L]``, sits in one global heap (lazy
+  invalidation by a version per resource) from which the wake-ups are taken.
+* Thresholds. A binding stays valid while share[bound] <= share[other]. Each
+  bound pair holds a threshold th between the two shares (their geometric
+  mean), registered with its bound resource (a min-heap: that share may rise
+  up to th) and with its other resource (a max-heap: that share may fall down
+  to th). When a share changes only the entries it crosses are visited, in
+  heap order: a pair whose binding still holds gets a new threshold, one whose
+  other side is now strictly smaller is rebound there (its service folded at
+  the old clock, its target carried to the new one). A change that crosses no
+  threshold costs O(1) whatever the number of pairs the resource limits. Ties
+  keep the binding they have (a new pair binds to src on a tie): the rate is
+  the same either way.
+
+Everything is keyed by seq numbers and iterated in list or dict order, never
+by object ids, so a run is reproducible to the byte. tests/fluid_oracle.py
+keeps the per-flow version of the same model as a test oracle; results differ
+from it (and from the per-pair re-rating this replaced) by float rounding only.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from heapq import heappop, heappush
 
 import simpy
 
 from sim.des.timer import call_later
 
-#: The rate of a pair whose flows changed since the last settle, which re-rates it.
-#: Every share is > 0, so a dirty pair never looks current to :meth:`FluidShare._settle`
-#: (one comparison instead of two per pair visited). Whoever marks a pair dirty has just
-#: brought its service counter to the current time (``t = now``), so the rate it had is
-#: not needed any more: the settle, at the same instant, would have added rate x 0.
-DIRTY = -1.0
+_INF = math.inf
 
 
 class _Pair:
-    """Flows from one link to another: one rate, one service counter."""
+    """Flows from one resource to another: one rate, one service counter."""
 
-    __slots__ = ("src", "dst", "rate", "served", "t", "flows", "ver", "due", "dseq", "ent")
+    __slots__ = ("src", "dst", "flows", "b", "o", "s0", "vb", "ver", "tver")
 
-    def __init__(self, src: int, dst: int, now: float) -> None:
+    def __init__(self, src: int, dst: int) -> None:
         self.src = src
         self.dst = dst
-        # DIRTY until the next settle rates it, and again whenever its flows change
-        self.rate = DIRTY
-        self.served = 0.0  # bytes each of its flows has received since the pair was created
-        self.t = now
-        self.flows: list[tuple[float, int, Callable[[], None]]] = []  # (served target, seq, cb)
-        self.ver = 0  # an entry of the completion heap is live while it carries this
-        # (due, dseq): the key of its next completion, from its latest re-rating; ``ent``:
-        # the time of its live heap entry (inf: none), never later than ``due``
-        self.due = math.inf
-        self.dseq = 0
-        self.ent = math.inf
+        self.flows: list[tuple[float, int, Callable[[], None]]] = []  # (service target, seq, cb)
+        # The resource it is bound to (its rate is that one's share) and the other one;
+        # -1 until the settle after its creation binds it (its service is s0 until then).
+        self.b = -1
+        self.o = -1
+        self.s0 = 0.0  # its service when last bound or rebased
+        self.vb = 0.0  # V[b] at that moment: its service is s0 + V[b] - vb
+        self.ver = 0  # an entry of its resource's completion heap is live while it carries this
+        self.tver = 0  # its two threshold entries are live while they carry this
 
 
 class FluidShare:
@@ -78,10 +86,11 @@ class FluidShare:
     A flow is an amount of work (bytes, core-seconds) crossing two resources
     ``src`` and ``dst``; it is served at ``min(share[src], share[dst])``, where
     a subclass's :meth:`_refresh` sets the share of each resource whose flow
-    count changed (``self._n``). Flows between the same two resources are
-    grouped in a :class:`_Pair` with one service counter (see the module
-    docstring); completion callbacks run ``latency_s`` after the last unit of
-    work is served. :class:`FlowNetwork` shares link bandwidth;
+    count changed (``self._n``) and of any other whose share follows from them.
+    Flows between the same two resources are grouped in a :class:`_Pair`, and
+    each pair is served by the virtual clock of the resource that limits it
+    (see the module docstring); completion callbacks run ``latency_s`` after the
+    last unit of work is served. :class:`FlowNetwork` shares link bandwidth;
     :class:`sim.des.hosts.HostCPU` shares a host's cores.
 
     Args:
@@ -93,42 +102,66 @@ class FluidShare:
     def __init__(self, env: simpy.Environment, n_resources: int, latency_s: float = 0.0) -> None:
         self.env = env
         self.latency_s = float(latency_s)
-        self._n = [0] * n_resources  # flows on each resource
-        # the share of each resource, refreshed by _refresh for the resources whose count
-        # changed: a count changes only together with marking its resource dirty, so every
-        # share _settle reads is current.
-        self._share = [math.inf] * n_resources
-        # dicts, not sets: iteration order must not depend on object ids (same seed, same bytes)
-        # the pairs on each resource, each with its other resource
-        self._pairs_on: list[dict[_Pair, int]] = [{} for _ in range(n_resources)]
-        self._nres = n_resources
+        R = n_resources
+        self._nres = R
+        self._n = [0] * R  # flows on each resource
+        # the share of each resource, set by _refresh; _vr: the share its virtual clock runs
+        # at and the bindings follow, brought to _share by each settle
+        self._share = [_INF] * R
+        self._vr = [_INF] * R
+        self._V = [0.0] * R  # virtual clock: V[L] at time _t[L]
+        self._t = [0.0] * R
+        self._nb = [0] * R  # pairs bound to each resource
+        self._nu = [0] * R  # pairs with this resource as their other (unbound) side
+        # per resource: its bound pairs by virtual target, (target, seq, ver, pair); their
+        # thresholds, (th, seq, tver, pair); and the thresholds of the pairs it does not
+        # bind, negated for a max-heap, (-th, seq, tver, pair)
+        self._due: list[list[tuple[float, int, int, _Pair]]] = [[] for _ in range(R)]
+        self._up: list[list[tuple[float, int, int, _Pair]]] = [[] for _ in range(R)]
+        self._lo: list[list[tuple[float, int, int, _Pair]]] = [[] for _ in range(R)]
+        # each resource's next completion: (time, seq, resource, rver) in one heap, live while
+        # rver is the resource's; _rdue: the time of its live entry (inf: none)
+        self._heap: list[tuple[float, int, int, int]] = []
+        self._rver = [0] * R
+        self._rdue = [_INF] * R
         self._pairs: dict[int, _Pair] = {}  # by src * n_resources + dst
-        self._heap: list[tuple[float, int, int, _Pair]] = []
+        self._pending: list[_Pair] = []  # pairs created since the last settle, not bound yet
+        # resources whose next completion may have changed (a dict: ordered, deterministic)
+        self._resched: dict[int, None] = {}
         self._dirty: set[int] = set()
         self._settle_pending = False
-        self._wake_at = math.inf
+        self._wake_at = _INF
         self._wake_token = 0
         self._seq = 0
 
-    def _refresh(self, resources: list[int]) -> None:
-        """Set ``self._share`` of ``resources`` (sorted) from their flow counts."""
+    def _refresh(self, resources: list[int]) -> Iterable[int]:
+        """Set ``self._share`` of ``resources`` (sorted) from their flow counts, and of
+        any resource whose share depends on theirs; returns every resource it may have
+        changed (in a deterministic order)."""
         raise NotImplementedError
 
     def _start(self, src: int, dst: int, amount: float, on_done: Callable[[], None]) -> tuple[_Pair, int]:
         """Start a flow of ``amount`` (> 0) from ``src`` to ``dst``; returns its handle."""
         key = src * self._nres + dst
         p = self._pairs.get(key)
-        if p is None:
-            p = self._pairs[key] = _Pair(src, dst, self.env._now)
-            self._pairs_on[src][p] = dst
-            self._pairs_on[dst][p] = src
-        elif p.rate > 0.0:
-            now = self.env._now  # the property's value, without the call
-            p.served += p.rate * (now - p.t)
-            p.t = now
-            p.rate = DIRTY  # its earliest target may have changed
         seq = self._seq = self._seq + 1
-        heappush(p.flows, (p.served + amount, seq, on_done))
+        if p is None:
+            p = self._pairs[key] = _Pair(src, dst)
+            self._pending.append(p)
+            p.flows.append((amount, seq, on_done))  # service 0 until bound
+        else:
+            b = p.b
+            if b < 0:
+                heappush(p.flows, (p.s0 + amount, seq, on_done))
+            else:
+                now = self.env._now  # the property's value, without the call
+                served = p.s0 + (self._V[b] + self._vr[b] * (now - self._t[b]) - p.vb)
+                flows = p.flows
+                heappush(flows, (served + amount, seq, on_done))
+                if flows[0][1] == seq:  # its earliest flow now: its virtual target moves earlier
+                    ver = p.ver = p.ver + 1
+                    heappush(self._due[b], (p.vb + (served + amount - p.s0), seq, ver, p))
+                    self._resched[b] = None
         n = self._n
         n[src] += 1
         n[dst] += 1
@@ -146,14 +179,15 @@ class FluidShare:
         p, seq = handle
         flows = p.flows
         i = next((k for k, f in enumerate(flows) if f[1] == seq), None)
-        if i is None or self._pairs.get(p.src * self._nres + p.dst) is not p:
+        key = p.src * self._nres + p.dst
+        if i is None or self._pairs.get(key) is not p:
             return 0.0
         now = self.env._now  # the property's value, without the call
-        if p.rate > 0.0:
-            p.served += p.rate * (now - p.t)
-        p.t = now
-        p.rate = DIRTY
-        left = max(flows[i][0] - p.served, 0.0)
+        b = p.b
+        served = p.s0
+        if b >= 0:
+            served += self._V[b] + self._vr[b] * (now - self._t[b]) - p.vb
+        left = max(flows[i][0] - served, 0.0)
         flows[i] = flows[-1]
         flows.pop()
         heapq.heapify(flows)
@@ -162,85 +196,174 @@ class FluidShare:
         self._dirty.add(p.src)
         self._dirty.add(p.dst)
         if not flows:
-            p.ver += 1  # its heap entry is stale now
-            del self._pairs[p.src * self._nres + p.dst]
-            del self._pairs_on[p.src][p]
-            del self._pairs_on[p.dst][p]
+            del self._pairs[key]
+            if b >= 0:
+                self._unbind(p, now)
+            # (a pair not bound yet is skipped by the settle: it has no flows)
+        elif i == 0 and b >= 0:  # its earliest flow went: its virtual target moves later
+            s = self._seq = self._seq + 1
+            ver = p.ver = p.ver + 1
+            heappush(self._due[b], (p.vb + (flows[0][0] - p.s0), s, ver, p))
+            self._resched[b] = None
         if not self._settle_pending:
             self._settle_pending = True
             call_later(self.env, 0, self._settle)
         return left
 
     # -- internals ---------------------------------------------------------
+    def _unbind(self, p: _Pair, now: float) -> None:
+        """Take ``p`` off its resource (its entries go stale)."""
+        b, o = p.b, p.o
+        p.ver += 1
+        p.tver += 1
+        p.b = p.o = -1
+        nb, nu = self._nb, self._nu
+        nb[b] -= 1
+        nu[o] -= 1
+        self._resched[b] = None
+        if not nb[b]:  # nothing bound: its clock restarts at 0 (small values, small rounding)
+            self._V[b] = 0.0
+            self._t[b] = now
+            self._due[b].clear()
+            self._up[b].clear()
+        if not nu[o]:
+            self._lo[o].clear()
+
+    def _bind(self, p: _Pair, L: int, oth: int, served: float, now: float) -> None:
+        """Bind ``p`` (service ``served`` now) to resource ``L``, its other side ``oth``;
+        requires ``_vr[L] <= _vr[oth]``."""
+        V, t, nb, vr = self._V, self._t, self._nb, self._vr
+        if nb[L]:
+            V[L] += vr[L] * (now - t[L])
+        else:
+            V[L] = 0.0
+        t[L] = now
+        nb[L] += 1
+        self._nu[oth] += 1
+        p.b = L
+        p.o = oth
+        p.s0 = served
+        v = p.vb = V[L]
+        seq = self._seq = self._seq + 1
+        ver = p.ver = p.ver + 1
+        due = self._due[L]
+        heappush(due, (v + (p.flows[0][0] - served), seq, ver, p))
+        self._resched[L] = None
+        if len(due) > 2 * nb[L] + 16:
+            due[:] = [e for e in due if e[2] == e[3].ver]
+            heapq.heapify(due)
+        self._threshold(p, L, oth, seq)
+
+    def _threshold(self, p: _Pair, L: int, oth: int, seq: int) -> None:
+        """Give ``p`` (bound to ``L``, other side ``oth``) a threshold between their shares."""
+        a, c = self._vr[L], self._vr[oth]
+        th = math.sqrt(a * c)  # the geometric mean: as much room for either share (inf with c)
+        if th < a:
+            th = a
+        elif th > c:
+            th = c
+        tv = p.tver = p.tver + 1
+        up, lo = self._up[L], self._lo[oth]
+        heappush(up, (th, seq, tv, p))
+        heappush(lo, (-th, seq, tv, p))
+        if len(up) > 2 * self._nb[L] + 16:
+            up[:] = [e for e in up if e[2] == e[3].tver]
+            heapq.heapify(up)
+        if len(lo) > 2 * self._nu[oth] + 16:
+            lo[:] = [e for e in lo if e[2] == e[3].tver]
+            heapq.heapify(lo)
+
+    def _recheck(self, p: _Pair, now: float) -> None:
+        """A share crossed ``p``'s threshold: a new threshold if its binding holds, else
+        rebind it to its other side (its service folded at the old clock)."""
+        L, oth = p.b, p.o
+        vr = self._vr
+        seq = self._seq = self._seq + 1
+        if vr[L] <= vr[oth]:
+            self._threshold(p, L, oth, seq)
+            return
+        V, t = self._V, self._t
+        V[L] += vr[L] * (now - t[L])
+        t[L] = now
+        served = p.s0 + (V[L] - p.vb)
+        self._unbind(p, now)
+        self._bind(p, oth, L, served, now)
+
     def _settle(self, _ev: object = None) -> None:
-        """Recompute the rates of pairs on links whose flow count changed."""
+        """Apply the shares of resources whose flow count changed, fix the bindings
+        their changes invalidate, bind new pairs, and reschedule."""
         self._settle_pending = False
         now = self.env._now  # the property's value, without the call
-        share, pairs_on = self._share, self._pairs_on
         dirty = sorted(self._dirty)
-        self._refresh(dirty)
         self._dirty.clear()
-        heap, push = self._heap, heappush
-        seq = self._seq
-        # A pair on two dirty links is re-rated at its first visit; the second finds
-        # its rate current and leaves it (the same order as visiting each pair once).
-        # ``pairs_on[link]`` maps each pair to its other link, so the loop reads one
-        # share per pair: this is the innermost loop of a network-bound run.
-        for link in dirty:
-            mine = share[link]
-            for p, other in pairs_on[link].items():
-                r = share[other]
-                if mine <= r:
-                    r = mine
-                old = p.rate
-                if r != old:  # changed, or DIRTY
-                    served = p.served
-                    if old > 0.0:
-                        served += old * (now - p.t)
-                        p.served = served
-                    p.t = now
-                    p.rate = r
-                    seq += 1
-                    left = p.flows[0][0] - served
-                    due = now + (left if left > 0.0 else 0.0) / r
-                    p.due = due
-                    p.dseq = seq
-                    # A live entry that is not later stays as a lower bound of the new
-                    # key (its seq is older too): it is corrected when it reaches the top.
-                    if due < p.ent:
-                        ver = p.ver + 1
-                        p.ver = ver
-                        p.ent = due
-                        push(heap, (due, seq, ver, p))
-        self._seq = seq
-        # Each pair has at most one live entry (the one with its ``ver``); the rest
-        # are stale. Dropping them in bulk once they outnumber the pairs keeps the
-        # heap small; (time, seq) keys are unique, so the pop order is unchanged.
-        if len(heap) > 2 * len(self._pairs) + 64:
-            heap[:] = [e for e in heap if e[2] == e[3].ver]
-            heapq.heapify(heap)
+        share, vr, V, t, nb = self._share, self._vr, self._V, self._t, self._nb
+        resched = self._resched
+        for L in self._refresh(dirty):
+            new = share[L]
+            old = vr[L]
+            if new == old:
+                continue
+            if nb[L]:
+                V[L] += old * (now - t[L])
+                resched[L] = None
+            t[L] = now
+            vr[L] = new
+            if new > old:  # thresholds below the new share: bound pairs that may move off
+                up = self._up[L]
+                while up and up[0][0] < new:
+                    e = heappop(up)
+                    if e[2] == e[3].tver:
+                        self._recheck(e[3], now)
+            else:  # thresholds above it: pairs bound elsewhere that may move here
+                lo = self._lo[L]
+                neg = -new
+                while lo and lo[0][0] < neg:
+                    e = heappop(lo)
+                    if e[2] == e[3].tver:
+                        self._recheck(e[3], now)
+        pending = self._pending
+        if pending:
+            for p in pending:
+                if p.flows:  # (one withdrawn before now has none)
+                    s, d = p.src, p.dst
+                    if vr[s] <= vr[d]:
+                        self._bind(p, s, d, p.s0, now)
+                    else:
+                        self._bind(p, d, s, p.s0, now)
+            pending.clear()
+        if resched:
+            heap = self._heap
+            dues, rver, rdue = self._due, self._rver, self._rdue
+            seq = self._seq
+            for L in resched:
+                h = dues[L]
+                while h and h[0][2] != h[0][3].ver:
+                    heappop(h)
+                if h:
+                    left = h[0][0] - V[L]
+                    when = t[L] + (left if left > 0.0 else 0.0) / vr[L]
+                else:
+                    when = _INF
+                if when != rdue[L]:
+                    v = rver[L] = rver[L] + 1
+                    rdue[L] = when
+                    if when < _INF:
+                        seq += 1
+                        heappush(heap, (when, seq, L, v))
+            self._seq = seq
+            resched.clear()
+            # stale entries dropped in bulk once they outnumber the resources
+            if len(heap) > 2 * self._nres + 64:
+                heap[:] = [e for e in heap if e[3] == rver[e[2]]]
+                heapq.heapify(heap)
         self._schedule_wake()
 
-    def _top(self) -> tuple[float, int, int, _Pair] | None:
-        """The heap's first entry once stale entries are dropped and a lower bound
-        at the top is replaced by its pair's current key (None: the heap is empty)."""
-        heap = self._heap
-        while heap:
-            e = heap[0]
-            p = e[3]
-            if e[2] != p.ver:
-                heappop(heap)
-            elif e[1] != p.dseq:
-                p.ent = p.due
-                heapq.heapreplace(heap, (p.due, p.dseq, e[2], p))
-            else:
-                return e
-        return None
-
     def _schedule_wake(self) -> None:
-        e = self._top()
-        if e is not None and e[0] < self._wake_at:
-            t = e[0]
+        heap, rver = self._heap, self._rver
+        while heap and heap[0][3] != rver[heap[0][2]]:
+            heappop(heap)
+        if heap and heap[0][0] < self._wake_at:
+            t = heap[0][0]
             self._wake_at = t
             self._wake_token += 1
             token = self._wake_token
@@ -249,49 +372,77 @@ class FluidShare:
     def _wake(self, token: int) -> None:
         now = self.env._now  # the property's value, without the call
         if token == self._wake_token:  # the earliest pending wake: none is pending after it
-            self._wake_at = math.inf
-        heap = self._heap
-        # Pairs due now (to float rounding of the wake time) complete together.
+            self._wake_at = _INF
+        heap, rver, rdue = self._heap, self._rver, self._rdue
+        # Resources due now (to float rounding of the wake time), and their pairs due now,
+        # complete together.
         horizon = now + 1e-12 * max(now, 1e-9)
-        due: list[_Pair] = []
+        res: list[int] = []
         while heap and heap[0][0] <= horizon:
-            _, seq, ver, p = heappop(heap)
-            if ver == p.ver:
-                if seq == p.dseq:
-                    due.append(p)
-                else:  # a lower bound: back with its current key
-                    p.ent = p.due
-                    heappush(heap, (p.due, p.dseq, ver, p))
+            r_ent = heappop(heap)
+            L = r_ent[2]
+            if r_ent[3] == rver[L]:
+                rdue[L] = _INF  # consumed: the settle pushes its next one
+                res.append(L)
+        due: list[tuple[float, int, _Pair]] = []
+        dues, V, t, vr, resched = self._due, self._V, self._t, self._vr, self._resched
+        if res:
+            for L in res:
+                h = dues[L]
+                tL, VL, r = t[L], V[L], vr[L]
+                # The first pair is due by construction when the resource is unchanged since
+                # its entry was made (the same numbers give the same time). Never judge it
+                # by the clock: rounding could leave it a hair short forever.
+                first = L not in resched
+                while h:
+                    e = h[0]
+                    p = e[3]
+                    if e[2] != p.ver:
+                        heappop(h)
+                        continue
+                    left = e[0] - VL
+                    when = tL + (left if left > 0.0 else 0.0) / r
+                    if when <= horizon or first:
+                        heappop(h)
+                        due.append((when, e[1], p))
+                        first = False
+                    else:
+                        break
+            if len(due) > 1:
+                due.sort()  # (time, seq): seqs are unique, pairs never compared
         delivered: list[Callable[[], None]] = []
         n, dirty, pop = self._n, self._dirty, heappop
-        pairs, pairs_on, nres = self._pairs, self._pairs_on, self._nres
-        for p in due:
-            p.ver += 1  # its entry is consumed; settle pushes the next one
-            p.ent = math.inf
-            if p.rate > 0.0:  # not DIRTY (then t = now already)
-                p.served += p.rate * (now - p.t)
-            p.t = now
-            p.rate = DIRTY
-            # The earliest flow is due by construction (its entry is current); others
-            # whose target is reached to rounding go with it. Never judge the earliest
-            # by bytes: rounding in `served` could leave it a hair short forever.
-            flows = p.flows
-            first = flows[0][0]
-            if p.served < first:
-                p.served = first
-            served = p.served
-            tol = 1e-9 * (first if first > 1.0 else 1.0)
-            src, dst = p.src, p.dst
-            while flows and flows[0][0] - served <= tol:
-                delivered.append(pop(flows)[2])
-                n[src] -= 1
-                n[dst] -= 1
-            dirty.add(src)
-            dirty.add(dst)
-            if not flows:
-                del pairs[src * nres + dst]
-                del pairs_on[src][p]
-                del pairs_on[dst][p]
+        if due:
+            pairs, nres = self._pairs, self._nres
+            for _, _, p in due:
+                L = p.b
+                VL = V[L] = V[L] + vr[L] * (now - t[L])
+                t[L] = now
+                served = p.s0 + (VL - p.vb)
+                # The earliest flow is due by construction; others whose target is reached
+                # to rounding go with it.
+                flows = p.flows
+                first_t = flows[0][0]
+                if served < first_t:
+                    served = first_t
+                tol = 1e-9 * (first_t if first_t > 1.0 else 1.0)
+                src, dst = p.src, p.dst
+                while flows and flows[0][0] - served <= tol:
+                    delivered.append(pop(flows)[2])
+                    n[src] -= 1
+                    n[dst] -= 1
+                dirty.add(src)
+                dirty.add(dst)
+                if flows:  # rebased at now, with its next target
+                    p.s0 = served
+                    p.vb = VL
+                    s = self._seq = self._seq + 1
+                    ver = p.ver = p.ver + 1
+                    heappush(dues[L], (VL + (flows[0][0] - served), s, ver, p))
+                    resched[L] = None
+                else:
+                    del pairs[src * nres + dst]
+                    self._unbind(p, now)
         # One latency timer for every message this wake delivers: the per-message timers
         # would fire back to back at the same instant (consecutive event ids), and a
         # delivery callback schedules nothing urgent that could run between them.
@@ -339,14 +490,15 @@ class FlowNetwork(FluidShare):
             return
         self._start(src, dst, nbytes, on_delivered)
 
-    def _refresh(self, resources: list[int]) -> None:
-        """A link's bandwidth split equally among its flows (bw / n: one division per
-        link instead of two per pair)."""
+    def _refresh(self, resources: list[int]) -> list[int]:
+        """A link's bandwidth split equally among its flows (a link without flows keeps
+        its last share: no pair is on it)."""
         bw, n, share = self.bw, self._n, self._share
         for link in resources:
             k = n[link]
             if k:
                 share[link] = bw[link] / k
+        return resources
 
     def _deliver(self, cb: Callable[[], None]) -> None:
         if self.latency_s > 0:
