@@ -71,7 +71,7 @@ class _Pair:
         self.dst = dst
         self.flows: list[tuple[float, int, Callable[[], None]]] = []  # (service target, seq, cb)
         # The resource it is bound to (its rate is that one's share) and the other one;
-        # -1 until the settle after its creation binds it (its service is s0 until then).
+        # -1 until the settle after its creation binds it (its service is 0 until then).
         self.b = -1
         self.o = -1
         self.s0 = 0.0  # its service when last bound or rebased
@@ -109,13 +109,16 @@ class FluidShare:
         # at and the bindings follow, brought to _share by each settle
         self._share = [_INF] * R
         self._vr = [_INF] * R
-        self._V = [0.0] * R  # virtual clock: V[L] at time _t[L]
+        # virtual clock: V[L] at time t[L]; it restarts at 0 whenever no pair bound to L
+        # has a flow (small values, small rounding)
+        self._V = [0.0] * R
         self._t = [0.0] * R
-        self._nb = [0] * R  # pairs bound to each resource
+        self._na = [0] * R  # pairs with flows bound to each resource
+        self._nb = [0] * R  # pairs bound to each resource, with flows or not
         self._nu = [0] * R  # pairs with this resource as their other (unbound) side
-        # per resource: its bound pairs by virtual target, (target, seq, ver, pair); their
-        # thresholds, (th, seq, tver, pair); and the thresholds of the pairs it does not
-        # bind, negated for a max-heap, (-th, seq, tver, pair)
+        # per resource: its bound pairs with flows by virtual target, (target, seq, ver,
+        # pair); the thresholds of its bound pairs, (th, seq, tver, pair); and those of the
+        # pairs it does not bind, negated for a max-heap, (-th, seq, tver, pair)
         self._due: list[list[tuple[float, int, int, _Pair]]] = [[] for _ in range(R)]
         self._up: list[list[tuple[float, int, int, _Pair]]] = [[] for _ in range(R)]
         self._lo: list[list[tuple[float, int, int, _Pair]]] = [[] for _ in range(R)]
@@ -124,7 +127,10 @@ class FluidShare:
         self._heap: list[tuple[float, int, int, int]] = []
         self._rver = [0] * R
         self._rdue = [_INF] * R
-        self._pairs: dict[int, _Pair] = {}  # by src * n_resources + dst
+        # by src * n_resources + dst; a pair whose flows are done stays (bound, its
+        # thresholds kept) until a threshold check finds it empty, so a pair that comes
+        # back soon costs no new binding
+        self._pairs: dict[int, _Pair] = {}
         self._pending: list[_Pair] = []  # pairs created since the last settle, not bound yet
         # resources whose next completion may have changed (a dict: ordered, deterministic)
         self._resched: dict[int, None] = {}
@@ -151,17 +157,31 @@ class FluidShare:
             p.flows.append((amount, seq, on_done))  # service 0 until bound
         else:
             b = p.b
-            if b < 0:
-                heappush(p.flows, (p.s0 + amount, seq, on_done))
-            else:
-                now = self.env._now  # the property's value, without the call
-                served = p.s0 + (self._V[b] + self._vr[b] * (now - self._t[b]) - p.vb)
-                flows = p.flows
+            flows = p.flows
+            if b < 0:  # not bound yet: its service is 0
+                heappush(flows, (amount, seq, on_done))
+            elif flows:
+                V = self._V
+                served = p.s0 + (V[b] + self._vr[b] * (self.env._now - self._t[b]) - p.vb)
                 heappush(flows, (served + amount, seq, on_done))
                 if flows[0][1] == seq:  # its earliest flow now: its virtual target moves earlier
                     ver = p.ver = p.ver + 1
                     heappush(self._due[b], (p.vb + (served + amount - p.s0), seq, ver, p))
                     self._resched[b] = None
+            else:  # bound, back from empty: it restarts at service 0, V[b] now
+                na, V = self._na, self._V
+                if na[b]:
+                    v = V[b] + self._vr[b] * (self.env._now - self._t[b])
+                else:
+                    v = V[b] = 0.0
+                    self._t[b] = self.env._now
+                na[b] += 1
+                p.s0 = 0.0
+                p.vb = v
+                flows.append((amount, seq, on_done))
+                ver = p.ver = p.ver + 1
+                heappush(self._due[b], (v + amount, seq, ver, p))
+                self._resched[b] = None
         n = self._n
         n[src] += 1
         n[dst] += 1
@@ -179,8 +199,7 @@ class FluidShare:
         p, seq = handle
         flows = p.flows
         i = next((k for k, f in enumerate(flows) if f[1] == seq), None)
-        key = p.src * self._nres + p.dst
-        if i is None or self._pairs.get(key) is not p:
+        if i is None:
             return 0.0
         now = self.env._now  # the property's value, without the call
         b = p.b
@@ -195,12 +214,12 @@ class FluidShare:
         self._n[p.dst] -= 1
         self._dirty.add(p.src)
         self._dirty.add(p.dst)
-        if not flows:
-            del self._pairs[key]
-            if b >= 0:
-                self._unbind(p, now)
-            # (a pair not bound yet is skipped by the settle: it has no flows)
-        elif i == 0 and b >= 0:  # its earliest flow went: its virtual target moves later
+        if b < 0:
+            if not flows:  # never bound: gone (the settle skips it)
+                del self._pairs[p.src * self._nres + p.dst]
+        elif not flows:
+            self._idle(p, now)
+        elif i == 0:  # its earliest flow went: its virtual target moves later
             s = self._seq = self._seq + 1
             ver = p.ver = p.ver + 1
             heappush(self._due[b], (p.vb + (flows[0][0] - p.s0), s, ver, p))
@@ -211,35 +230,45 @@ class FluidShare:
         return left
 
     # -- internals ---------------------------------------------------------
+    def _idle(self, p: _Pair, now: float) -> None:
+        """``p``'s last flow is gone: off its resource's completion heap (it stays bound)."""
+        b = p.b
+        p.ver += 1
+        na = self._na
+        na[b] -= 1
+        self._resched[b] = None
+        if not na[b]:
+            self._V[b] = 0.0
+            self._t[b] = now
+            self._due[b].clear()
+
     def _unbind(self, p: _Pair, now: float) -> None:
         """Take ``p`` off its resource (its entries go stale)."""
+        if p.flows:
+            self._idle(p, now)
         b, o = p.b, p.o
-        p.ver += 1
         p.tver += 1
         p.b = p.o = -1
         nb, nu = self._nb, self._nu
         nb[b] -= 1
         nu[o] -= 1
-        self._resched[b] = None
-        if not nb[b]:  # nothing bound: its clock restarts at 0 (small values, small rounding)
-            self._V[b] = 0.0
-            self._t[b] = now
-            self._due[b].clear()
+        if not nb[b]:
             self._up[b].clear()
         if not nu[o]:
             self._lo[o].clear()
 
     def _bind(self, p: _Pair, L: int, oth: int, served: float, now: float) -> None:
-        """Bind ``p`` (service ``served`` now) to resource ``L``, its other side ``oth``;
-        requires ``_vr[L] <= _vr[oth]``."""
-        V, t, nb, vr = self._V, self._t, self._nb, self._vr
-        if nb[L]:
+        """Bind ``p`` (with flows; service ``served`` now) to resource ``L``, its other
+        side ``oth``; requires ``_vr[L] <= _vr[oth]``."""
+        V, t, na, nb, nu, vr = self._V, self._t, self._na, self._nb, self._nu, self._vr
+        if na[L]:
             V[L] += vr[L] * (now - t[L])
         else:
             V[L] = 0.0
         t[L] = now
+        na[L] += 1
         nb[L] += 1
-        self._nu[oth] += 1
+        nu[oth] += 1
         p.b = L
         p.o = oth
         p.s0 = served
@@ -249,19 +278,37 @@ class FluidShare:
         due = self._due[L]
         heappush(due, (v + (p.flows[0][0] - served), seq, ver, p))
         self._resched[L] = None
-        if len(due) > 2 * nb[L] + 16:
+        if len(due) > 2 * na[L] + 16:
             due[:] = [e for e in due if e[2] == e[3].ver]
             heapq.heapify(due)
-        self._threshold(p, L, oth, seq)
-
-    def _threshold(self, p: _Pair, L: int, oth: int, seq: int) -> None:
-        """Give ``p`` (bound to ``L``, other side ``oth``) a threshold between their shares."""
-        a, c = self._vr[L], self._vr[oth]
-        th = math.sqrt(a * c)  # the geometric mean: as much room for either share (inf with c)
+        # its threshold (see _threshold), inline: this runs for every new pair
+        a, c = vr[L], vr[oth]
+        th = math.sqrt(a * c)
         if th < a:
             th = a
         elif th > c:
             th = c
+        tv = p.tver = p.tver + 1
+        up, lo = self._up[L], self._lo[oth]
+        heappush(up, (th, seq, tv, p))
+        heappush(lo, (-th, seq, tv, p))
+        if len(up) > 2 * nb[L] + 16:
+            up[:] = [e for e in up if e[2] == e[3].tver]
+            heapq.heapify(up)
+        if len(lo) > 2 * nu[oth] + 16:
+            lo[:] = [e for e in lo if e[2] == e[3].tver]
+            heapq.heapify(lo)
+
+    def _threshold(self, p: _Pair, L: int, oth: int) -> None:
+        """Give ``p`` (bound to ``L``, other side ``oth``) a threshold between their shares:
+        their geometric mean, as much room for either share to move (inf if ``oth``'s is)."""
+        a, c = self._vr[L], self._vr[oth]
+        th = math.sqrt(a * c)
+        if th < a:
+            th = a
+        elif th > c:
+            th = c
+        seq = self._seq = self._seq + 1
         tv = p.tver = p.tver + 1
         up, lo = self._up[L], self._lo[oth]
         heappush(up, (th, seq, tv, p))
@@ -274,13 +321,17 @@ class FluidShare:
             heapq.heapify(lo)
 
     def _recheck(self, p: _Pair, now: float) -> None:
-        """A share crossed ``p``'s threshold: a new threshold if its binding holds, else
-        rebind it to its other side (its service folded at the old clock)."""
+        """A share crossed ``p``'s threshold: a pair without flows is dropped; one whose
+        binding holds gets a new threshold; else it is rebound to its other side (its
+        service folded at the old clock)."""
         L, oth = p.b, p.o
+        if not p.flows:
+            self._unbind(p, now)
+            del self._pairs[p.src * self._nres + p.dst]
+            return
         vr = self._vr
-        seq = self._seq = self._seq + 1
         if vr[L] <= vr[oth]:
-            self._threshold(p, L, oth, seq)
+            self._threshold(p, L, oth)
             return
         V, t = self._V, self._t
         V[L] += vr[L] * (now - t[L])
@@ -296,14 +347,14 @@ class FluidShare:
         now = self.env._now  # the property's value, without the call
         dirty = sorted(self._dirty)
         self._dirty.clear()
-        share, vr, V, t, nb = self._share, self._vr, self._V, self._t, self._nb
+        share, vr, V, t, na = self._share, self._vr, self._V, self._t, self._na
         resched = self._resched
         for L in self._refresh(dirty):
             new = share[L]
             old = vr[L]
             if new == old:
                 continue
-            if nb[L]:
+            if na[L]:
                 V[L] += old * (now - t[L])
                 resched[L] = None
             t[L] = now
@@ -327,9 +378,9 @@ class FluidShare:
                 if p.flows:  # (one withdrawn before now has none)
                     s, d = p.src, p.dst
                     if vr[s] <= vr[d]:
-                        self._bind(p, s, d, p.s0, now)
+                        self._bind(p, s, d, 0.0, now)
                     else:
-                        self._bind(p, d, s, p.s0, now)
+                        self._bind(p, d, s, 0.0, now)
             pending.clear()
         if resched:
             heap = self._heap
@@ -386,63 +437,62 @@ class FluidShare:
                 res.append(L)
         due: list[tuple[float, int, _Pair]] = []
         dues, V, t, vr, resched = self._due, self._V, self._t, self._vr, self._resched
-        if res:
-            for L in res:
-                h = dues[L]
-                tL, VL, r = t[L], V[L], vr[L]
-                # The first pair is due by construction when the resource is unchanged since
-                # its entry was made (the same numbers give the same time). Never judge it
-                # by the clock: rounding could leave it a hair short forever.
-                first = L not in resched
-                while h:
-                    e = h[0]
-                    p = e[3]
-                    if e[2] != p.ver:
-                        heappop(h)
-                        continue
-                    left = e[0] - VL
-                    when = tL + (left if left > 0.0 else 0.0) / r
-                    if when <= horizon or first:
-                        heappop(h)
-                        due.append((when, e[1], p))
-                        first = False
-                    else:
-                        break
-            if len(due) > 1:
-                due.sort()  # (time, seq): seqs are unique, pairs never compared
-        delivered: list[Callable[[], None]] = []
-        n, dirty, pop = self._n, self._dirty, heappop
-        if due:
-            pairs, nres = self._pairs, self._nres
-            for _, _, p in due:
-                L = p.b
-                VL = V[L] = V[L] + vr[L] * (now - t[L])
-                t[L] = now
-                served = p.s0 + (VL - p.vb)
-                # The earliest flow is due by construction; others whose target is reached
-                # to rounding go with it.
-                flows = p.flows
-                first_t = flows[0][0]
-                if served < first_t:
-                    served = first_t
-                tol = 1e-9 * (first_t if first_t > 1.0 else 1.0)
-                src, dst = p.src, p.dst
-                while flows and flows[0][0] - served <= tol:
-                    delivered.append(pop(flows)[2])
-                    n[src] -= 1
-                    n[dst] -= 1
-                dirty.add(src)
-                dirty.add(dst)
-                if flows:  # rebased at now, with its next target
-                    p.s0 = served
-                    p.vb = VL
-                    s = self._seq = self._seq + 1
-                    ver = p.ver = p.ver + 1
-                    heappush(dues[L], (VL + (flows[0][0] - served), s, ver, p))
-                    resched[L] = None
+        for L in res:
+            h = dues[L]
+            tL, VL, r = t[L], V[L], vr[L]
+            # The first pair is due by construction when the resource is unchanged since
+            # its entry was made (the same numbers give the same time). Never judge it by
+            # the clock: rounding could leave it a hair short forever.
+            first = L not in resched
+            while h:
+                e = h[0]
+                p = e[3]
+                if e[2] != p.ver:
+                    heappop(h)
+                    continue
+                left = e[0] - VL
+                when = tL + (left if left > 0.0 else 0.0) / r
+                if when <= horizon or first:
+                    heappop(h)
+                    due.append((when, e[1], p))
+                    first = False
                 else:
-                    del pairs[src * nres + dst]
-                    self._unbind(p, now)
+                    break
+        if len(due) > 1:
+            due.sort()  # (time, seq): seqs are unique, pairs never compared
+        delivered: list[Callable[[], None]] = []
+        n, dirty, pop, na = self._n, self._dirty, heappop, self._na
+        for _, _, p in due:
+            L = p.b
+            VL = V[L] = V[L] + vr[L] * (now - t[L])
+            t[L] = now
+            served = p.s0 + (VL - p.vb)
+            # The earliest flow is due by construction; others whose target is reached to
+            # rounding go with it.
+            flows = p.flows
+            first_t = flows[0][0]
+            if served < first_t:
+                served = first_t
+            tol = 1e-9 * (first_t if first_t > 1.0 else 1.0)
+            src, dst = p.src, p.dst
+            while flows and flows[0][0] - served <= tol:
+                delivered.append(pop(flows)[2])
+                n[src] -= 1
+                n[dst] -= 1
+            dirty.add(src)
+            dirty.add(dst)
+            resched[L] = None
+            ver = p.ver = p.ver + 1
+            if flows:  # rebased at now, with its next target
+                p.s0 = served
+                p.vb = VL
+                s = self._seq = self._seq + 1
+                heappush(dues[L], (VL + (flows[0][0] - served), s, ver, p))
+            else:  # idle (see _idle)
+                na[L] -= 1
+                if not na[L]:
+                    V[L] = 0.0
+                    dues[L].clear()
         # One latency timer for every message this wake delivers: the per-message timers
         # would fire back to back at the same instant (consecutive event ids), and a
         # delivery callback schedules nothing urgent that could run between them.
