@@ -62,20 +62,20 @@ _INF = math.inf
 
 
 class _Pair:
-    """Flows from one resource to another: one rate, one service counter."""
+    """Flows from one resource to another: one rate, one virtual clock."""
 
-    __slots__ = ("src", "dst", "flows", "b", "o", "s0", "vb", "ver", "tver")
+    __slots__ = ("src", "dst", "flows", "b", "o", "ver", "tver")
 
     def __init__(self, src: int, dst: int) -> None:
         self.src = src
         self.dst = dst
-        self.flows: list[tuple[float, int, Callable[[], None]]] = []  # (service target, seq, cb)
-        # The resource it is bound to (its rate is that one's share) and the other one;
-        # -1 until the settle after its creation binds it (its service is 0 until then).
+        # (target, seq, cb): the value of its resource's virtual clock at which the flow is
+        # done (before its first binding: its service from 0, the clock then being 0)
+        self.flows: list[tuple[float, int, Callable[[], None]]] = []
+        # the resource it is bound to (its rate is that one's share) and the other one;
+        # -1 until the settle after its creation binds it
         self.b = -1
         self.o = -1
-        self.s0 = 0.0  # its service when last bound or rebased
-        self.vb = 0.0  # V[b] at that moment: its service is s0 + V[b] - vb
         self.ver = 0  # an entry of its resource's completion heap is live while it carries this
         self.tver = 0  # its two threshold entries are live while they carry this
 
@@ -109,16 +109,16 @@ class FluidShare:
         # at and the bindings follow, brought to _share by each settle
         self._share = [_INF] * R
         self._vr = [_INF] * R
-        # virtual clock: V[L] at time t[L]; it restarts at 0 whenever no pair bound to L
-        # has a flow (small values, small rounding)
+        # virtual clock: V[L] at time t[L], read only while a pair bound to L has flows; it
+        # restarts at 0 when one comes after none had (small values, small rounding)
         self._V = [0.0] * R
         self._t = [0.0] * R
         self._na = [0] * R  # pairs with flows bound to each resource
         self._nb = [0] * R  # pairs bound to each resource, with flows or not
         self._nu = [0] * R  # pairs with this resource as their other (unbound) side
-        # per resource: its bound pairs with flows by virtual target, (target, seq, ver,
-        # pair); the thresholds of its bound pairs, (th, seq, tver, pair); and those of the
-        # pairs it does not bind, negated for a max-heap, (-th, seq, tver, pair)
+        # per resource: its bound pairs with flows by their earliest target, (target, flow
+        # seq, ver, pair); the thresholds of its bound pairs, (th, seq, tver, pair); and those
+        # of the pairs it does not bind, negated for a max-heap, (-th, seq, tver, pair)
         self._due: list[list[tuple[float, int, int, _Pair]]] = [[] for _ in range(R)]
         self._up: list[list[tuple[float, int, int, _Pair]]] = [[] for _ in range(R)]
         self._lo: list[list[tuple[float, int, int, _Pair]]] = [[] for _ in range(R)]
@@ -154,33 +154,28 @@ class FluidShare:
         if p is None:
             p = self._pairs[key] = _Pair(src, dst)
             self._pending.append(p)
-            p.flows.append((amount, seq, on_done))  # service 0 until bound
+            p.flows.append((amount, seq, on_done))
+        elif p.b < 0:  # not bound yet: its service is 0
+            heappush(p.flows, (amount, seq, on_done))
         else:
             b = p.b
             flows = p.flows
-            if b < 0:  # not bound yet: its service is 0
-                heappush(flows, (amount, seq, on_done))
-            elif flows:
-                V = self._V
-                served = p.s0 + (V[b] + self._vr[b] * (self.env._now - self._t[b]) - p.vb)
-                heappush(flows, (served + amount, seq, on_done))
-                if flows[0][1] == seq:  # its earliest flow now: its virtual target moves earlier
-                    ver = p.ver = p.ver + 1
-                    heappush(self._due[b], (p.vb + (served + amount - p.s0), seq, ver, p))
-                    self._resched[b] = None
-            else:  # bound, back from empty: it restarts at service 0, V[b] now
-                na, V = self._na, self._V
+            V = self._V
+            if flows:
+                x = V[b] + self._vr[b] * (self.env._now - self._t[b]) + amount
+            else:  # back from idle (see _idle)
+                na = self._na
                 if na[b]:
-                    v = V[b] + self._vr[b] * (self.env._now - self._t[b])
+                    x = V[b] + self._vr[b] * (self.env._now - self._t[b]) + amount
                 else:
-                    v = V[b] = 0.0
+                    V[b] = 0.0
                     self._t[b] = self.env._now
+                    x = amount
                 na[b] += 1
-                p.s0 = 0.0
-                p.vb = v
-                flows.append((amount, seq, on_done))
+            heappush(flows, (x, seq, on_done))
+            if flows[0][1] == seq:  # its earliest flow now
                 ver = p.ver = p.ver + 1
-                heappush(self._due[b], (v + amount, seq, ver, p))
+                heappush(self._due[b], (x, seq, ver, p))
                 self._resched[b] = None
         n = self._n
         n[src] += 1
@@ -203,10 +198,8 @@ class FluidShare:
             return 0.0
         now = self.env._now  # the property's value, without the call
         b = p.b
-        served = p.s0
-        if b >= 0:
-            served += self._V[b] + self._vr[b] * (now - self._t[b]) - p.vb
-        left = max(flows[i][0] - served, 0.0)
+        v = self._V[b] + self._vr[b] * (now - self._t[b]) if b >= 0 else 0.0
+        left = max(flows[i][0] - v, 0.0)
         flows[i] = flows[-1]
         flows.pop()
         heapq.heapify(flows)
@@ -219,10 +212,9 @@ class FluidShare:
                 del self._pairs[p.src * self._nres + p.dst]
         elif not flows:
             self._idle(p, now)
-        elif i == 0:  # its earliest flow went: its virtual target moves later
-            s = self._seq = self._seq + 1
+        elif i == 0:  # its earliest flow went
             ver = p.ver = p.ver + 1
-            heappush(self._due[b], (p.vb + (flows[0][0] - p.s0), s, ver, p))
+            heappush(self._due[b], (flows[0][0], flows[0][1], ver, p))
             self._resched[b] = None
         if not self._settle_pending:
             self._settle_pending = True
@@ -231,15 +223,13 @@ class FluidShare:
 
     # -- internals ---------------------------------------------------------
     def _idle(self, p: _Pair, now: float) -> None:
-        """``p``'s last flow is gone: off its resource's completion heap (it stays bound)."""
+        """``p``'s last flow went: off its resource's completion heap (it stays bound)."""
         b = p.b
         p.ver += 1
         na = self._na
         na[b] -= 1
         self._resched[b] = None
         if not na[b]:
-            self._V[b] = 0.0
-            self._t[b] = now
             self._due[b].clear()
 
     def _unbind(self, p: _Pair, now: float) -> None:
@@ -257,47 +247,35 @@ class FluidShare:
         if not nu[o]:
             self._lo[o].clear()
 
-    def _bind(self, p: _Pair, L: int, oth: int, served: float, now: float) -> None:
-        """Bind ``p`` (with flows; service ``served`` now) to resource ``L``, its other
-        side ``oth``; requires ``_vr[L] <= _vr[oth]``."""
+    def _bind(self, p: _Pair, L: int, oth: int, off: float, now: float) -> None:
+        """Bind ``p`` (with flows, whose targets are ``off`` from their service targets)
+        to resource ``L``, its other side ``oth``; requires ``_vr[L] <= _vr[oth]``."""
         V, t, na, nb, nu, vr = self._V, self._t, self._na, self._nb, self._nu, self._vr
         if na[L]:
-            V[L] += vr[L] * (now - t[L])
+            v = V[L] = V[L] + vr[L] * (now - t[L])
         else:
-            V[L] = 0.0
+            v = V[L] = 0.0
         t[L] = now
         na[L] += 1
         nb[L] += 1
         nu[oth] += 1
         p.b = L
         p.o = oth
-        p.s0 = served
-        v = p.vb = V[L]
-        seq = self._seq = self._seq + 1
+        flows = p.flows
+        d = v - off
+        if d != 0.0:
+            # the shift keeps their order, but rounding may tie two targets: heapify
+            flows[:] = [(x + d, s, cb) for x, s, cb in flows]
+            if len(flows) > 1:
+                heapq.heapify(flows)
         ver = p.ver = p.ver + 1
         due = self._due[L]
-        heappush(due, (v + (p.flows[0][0] - served), seq, ver, p))
+        heappush(due, (flows[0][0], flows[0][1], ver, p))
         self._resched[L] = None
         if len(due) > 2 * na[L] + 16:
             due[:] = [e for e in due if e[2] == e[3].ver]
             heapq.heapify(due)
-        # its threshold (see _threshold), inline: this runs for every new pair
-        a, c = vr[L], vr[oth]
-        th = math.sqrt(a * c)
-        if th < a:
-            th = a
-        elif th > c:
-            th = c
-        tv = p.tver = p.tver + 1
-        up, lo = self._up[L], self._lo[oth]
-        heappush(up, (th, seq, tv, p))
-        heappush(lo, (-th, seq, tv, p))
-        if len(up) > 2 * nb[L] + 16:
-            up[:] = [e for e in up if e[2] == e[3].tver]
-            heapq.heapify(up)
-        if len(lo) > 2 * nu[oth] + 16:
-            lo[:] = [e for e in lo if e[2] == e[3].tver]
-            heapq.heapify(lo)
+        self._threshold(p, L, oth)
 
     def _threshold(self, p: _Pair, L: int, oth: int) -> None:
         """Give ``p`` (bound to ``L``, other side ``oth``) a threshold between their shares:
@@ -322,8 +300,8 @@ class FluidShare:
 
     def _recheck(self, p: _Pair, now: float) -> None:
         """A share crossed ``p``'s threshold: a pair without flows is dropped; one whose
-        binding holds gets a new threshold; else it is rebound to its other side (its
-        service folded at the old clock)."""
+        binding holds gets a new threshold; else it is rebound to its other side, its
+        targets carried from the old clock to the new one."""
         L, oth = p.b, p.o
         if not p.flows:
             self._unbind(p, now)
@@ -333,12 +311,9 @@ class FluidShare:
         if vr[L] <= vr[oth]:
             self._threshold(p, L, oth)
             return
-        V, t = self._V, self._t
-        V[L] += vr[L] * (now - t[L])
-        t[L] = now
-        served = p.s0 + (V[L] - p.vb)
+        v = self._V[L] + vr[L] * (now - self._t[L])
         self._unbind(p, now)
-        self._bind(p, oth, L, served, now)
+        self._bind(p, oth, L, v, now)
 
     def _settle(self, _ev: object = None) -> None:
         """Apply the shares of resources whose flow count changed, fix the bindings
@@ -354,10 +329,10 @@ class FluidShare:
             old = vr[L]
             if new == old:
                 continue
-            if na[L]:
+            if na[L]:  # (else its clock is not read until it restarts)
                 V[L] += old * (now - t[L])
+                t[L] = now
                 resched[L] = None
-            t[L] = now
             vr[L] = new
             if new > old:  # thresholds below the new share: bound pairs that may move off
                 up = self._up[L]
@@ -426,7 +401,8 @@ class FluidShare:
             self._wake_at = _INF
         heap, rver, rdue = self._heap, self._rver, self._rdue
         # Resources due now (to float rounding of the wake time), and their pairs due now,
-        # complete together.
+        # complete together: resource by resource in the order of their entries, and each
+        # one's pairs in the order of their targets.
         horizon = now + 1e-12 * max(now, 1e-9)
         res: list[int] = []
         while heap and heap[0][0] <= horizon:
@@ -435,64 +411,61 @@ class FluidShare:
             if r_ent[3] == rver[L]:
                 rdue[L] = _INF  # consumed: the settle pushes its next one
                 res.append(L)
-        due: list[tuple[float, int, _Pair]] = []
+        delivered: list[Callable[[], None]] = []
         dues, V, t, vr, resched = self._due, self._V, self._t, self._vr, self._resched
+        n, dirty, na, pop = self._n, self._dirty, self._na, heappop
         for L in res:
             h = dues[L]
             tL, VL, r = t[L], V[L], vr[L]
+            vlim = VL + (horizon - tL) * r  # the clock at the horizon
             # The first pair is due by construction when the resource is unchanged since
-            # its entry was made (the same numbers give the same time). Never judge it by
-            # the clock: rounding could leave it a hair short forever.
+            # its entry was made (the same numbers gave that time). Never judge it by the
+            # clock: rounding could leave it a hair short forever.
             first = L not in resched
+            got: list[_Pair] = []
             while h:
                 e = h[0]
                 p = e[3]
                 if e[2] != p.ver:
-                    heappop(h)
-                    continue
-                left = e[0] - VL
-                when = tL + (left if left > 0.0 else 0.0) / r
-                if when <= horizon or first:
-                    heappop(h)
-                    due.append((when, e[1], p))
+                    pop(h)
+                elif e[0] <= vlim or first:
+                    pop(h)  # (its entry consumed: the pair's ver stays for its next one)
+                    got.append(p)
                     first = False
                 else:
                     break
-        if len(due) > 1:
-            due.sort()  # (time, seq): seqs are unique, pairs never compared
-        delivered: list[Callable[[], None]] = []
-        n, dirty, pop, na = self._n, self._dirty, heappop, self._na
-        for _, _, p in due:
-            L = p.b
-            VL = V[L] = V[L] + vr[L] * (now - t[L])
+            if not got:
+                continue
+            VL = V[L] = VL + r * (now - tL)
             t[L] = now
-            served = p.s0 + (VL - p.vb)
-            # The earliest flow is due by construction; others whose target is reached to
-            # rounding go with it.
-            flows = p.flows
-            first_t = flows[0][0]
-            if served < first_t:
-                served = first_t
-            tol = 1e-9 * (first_t if first_t > 1.0 else 1.0)
-            src, dst = p.src, p.dst
-            while flows and flows[0][0] - served <= tol:
-                delivered.append(pop(flows)[2])
-                n[src] -= 1
-                n[dst] -= 1
-            dirty.add(src)
-            dirty.add(dst)
             resched[L] = None
-            ver = p.ver = p.ver + 1
-            if flows:  # rebased at now, with its next target
-                p.s0 = served
-                p.vb = VL
-                s = self._seq = self._seq + 1
-                heappush(dues[L], (VL + (flows[0][0] - served), s, ver, p))
-            else:  # idle (see _idle)
-                na[L] -= 1
-                if not na[L]:
-                    V[L] = 0.0
-                    dues[L].clear()
+            dirty.add(L)
+            done = 0
+            for p in got:
+                # The earliest flow is due; others whose target is reached to rounding go
+                # with it (the clock read as at least the earliest's target).
+                flows = p.flows
+                first_t, _, cb = pop(flows)
+                delivered.append(cb)
+                k = 1
+                if flows:
+                    ref = first_t if first_t > VL else VL
+                    tol = 1e-9 * (first_t if first_t > 1.0 else 1.0)
+                    while flows and flows[0][0] - ref <= tol:
+                        delivered.append(pop(flows)[2])
+                        k += 1
+                o = p.o
+                n[o] -= k
+                done += k
+                dirty.add(o)
+                if flows:
+                    f = flows[0]
+                    heappush(h, (f[0], f[1], p.ver, p))
+                else:  # idle (see _idle; its entry is gone already)
+                    na[L] -= 1
+                    if not na[L]:
+                        h.clear()
+            n[L] -= done
         # One latency timer for every message this wake delivers: the per-message timers
         # would fire back to back at the same instant (consecutive event ids), and a
         # delivery callback schedules nothing urgent that could run between them.
