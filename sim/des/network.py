@@ -97,12 +97,19 @@ class FluidShare:
         env: the SimPy environment.
         n_resources: number of resources (ids 0 .. n - 1).
         latency_s: delay between a flow's last unit of work and its callback.
+        capacity: each resource's capacity, split equally among its flows (a
+            resource without flows keeps its last share); None: the subclass's
+            :meth:`_refresh` sets the shares.
     """
 
-    def __init__(self, env: simpy.Environment, n_resources: int, latency_s: float = 0.0) -> None:
+    def __init__(self, env: simpy.Environment, n_resources: int, latency_s: float = 0.0,
+                 capacity: Sequence[float] | None = None) -> None:
         self.env = env
         self.latency_s = float(latency_s)
         R = n_resources
+        # the default policy: a resource's capacity split equally among its flows; None:
+        # the subclass's _refresh sets the shares
+        self._cap = None if capacity is None else [float(c) for c in capacity]
         self._nres = R
         self._n = [0] * R  # flows on each resource
         # the share of each resource, set by _refresh; _vr: the share its virtual clock runs
@@ -143,7 +150,7 @@ class FluidShare:
     def _refresh(self, resources: list[int]) -> Iterable[int]:
         """Set ``self._share`` of ``resources`` (sorted) from their flow counts, and of
         any resource whose share depends on theirs; returns every resource it may have
-        changed (in a deterministic order)."""
+        changed (in a deterministic order). Used when no ``capacity`` was given."""
         raise NotImplementedError
 
     def _start(self, src: int, dst: int, amount: float, on_done: Callable[[], None]) -> tuple[_Pair, int]:
@@ -324,8 +331,15 @@ class FluidShare:
         self._dirty.clear()
         share, vr, V, t, na = self._share, self._vr, self._V, self._t, self._na
         resched = self._resched
-        for L in self._refresh(dirty):
-            new = share[L]
+        cap, n = self._cap, self._n
+        for L in (dirty if cap is not None else self._refresh(dirty)):
+            if cap is None:
+                new = share[L]
+            else:  # capacity split equally (inline: this loop runs for every resource touched)
+                k = n[L]
+                if not k:
+                    continue  # no flows, no pair to serve: its share can wait
+                new = share[L] = cap[L] / k
             old = vr[L]
             if new == old:
                 continue
@@ -497,7 +511,8 @@ class FlowNetwork(FluidShare):
 
     def __init__(self, env: simpy.Environment, link_bw_Bps: Sequence[float], latency_s: float,
                  fair: bool = True) -> None:
-        super().__init__(env, len(link_bw_Bps), latency_s)
+        # a link's bandwidth split equally among its flows: FluidShare's default policy
+        super().__init__(env, len(link_bw_Bps), latency_s, capacity=link_bw_Bps)
         self.bw = [float(b) for b in link_bw_Bps]
         self.fair = fair
         self.bytes_sent = 0.0
@@ -512,16 +527,6 @@ class FlowNetwork(FluidShare):
             call_later(self.env, nbytes / min(self.bw[src], self.bw[dst]), lambda _e: self._deliver(on_delivered))
             return
         self._start(src, dst, nbytes, on_delivered)
-
-    def _refresh(self, resources: list[int]) -> list[int]:
-        """A link's bandwidth split equally among its flows (a link without flows keeps
-        its last share: no pair is on it)."""
-        bw, n, share = self.bw, self._n, self._share
-        for link in resources:
-            k = n[link]
-            if k:
-                share[link] = bw[link] / k
-        return resources
 
     def _deliver(self, cb: Callable[[], None]) -> None:
         if self.latency_s > 0:
