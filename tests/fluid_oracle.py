@@ -82,10 +82,27 @@ class ReferenceFlowNetwork:
             ev = self.env.timeout(nbytes / min(self.bw[src], self.bw[dst]))
             ev.callbacks.append(lambda _e: self._deliver(on_delivered))
             return
+        self._start(src, dst, nbytes, on_delivered)
+
+    def _start(self, src: int, dst: int, nbytes: float, on_delivered: Callable[[], None]) -> _Flow:
+        """A flow of ``nbytes`` (> 0); returns its handle for :meth:`cancel`."""
         f = _Flow(nbytes, src, dst, on_delivered, self.env.now)
         self._flows[src][f] = None
         self._flows[dst][f] = None
         self._touch(src, dst)
+        return f
+
+    def cancel(self, f: _Flow) -> float:
+        """Withdraw a flow that has not finished; returns the bytes it had not been sent
+        (0 for a finished one)."""
+        if not f.live:
+            return 0.0
+        left = f.rem - (f.rate * (self.env.now - f.t) if f.rate > 0.0 else 0.0)
+        f.live = False
+        del self._flows[f.src][f]
+        del self._flows[f.dst][f]
+        self._touch(f.src, f.dst)
+        return max(left, 0.0)
 
     # -- internals ---------------------------------------------------------
     def _deliver(self, cb: Callable[[], None]) -> None:

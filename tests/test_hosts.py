@@ -222,7 +222,7 @@ def test_cancel_at_the_start_gives_back_all_of_it() -> None:
     cpu = HostCPU(env, [Host("h", 1)], [Placement(0, threads=2)])
     handle = cpu.compute(0, 1.5, lambda: None)
     assert handle is not None and cpu.cpu_s == [3.0]
-    assert cpu.cancel(handle) == 1.5  # the same instant: none of it served (the pair still DIRTY)
+    assert cpu.cancel(handle) == 1.5  # the same instant: none of it served (its pair not bound yet)
     assert cpu.cpu_s == [0.0]
     with pytest.raises(ValueError, match="cpu_scale"):
         HostCPU(env, [Host("h", 1)], [Placement(0, cpu_scale=0.0)])

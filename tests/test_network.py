@@ -3,6 +3,7 @@ implementation against the per-flow reference (tests/fluid_oracle.py)."""
 
 from __future__ import annotations
 
+import pytest
 import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -81,3 +82,140 @@ def test_grouped_network_matches_per_flow_reference(flows, bw, latency):
     assert all(f is not None for f in fast)
     for a, b in zip(fast, ref, strict=True):
         assert abs(a - b) <= 1e-9 * max(abs(b), 1.0)
+
+
+# -- the virtual clocks: a pair is served by the link that limits it, and moves when that changes --
+
+
+def _run_ops(net_cls, bw, latency, flows):
+    """flows: (start_s, src, dst, nbytes, cancel_after_s or None), started through the
+    machinery's ``_start`` (which returns a handle). Returns (delivery time or None, what
+    cancel returned or None) per flow."""
+    env = simpy.Environment()
+    net = net_cls(env, bw, latency, fair=True)
+    out = [None] * len(flows)
+    left = [None] * len(flows)
+
+    def starter(i, t0, src, dst, n, cancel_after):
+        yield env.timeout(t0)
+        handle = net._start(src, dst, n, lambda: out.__setitem__(i, env.now))
+        if cancel_after is not None:
+            yield env.timeout(cancel_after)
+            left[i] = net.cancel(handle)
+
+    for i, f in enumerate(flows):
+        env.process(starter(i, *f))
+    env.run()
+    return out, left
+
+
+def test_a_pair_follows_its_bottleneck_from_link_to_link():
+    # Links 0, 1, 2 at 120 B/s, link 3 at 1200 B/s; latency 0. X: 0 -> 2, 330 B at 0.
+    #   0   .. 0.5  X, Y (1 -> 2, 60 B) on link 2: 60 each; X is bound to link 2.
+    #   0.5 .. 1    Z (100 B) and W (220 B) on 0 -> 3: link 0 has 3 flows, 40 each < 60:
+    #               X moves to link 0. Y (30 B left) at 60: done at 1.
+    #   1   .. 3    X, Z, W at 40 (link 2 is X's alone: 120). Z: 20 + 80 = 100, done at 3.
+    #   3   .. 4    link 0: X, W at 60. X has 130 + 60 = 190, W 100 + 60 = 160.
+    #   4   .. 5    U1 (80 B), U2 (200 B) on 1 -> 2: link 2 has 3 flows, 40 < 60: X moves
+    #               back to link 2 (the idle pair 1 -> 2 comes back). W at 60: done at 5.
+    #   5   .. 6    X, U1, U2 at 40 (link 0 is X's alone now). U1 done at 6; X has 270.
+    #   6   .. 7    link 2: X, U2 at 60. X done at 7 (U2: 80 + 60 = 140).
+    #   7   .. 7.5  U2 alone at 120: done at 7.5.
+    env = simpy.Environment()
+    net = FlowNetwork(env, [120.0, 120.0, 120.0, 1200.0], 0.0)
+    flows = {"X": (0.0, 0, 2, 330.0), "Y": (0.0, 1, 2, 60.0), "Z": (0.5, 0, 3, 100.0),
+             "W": (0.5, 0, 3, 220.0), "U1": (4.0, 1, 2, 80.0), "U2": (4.0, 1, 2, 200.0)}
+    done: dict[str, float] = {}
+    bound: list[tuple[float, int]] = []
+
+    def starter(name, t0, src, dst, n):
+        yield env.timeout(t0)
+        net.transfer(src, dst, n, lambda: done.__setitem__(name, env.now))
+
+    def watch():
+        for t in (0.25, 0.75, 2.0, 4.5, 6.5):
+            yield env.timeout(t - env.now)
+            bound.append((t, net._pairs[0 * 4 + 2].b))  # the link pair X's is bound to
+
+    for name, f in flows.items():
+        env.process(starter(name, *f))
+    env.process(watch())
+    env.run()
+    expected = {"Y": 1.0, "Z": 3.0, "W": 5.0, "U1": 6.0, "X": 7.0, "U2": 7.5}
+    assert done.keys() == expected.keys()
+    for name, t in expected.items():
+        assert abs(done[name] - t) <= 1e-12 * t, (name, done[name], t)
+    assert bound == [(0.25, 2), (0.75, 0), (2.0, 0), (4.5, 2), (6.5, 2)]
+    # the reference agrees
+    ref = _run(ReferenceFlowNetwork, [120.0, 120.0, 120.0, 1200.0], 0.0, list(flows.values()))
+    assert ref == pytest.approx([expected[k] for k in flows], rel=1e-12)
+
+
+def test_cancel_gives_back_what_was_not_sent_across_a_rebinding():
+    # Links 0, 1, 2 at 100 B/s. X: 0 -> 1, 300 B at 0, alone at 100 (bound to link 0, the
+    # tie going to src). Y: 2 -> 1, 200 B at 1: link 1 has 2 flows, 50 each < 100: X moves
+    # to link 1. X cancelled at 2 has been sent 100 + 50 = 150 B: 150 left. Y, 50 B sent,
+    # then runs alone at 100: done at 2 + 150 / 100 = 3.5. X's callback never runs.
+    out, left = _run_ops(FlowNetwork, [100.0] * 3, 0.0, [(0.0, 0, 1, 300.0, 2.0), (1.0, 2, 1, 200.0, None)])
+    assert out == [None, 3.5]
+    assert left == [150.0, None]
+    # at the instant it starts, none of it is sent; a finished flow gives back nothing
+    out, left = _run_ops(FlowNetwork, [100.0] * 3, 0.0, [(0.0, 0, 1, 300.0, 0.0), (0.0, 2, 1, 100.0, 5.0)])
+    assert out == [None, 1.0]
+    assert left == [300.0, 0.0]
+
+
+def test_many_pairs_on_one_link_finish_together_and_move_on():
+    # 64 pairs k -> 64 (the shard link, 640 B/s), each link at 100 B/s: 10 B/s each, every
+    # pair bound to link 64. Each sends 10 B at 0 and 20 B at 0.5 (when the first is half
+    # done): from 0.5 link 64 has 128 flows, 5 B/s each; the first ones (5 B left) end
+    # together at 1.5, the second ones (15 B left) then run at 10 B/s: done at 3.
+    env = simpy.Environment()
+    net = FlowNetwork(env, [100.0] * 64 + [640.0], 0.0)
+    first: list[float] = []
+    second: list[float] = []
+
+    def starter(k):
+        net.transfer(k, 64, 10.0, lambda: first.append(env.now))
+        yield env.timeout(0.5)
+        net.transfer(k, 64, 20.0, lambda: second.append(env.now))
+
+    for k in range(64):
+        env.process(starter(k))
+    env.run()
+    assert first == pytest.approx([1.5] * 64, rel=1e-12)
+    assert second == pytest.approx([3.0] * 64, rel=1e-12)
+    assert {p.b for p in net._pairs.values()} == {64}
+
+
+flow_ops = st.lists(
+    st.tuples(
+        st.sampled_from([0.0, 0.0, 0.5, 1.0, 1.7, 3.0]),
+        st.integers(0, 2),
+        st.integers(0, 3),
+        st.integers(4, 6),
+        st.floats(1.0, 1000.0),
+        st.sampled_from([None, None, None, 0.0, 0.3, 1.1, 2.5]),
+    ).map(lambda t: (t[0], *((t[2], t[3]) if t[1] == 0 else (t[3], t[2]) if t[1] == 1
+                             else (t[2], (t[2] + 1) % 4)), t[4], t[5])),
+    min_size=1, max_size=30,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(flows=flow_ops, bw=st.lists(st.floats(10.0, 500.0), min_size=7, max_size=7),
+       latency=st.sampled_from([0.0, 0.01]))
+def test_arrivals_and_cancels_match_per_flow_reference(flows, bw, latency):
+    fast, fast_left = _run_ops(FlowNetwork, bw, latency, flows)
+    ref, ref_left = _run_ops(ReferenceFlowNetwork, bw, latency, flows)
+    for f, a, b, la, lb in zip(flows, fast, ref, fast_left, ref_left, strict=True):
+        t_cancel = None if f[4] is None else f[0] + f[4]
+        if (a is None) != (b is None):
+            # delivered by one, cancelled by the other: only at a tie of the two instants
+            t = a if a is not None else b
+            assert t_cancel is not None and abs(t - latency - t_cancel) <= 1e-9 * max(t_cancel, 1.0)
+            continue
+        if a is not None:
+            assert abs(a - b) <= 1e-9 * max(abs(b), 1.0)
+        if t_cancel is not None and a is None:
+            assert abs(la - lb) <= 1e-9 * max(f[3], 1.0)
