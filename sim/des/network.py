@@ -112,8 +112,8 @@ class FluidShare:
         self._cap = None if capacity is None else [float(c) for c in capacity]
         self._nres = R
         self._n = [0] * R  # flows on each resource
-        # the share of each resource, set by _refresh; _vr: the share its virtual clock runs
-        # at and the bindings follow, brought to _share by each settle
+        # the share of each resource as _refresh sets it (without a capacity); _vr: the share
+        # its virtual clock runs at and the bindings follow, brought up to date by each settle
         self._share = [_INF] * R
         self._vr = [_INF] * R
         # virtual clock: V[L] at time t[L], read only while a pair bound to L has flows; it
@@ -162,20 +162,17 @@ class FluidShare:
             p = self._pairs[key] = _Pair(src, dst)
             self._pending.append(p)
             p.flows.append((amount, seq, on_done))
-        elif p.b < 0:  # not bound yet: its service is 0
-            heappush(p.flows, (amount, seq, on_done))
-        else:
+        elif p.b >= 0:  # bound: its target on b's clock
             b = p.b
             flows = p.flows
-            V = self._V
             if flows:
-                x = V[b] + self._vr[b] * (self.env._now - self._t[b]) + amount
+                x = self._V[b] + self._vr[b] * (self.env._now - self._t[b]) + amount
             else:  # back from idle (see _idle)
                 na = self._na
                 if na[b]:
-                    x = V[b] + self._vr[b] * (self.env._now - self._t[b]) + amount
+                    x = self._V[b] + self._vr[b] * (self.env._now - self._t[b]) + amount
                 else:
-                    V[b] = 0.0
+                    self._V[b] = 0.0
                     self._t[b] = self.env._now
                     x = amount
                 na[b] += 1
@@ -184,6 +181,8 @@ class FluidShare:
                 ver = p.ver = p.ver + 1
                 heappush(self._due[b], (x, seq, ver, p))
                 self._resched[b] = None
+        else:  # not bound yet: its service is 0
+            heappush(p.flows, (amount, seq, on_done))
         n = self._n
         n[src] += 1
         n[dst] += 1
@@ -339,7 +338,7 @@ class FluidShare:
                 k = n[L]
                 if not k:
                     continue  # no flows, no pair to serve: its share can wait
-                new = share[L] = cap[L] / k
+                new = cap[L] / k
             old = vr[L]
             if new == old:
                 continue
