@@ -10,23 +10,24 @@ an ideal non-blocking network. A message is delivered ``latency_s`` after its
 last byte leaves the fluid model, so an uncontended message takes
 latency_s + n / bw exactly as in the analytic evaluator.
 
-Rates change only at flow arrivals and departures; changes at one instant are
-batched by a zero-delay settle event, which refreshes the shares of the
-resources whose flow count changed. The machinery (:class:`FluidShare`):
+Rates change only at flow arrivals and departures. Changes at one instant are
+batched by a zero-delay settle event, which applies the new shares of the
+resources whose flow count changed (by default a resource's capacity split
+equally among its flows; :class:`sim.des.hosts.HostCPU` has its own policy)
+and reschedules. The machinery (:class:`FluidShare`):
 
 * Pairs. Flows between the same two resources always run at the same rate,
-  so they are kept together in a pair with one service counter: a flow
-  finishes when its pair's service reaches the value it had at the flow's
-  start plus the flow's size.
+  so they are kept together in a pair.
 * Virtual clocks (the processor-sharing trick). Each resource L has a clock
-  V[L] that advances at its share, ``share[L]`` per second (folded to the
-  current time whenever the share changes). Each pair is *bound* to one of its
-  two resources whose share is the smaller (the pair's rate): while bound to
-  L its service is ``s0 + V[L] - vb``, where s0 and vb are its service and
-  V[L] when it was bound (or last rebased). Its earliest flow then finishes
-  when V[L] reaches a fixed virtual target, and a change of share[L] re-rates
-  every pair bound to L at once, without visiting any of them. Each resource
-  keeps a heap of its bound pairs by virtual target, and its next completion,
+  V[L] that advances at its share, ``share[L]`` per second; it is folded to
+  the current time whenever the share changes, and restarts at 0 when a flow
+  comes to L after none of its pairs had one (small values, small rounding).
+  Each pair is *bound* to the one of its two resources whose share is the
+  smaller (the pair's rate) and runs on that resource's clock: a flow's target
+  is the value of the clock at which it is done (the clock when it started
+  plus its size), so a change of share[L] re-rates every pair bound to L at
+  once, without visiting any of them. Each resource keeps a heap of its
+  bound pairs by their earliest target, and its next completion,
   ``t[L] + (min target - V[L]) / share[L]``, sits in one global heap (lazy
   invalidation by a version per resource) from which the wake-ups are taken.
 * Thresholds. A binding stays valid while share[bound] <= share[other]. Each
@@ -35,11 +36,23 @@ resources whose flow count changed. The machinery (:class:`FluidShare`):
   up to th) and with its other resource (a max-heap: that share may fall down
   to th). When a share changes only the entries it crosses are visited, in
   heap order: a pair whose binding still holds gets a new threshold, one whose
-  other side is now strictly smaller is rebound there (its service folded at
-  the old clock, its target carried to the new one). A change that crosses no
-  threshold costs O(1) whatever the number of pairs the resource limits. Ties
-  keep the binding they have (a new pair binds to src on a tie): the rate is
-  the same either way.
+  other side is now strictly smaller is rebound there (its targets carried
+  from the old clock to the new one). A change that crosses no threshold costs
+  O(1) whatever the number of pairs the resource limits. Ties keep the
+  binding they have (a new pair binds to src on a tie): the rate is the same
+  either way. A pair whose flows are all done stays bound, thresholds and
+  all, until a threshold check finds it empty and drops it, so a pair that
+  comes back soon (the next chunk between the same two nodes) costs no new
+  binding.
+* Completions. A wake takes every resource whose next completion is due (to
+  float rounding of the wake time) and, on each, every pair whose earliest
+  target the clock reaches by then; the first one is due by construction
+  when its resource is unchanged since its entry was made (never judged by
+  the clock, which rounding could leave a hair short forever). Each pair
+  delivers its earliest flow and those within 1e-9 (relative) of it on the
+  clock. Messages finishing at one wake are delivered together, resource by
+  resource in the order of their entries and each one's pairs in the order of
+  their targets, after one latency timer.
 
 Everything is keyed by seq numbers and iterated in list or dict order, never
 by object ids, so a run is reproducible to the byte. tests/fluid_oracle.py
@@ -62,7 +75,7 @@ _INF = math.inf
 
 
 class _Pair:
-    """Flows from one resource to another: one rate, one virtual clock."""
+    """Flows from one resource to another: one rate, the clock of the resource it is bound to."""
 
     __slots__ = ("src", "dst", "flows", "b", "o", "ver", "tver")
 
