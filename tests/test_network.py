@@ -219,3 +219,26 @@ def test_arrivals_and_cancels_match_per_flow_reference(flows, bw, latency):
             assert abs(a - b) <= 1e-9 * max(abs(b), 1.0)
         if t_cancel is not None and a is None:
             assert abs(la - lb) <= 1e-9 * max(f[3], 1.0)
+
+
+def test_small_flows_beside_a_huge_one_are_not_merged_by_the_clocks_size():
+    # Link 1 (1e9 B/s) carries Q (2 -> 1, 1e15 B; link 2 at 2e9) from 0: Q is bound to it,
+    # and by t0 = 1000 s its clock has run 1e12 B. A (0 -> 1, 100 B) at t0 runs at 5e8 on link 1's clock; B (100 B on the same
+    # pair) at t0 + 1e-7, when A has 50 B: 3.33e8 each, A done at t0 + 2.5e-7; B, 50 B
+    # left, then at 5e8: done at t0 + 3.5e-7. B's target is 50 B past A's: within 1e-9 of
+    # the clock's value, but not of the pair's own service, which the tolerance follows.
+    env = simpy.Environment()
+    net = FlowNetwork(env, [1e9, 1e9, 2e9], 0.0)
+    done: dict[str, float] = {}
+
+    def starter(name, t0, src, dst, n):
+        yield env.timeout(t0)
+        net.transfer(src, dst, n, lambda: done.__setitem__(name, env.now))
+
+    t0 = 1000.0
+    for name, f in {"Q": (0.0, 2, 1, 1e15), "A": (t0, 0, 1, 100.0), "B": (t0 + 1e-7, 0, 1, 100.0)}.items():
+        env.process(starter(name, *f))
+    env.run(until=t0 + 1.0)
+    assert done["A"] == pytest.approx(t0 + 2.5e-7, abs=1e-11)
+    assert done["B"] == pytest.approx(t0 + 3.5e-7, abs=1e-11)
+    assert net._pairs[2 * 3 + 1].b == 1  # (Q on link 1's clock all along)

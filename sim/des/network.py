@@ -49,8 +49,9 @@ and reschedules. The machinery (:class:`FluidShare`):
   target the clock reaches by then; the first one is due by construction
   when its resource is unchanged since its entry was made (never judged by
   the clock, which rounding could leave a hair short forever). Each pair
-  delivers its earliest flow and those within 1e-9 (relative) of it on the
-  clock. Messages finishing at one wake are delivered together, resource by
+  delivers its earliest flow and those within 1e-9 of it on the clock,
+  relative to the pair's service since its flows last went from none to
+  some (what a service counter of its own would read). Messages finishing at one wake are delivered together, resource by
   resource in the order of their entries and each one's pairs in the order of
   their targets, after one latency timer.
 
@@ -77,7 +78,7 @@ _INF = math.inf
 class _Pair:
     """Flows from one resource to another: one rate, the clock of the resource it is bound to."""
 
-    __slots__ = ("src", "dst", "flows", "b", "o", "ver", "tver")
+    __slots__ = ("src", "dst", "flows", "b", "o", "v0", "ver", "tver")
 
     def __init__(self, src: int, dst: int) -> None:
         self.src = src
@@ -89,6 +90,9 @@ class _Pair:
         # -1 until the settle after its creation binds it
         self.b = -1
         self.o = -1
+        # the clock's value when its flows last went from none to some: its service is the
+        # clock minus v0, as the service counter of a pair made then
+        self.v0 = 0.0
         self.ver = 0  # an entry of its resource's completion heap is live while it carries this
         self.tver = 0  # its two threshold entries are live while they carry this
 
@@ -183,11 +187,11 @@ class FluidShare:
             else:  # back from idle (see _idle)
                 na = self._na
                 if na[b]:
-                    x = self._V[b] + self._vr[b] * (self.env._now - self._t[b]) + amount
+                    v = p.v0 = self._V[b] + self._vr[b] * (self.env._now - self._t[b])
                 else:
-                    self._V[b] = 0.0
+                    v = p.v0 = self._V[b] = 0.0
                     self._t[b] = self.env._now
-                    x = amount
+                x = v + amount
                 na[b] += 1
             heappush(flows, (x, seq, on_done))
             if flows[0][1] == seq:  # its earliest flow now
@@ -285,6 +289,7 @@ class FluidShare:
         if d != 0.0:
             # the shift keeps their order, but rounding may tie two targets: heapify
             flows[:] = [(x + d, s, cb) for x, s, cb in flows]
+            p.v0 += d
             if len(flows) > 1:
                 heapq.heapify(flows)
         ver = p.ver = p.ver + 1
@@ -475,8 +480,10 @@ class FluidShare:
                 delivered.append(cb)
                 k = 1
                 if flows:
+                    # (the tolerance relative to the pair's service, as in a per-pair counter)
                     ref = first_t if first_t > VL else VL
-                    tol = 1e-9 * (first_t if first_t > 1.0 else 1.0)
+                    served = first_t - p.v0
+                    tol = 1e-9 * (served if served > 1.0 else 1.0)
                     while flows and flows[0][0] - ref <= tol:
                         delivered.append(pop(flows)[2])
                         k += 1
