@@ -348,7 +348,7 @@ class FluidShare:
         self._dirty.clear()
         share, vr, V, t, na = self._share, self._vr, self._V, self._t, self._na
         resched = self._resched
-        cap, n = self._cap, self._n
+        cap, n, ups, los = self._cap, self._n, self._up, self._lo
         for L in (dirty if cap is not None else self._refresh(dirty)):
             if cap is None:
                 new = share[L]
@@ -366,13 +366,13 @@ class FluidShare:
                 resched[L] = None
             vr[L] = new
             if new > old:  # thresholds below the new share: bound pairs that may move off
-                up = self._up[L]
+                up = ups[L]
                 while up and up[0][0] < new:
                     e = heappop(up)
                     if e[2] == e[3].tver:
                         self._recheck(e[3], now)
             else:  # thresholds above it: pairs bound elsewhere that may move here
-                lo = self._lo[L]
+                lo = los[L]
                 neg = -new
                 while lo and lo[0][0] < neg:
                     e = heappop(lo)
