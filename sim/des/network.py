@@ -234,7 +234,7 @@ class FluidShare:
             if not flows:  # never bound: gone (the settle skips it)
                 del self._pairs[p.src * self._nres + p.dst]
         elif not flows:
-            self._idle(p, now)
+            self._idle(p)
         elif i == 0:  # its earliest flow went
             ver = p.ver = p.ver + 1
             heappush(self._due[b], (flows[0][0], flows[0][1], ver, p))
@@ -245,7 +245,7 @@ class FluidShare:
         return left
 
     # -- internals ---------------------------------------------------------
-    def _idle(self, p: _Pair, now: float) -> None:
+    def _idle(self, p: _Pair) -> None:
         """``p``'s last flow went: off its resource's completion heap (it stays bound)."""
         b = p.b
         p.ver += 1
@@ -255,10 +255,10 @@ class FluidShare:
         if not na[b]:
             self._due[b].clear()
 
-    def _unbind(self, p: _Pair, now: float) -> None:
+    def _unbind(self, p: _Pair) -> None:
         """Take ``p`` off its resource (its entries go stale)."""
         if p.flows:
-            self._idle(p, now)
+            self._idle(p)
         b, o = p.b, p.o
         p.tver += 1
         p.b = p.o = -1
@@ -271,8 +271,9 @@ class FluidShare:
             self._lo[o].clear()
 
     def _bind(self, p: _Pair, L: int, oth: int, off: float, now: float) -> None:
-        """Bind ``p`` (with flows, whose targets are ``off`` from their service targets)
-        to resource ``L``, its other side ``oth``; requires ``_vr[L] <= _vr[oth]``."""
+        """Bind ``p`` (with flows) to resource ``L``, its other side ``oth``; requires
+        ``_vr[L] <= _vr[oth]``. Its targets, now on a clock that reads ``off`` (0 for a
+        new pair: its flows' sizes), move to ``L``'s."""
         V, t, na, nb, nu, vr = self._V, self._t, self._na, self._nb, self._nu, self._vr
         if na[L]:
             v = V[L] = V[L] + vr[L] * (now - t[L])
@@ -328,7 +329,7 @@ class FluidShare:
         targets carried from the old clock to the new one."""
         L, oth = p.b, p.o
         if not p.flows:
-            self._unbind(p, now)
+            self._unbind(p)
             del self._pairs[p.src * self._nres + p.dst]
             return
         vr = self._vr
@@ -336,7 +337,7 @@ class FluidShare:
             self._threshold(p, L, oth)
             return
         v = self._V[L] + vr[L] * (now - self._t[L])
-        self._unbind(p, now)
+        self._unbind(p)
         self._bind(p, oth, L, v, now)
 
     def _settle(self, _ev: object = None) -> None:
