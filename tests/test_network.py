@@ -242,3 +242,46 @@ def test_small_flows_beside_a_huge_one_are_not_merged_by_the_clocks_size():
     assert done["A"] == pytest.approx(t0 + 2.5e-7, abs=1e-11)
     assert done["B"] == pytest.approx(t0 + 3.5e-7, abs=1e-11)
     assert net._pairs[2 * 3 + 1].b == 1  # (Q on link 1's clock all along)
+
+
+def test_a_pair_busy_for_long_does_not_deliver_a_later_flow_early():
+    # Links of 1e9, 1e9 and 1e15 B/s. Flow F (1e15 B, 0 -> 1) keeps pair 0 -> 1 busy from t = 0,
+    # so by T = 1e4 s it has served 1e13 B. At T, A (1000 B) and B (5000 B) join it and 100
+    # flows of 1e9 B go 2 -> 1: link 1 splits 1e9 B/s among 103 flows. A and B finish apart
+    # (B 4000 B later): by hand, A at T + 1000 / (1e9 / 103) = T + 1.03e-4 s; then B alone on
+    # the pair's share of link 1 (now 102 flows) for its last 4000 B: T + 1.03e-4 + 4000 x 102 / 1e9.
+    # A tolerance relative to the pair's service since t = 0 (1e-9 x 1e13 B = 1e4 B) delivered
+    # B with A.
+    T = 1e4
+    flows = [(0.0, 0, 1, 1e15), (T, 0, 1, 1000.0), (T, 0, 1, 5000.0)] + [(T, 2, 1, 1e9)] * 100
+    env = simpy.Environment()
+    net = FlowNetwork(env, [1e9, 1e9, 1e15], 0.0)
+    out: dict[int, float] = {}
+
+    def starter(i, t0, src, dst, n):
+        yield env.timeout(t0)
+        net.transfer(src, dst, n, lambda: out.__setitem__(i, env.now))
+
+    for i, f in enumerate(flows):
+        env.process(starter(i, *f))
+    env.run(until=T + 1.0)
+    a = T + 1000 * 103 / 1e9
+    assert out[1] == pytest.approx(a, rel=1e-12, abs=1e-9)
+    assert out[2] == pytest.approx(a + 4000 * 102 / 1e9, rel=1e-12, abs=1e-9)
+    ref = _run_until(ReferenceFlowNetwork, [1e9, 1e9, 1e15], flows, T + 1.0)
+    assert out[2] == pytest.approx(ref[2], rel=1e-12)
+
+
+def _run_until(net_cls, bw, flows, until):
+    env = simpy.Environment()
+    net = net_cls(env, bw, 0.0)
+    out: dict[int, float] = {}
+
+    def starter(i, t0, src, dst, n):
+        yield env.timeout(t0)
+        net.transfer(src, dst, n, lambda: out.__setitem__(i, env.now))
+
+    for i, f in enumerate(flows):
+        env.process(starter(i, *f))
+    env.run(until=until)
+    return out

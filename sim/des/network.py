@@ -49,11 +49,13 @@ and reschedules. The machinery (:class:`FluidShare`):
   target the clock reaches by then; the first one is due by construction
   when its resource is unchanged since its entry was made (never judged by
   the clock, which rounding could leave a hair short forever). Each pair
-  delivers its earliest flow and those within 1e-9 of it on the clock,
-  relative to the pair's service since its flows last went from none to
-  some (what a service counter of its own would read). Messages finishing at one wake are delivered together, resource by
-  resource in the order of their entries and each one's pairs in the order of
-  their targets, after one latency timer.
+  delivers its earliest flow and every other one whose target the clock
+  reaches by the wake's horizon (to a few ulps). Messages finishing at one
+  wake are delivered together, resource by resource in the order of their
+  entries and each one's pairs in the order of their targets, after one
+  latency timer. Equal shares leave a threshold no room (it equals both
+  shares), so a change of a tied share visits every pair tied on it: O(1)
+  per change holds away from ties, O(tied pairs) at them.
 
 Everything is keyed by seq numbers and iterated in list or dict order, never
 by object ids, so a run is reproducible to the byte. tests/fluid_oracle.py
@@ -78,7 +80,7 @@ _INF = math.inf
 class _Pair:
     """Flows from one resource to another: one rate, the clock of the resource it is bound to."""
 
-    __slots__ = ("src", "dst", "flows", "b", "o", "v0", "ver", "tver")
+    __slots__ = ("src", "dst", "flows", "b", "o", "ver", "tver")
 
     def __init__(self, src: int, dst: int) -> None:
         self.src = src
@@ -90,9 +92,6 @@ class _Pair:
         # -1 until the settle after its creation binds it
         self.b = -1
         self.o = -1
-        # the clock's value when its flows last went from none to some: its service is the
-        # clock minus v0, as the service counter of a pair made then
-        self.v0 = 0.0
         self.ver = 0  # an entry of its resource's completion heap is live while it carries this
         self.tver = 0  # its two threshold entries are live while they carry this
 
@@ -187,9 +186,9 @@ class FluidShare:
             else:  # back from idle (see _idle)
                 na = self._na
                 if na[b]:
-                    v = p.v0 = self._V[b] + self._vr[b] * (self.env._now - self._t[b])
+                    v = self._V[b] + self._vr[b] * (self.env._now - self._t[b])
                 else:
-                    v = p.v0 = self._V[b] = 0.0
+                    v = self._V[b] = 0.0
                     self._t[b] = self.env._now
                 x = v + amount
                 na[b] += 1
@@ -290,7 +289,6 @@ class FluidShare:
         if d != 0.0:
             # the shift keeps their order, but rounding may tie two targets: heapify
             flows[:] = [(x + d, s, cb) for x, s, cb in flows]
-            p.v0 += d
             if len(flows) > 1:
                 heapq.heapify(flows)
         ver = p.ver = p.ver + 1
@@ -474,18 +472,19 @@ class FluidShare:
             dirty.add(L)
             done = 0
             for p in got:
-                # The earliest flow is due; others whose target is reached to rounding go
-                # with it (the clock read as at least the earliest's target).
+                # The earliest flow is due; others go with it if the clock reaches their
+                # targets by the wake's horizon (read as at least the earliest's target, to a
+                # few ulps): the rule the wake applies to pairs, and the per-flow reference's.
+                # Not a tolerance relative to the pair's service since it started, which grows
+                # with a pair that never drains and then delivers flows early once its rate drops.
                 flows = p.flows
                 first_t, _, cb = pop(flows)
                 delivered.append(cb)
                 k = 1
                 if flows:
-                    # (the tolerance relative to the pair's service, as in a per-pair counter)
-                    ref = first_t if first_t > VL else VL
-                    served = first_t - p.v0
-                    tol = 1e-9 * (served if served > 1.0 else 1.0)
-                    while flows and flows[0][0] - ref <= tol:
+                    lim = vlim if vlim > first_t else first_t
+                    lim += 4.0 * math.ulp(lim)
+                    while flows and flows[0][0] <= lim:
                         delivered.append(pop(flows)[2])
                         k += 1
                 o = p.o
