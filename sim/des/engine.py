@@ -139,12 +139,20 @@ def run_until(env: simpy.Environment, until: simpy.Event) -> None:
     the same order, and the same stop (right after ``until`` is processed) and errors
     (``RuntimeError`` when the queue runs dry first; a failed, undefused event raises
     its exception), without a method call and a ``try`` per event.
+
+    Per event the loop only pops, runs the callbacks and checks the outcome: an empty
+    queue shows as ``heappop``'s ``IndexError`` (a ``try`` costs nothing until it
+    raises), and ``until`` is recognised by identity once processed (it is processed
+    only here, when popped, so its ``callbacks`` need not be read every event).
     """
+    if until.callbacks is None:  # processed already
+        return
     queue, pop = env._queue, heapq.heappop
-    while until.callbacks is not None:  # not processed yet
-        if not queue:
-            raise RuntimeError(f'No scheduled events left but "until" event was not triggered: {until}')
-        env._now, _, _, event = pop(queue)
+    while True:
+        try:
+            env._now, _, _, event = pop(queue)
+        except IndexError:
+            raise RuntimeError(f'No scheduled events left but "until" event was not triggered: {until}') from None
         callbacks, event.callbacks = event.callbacks, None  # type: ignore[assignment]
         for callback in callbacks:
             callback(event)
@@ -152,6 +160,56 @@ def run_until(env: simpy.Environment, until: simpy.Event) -> None:
             exc = type(event._value)(*event._value.args)
             exc.__cause__ = event._value
             raise exc
+        if event is until:
+            return
+
+
+class _Process(simpy.Process):
+    """A ``simpy.Process`` whose resume does less per event: the workers run in these
+    (a resume per compute step, the run's most frequent event).
+
+    The common case, a succeeded event whose value is sent into the generator and a
+    fresh event yielded back, runs here with the generator's ``send`` and the resume
+    callback bound once (SimPy binds both anew at every resume); anything else (an
+    interrupt or a failed event to throw in, a yielded event that was processed
+    already) goes to ``simpy.Process._resume`` at that point, which carries on exactly
+    as it would have. The generator's end (or an exception out of it) is handled as
+    SimPy does: the process is scheduled as an event with its value.
+    """
+
+    def __init__(self, env: simpy.Environment, generator: Any) -> None:
+        super().__init__(env, generator)
+        self._send = generator.send
+        # equal to ``self._resume`` (an interrupt removes that from the target's callbacks)
+        self._resume_cb = self._resume
+
+    def _resume(self, event: Any) -> None:
+        if not event._ok:  # an interrupt or a failed event: thrown in by SimPy
+            simpy.Process._resume(self, event)
+            return
+        env = self.env
+        env._active_proc = self
+        try:
+            event = self._send(event._value)
+        except StopIteration as e:  # the process ended
+            self._ok = True
+            self._value = e.args[0] if e.args else None
+            env.schedule(self)
+            event = None
+        except BaseException as e:  # the process failed
+            self._ok = False
+            e.__traceback__ = e.__traceback__.tb_next  # type: ignore[union-attr]
+            self._value = e
+            env.schedule(self)
+            event = None
+        else:
+            callbacks = event.callbacks
+            if callbacks is None:  # processed already: SimPy sends its value on
+                simpy.Process._resume(self, event)
+                return
+            callbacks.append(self._resume_cb)
+        self._target = event
+        env._active_proc = None
 
 
 class _Acct:
@@ -944,7 +1002,7 @@ class DataParallelSim:
                 self._pull(w, 0, c)
         self.slowed = {wi for d in self.problem.dynamics if d.slowdown is not None
                        and (wi := self._worker_index(d.worker)) is not None}
-        self.procs = [env.process(self._worker(w)) for w in range(self.N)]
+        self.procs = [_Process(env, self._worker(w)) for w in range(self.N)]
         for d in self.problem.dynamics:
             wi = self._worker_index(d.worker)
             if wi is None:
