@@ -424,6 +424,20 @@ class DataParallelSim:
         self.qproblem = problem  # the problem at the current width (plan_costs input)
         self.loss_history: list[float] = []
         self.quant_changes: list[tuple[int, int]] = [(0, job.quant_bits)]
+        # A shard task's key (its order among tasks ready at one instant) is (chunk, worker),
+        # the update after every worker (N) of its chunk: as one int, c * (N + 1) + w.
+        self.key_base = N + 1
+        self.chunk_server = [self.servers[s] for s in self.chunk_shard]
+        # Delivery callbacks made once per (worker, chunk) rather than per message, where
+        # a delivery needs nothing else: no trace (the send time), and for pushes BSP (no
+        # iteration) with fixed shares and widths (the aggregation cost of the share).
+        self.pulled_cb: list[list[Callable[[], None]]] | None = None
+        self.pushed_cb: list[list[Callable[[], None]]] | None = None
+        if self.trace is None:
+            self.pulled_cb = [[partial(self._pulled, w, c) for c in range(C)] for w in range(N)]
+            if self.sync == "bsp" and not self.adopting:
+                self.pushed_cb = [[partial(self._pushed_bsp, w, c, agg) for c, agg in enumerate(self.agg[w])]
+                                  for w in range(N)]
 
     # ------------------------------------------------------------------ helpers
     def _shard_run(self, s: int) -> Callable[[float, Callable[[], None]], object] | None:
@@ -441,6 +455,8 @@ class DataParallelSim:
 
     # The hot paths below (a transfer and its delivery, the worker loop) read the
     # clock as ``env._now``: the value of SimPy's ``now`` property without the call.
+    # Some inline ``_Acct.advance`` (marked where they do): a method call is a good part
+    # of the cost of a message end or a compute step, the run's most frequent work.
     def _pull(self, w: int, it: int, c: int, nbytes: float | None = None,
               ev: simpy.Event | None = None) -> None:
         """Send chunk c's parameters for iteration ``it`` from its shard to worker w
@@ -455,13 +471,45 @@ class DataParallelSim:
                 self.issued[(w, it, c)] = nbytes
         assert nbytes is not None
         # A partial of a method, not a closure: one object made per message instead of a
-        # function and a cell per captured variable (a message per chunk each way, each
-        # worker-iteration: 4-5% of the bench job's wall time).
-        delivered = partial(self._pulled, w, c, t0, ev)
+        # function and a cell per captured variable; made once per (worker, chunk) where
+        # the delivery needs nothing else (``pulled_cb``).
+        if ev is None and self.pulled_cb is not None:
+            delivered = self.pulled_cb[w][c]
+        else:
+            delivered = partial(self._pulled, w, c, t0, ev)
         if self.host_messages:
             self._transfer(self.N + self.chunk_shard[c], w, self.chunk_up[c], self.N + w, nbytes, delivered)
         else:
             self.net.transfer(self.chunk_up[c], self.N + w, nbytes, delivered)
+
+    def _pull_all(self, it: int, c: int) -> None:
+        """``_pull(w, it, c)`` to every live worker w in turn (BSP: chunk c was applied).
+
+        Where the network alone carries the messages and the deliveries need only their
+        worker and chunk (``pulled_cb``: no trace, no online shares), the loop is
+        ``_pull``'s with ``_Acct.advance`` inlined: one call per chunk, not per message."""
+        cbs, alive = self.pulled_cb, self.alive
+        if cbs is None or self.online or self.host_messages:
+            for w in range(self.N):
+                if alive[w]:
+                    self._pull(w, it, c)
+            return
+        now = self.env._now
+        transfer, src, n0, nbytes = self.net.transfer, self.chunk_up[c], self.N, self.next_pull
+        for w, a in enumerate(self.acct):
+            if alive[w]:
+                # a.advance(now), inlined (see _Acct.advance)
+                dt = now - a.t
+                a.t = now
+                if a.state == _COMPUTE:
+                    a.compute += dt
+                elif a.state == _BLOCKED:
+                    if a.inflight > 0:
+                        a.comm += dt
+                    else:
+                        a.wait += dt
+                a.inflight += 1
+                transfer(src, n0 + w, nbytes[w][c], cbs[w][c])
 
     def _landed(self, w: int, label: str, t0: float) -> None:
         """A message of worker w's, sent at ``t0``, arrived: one transfer fewer in flight."""
@@ -472,9 +520,24 @@ class DataParallelSim:
         if self.trace is not None:
             self.trace.async_span("network", w, self.c.workers[w], label, t0, now)
 
-    def _pulled(self, w: int, c: int, t0: float, done: simpy.Event | None) -> None:
-        """Chunk c's parameters, sent at ``t0``, reached worker w (``done``: a top-up's event)."""
-        self._landed(w, self.pull_label[c], t0)
+    def _pulled(self, w: int, c: int, t0: float = 0.0, done: simpy.Event | None = None) -> None:
+        """Chunk c's parameters, sent at ``t0`` (read only by a trace), reached worker w
+        (``done``: a top-up's event). ``_landed`` inlined."""
+        now = self.env._now
+        a = self.acct[w]
+        # a.advance(now), inlined (see _Acct.advance)
+        dt = now - a.t
+        a.t = now
+        if a.state == _COMPUTE:
+            a.compute += dt
+        elif a.state == _BLOCKED:
+            if a.inflight > 0:
+                a.comm += dt
+            else:
+                a.wait += dt
+        a.inflight -= 1
+        if self.trace is not None:
+            self.trace.async_span("network", w, self.c.workers[w], self.pull_label[c], t0, now)
         if done is not None:  # a top-up
             done.succeed()
             return
@@ -491,18 +554,64 @@ class DataParallelSim:
         a.advance(t0)
         a.inflight += 1
         # the shard's work follows the share of the iteration that produced the gradient
-        delivered = partial(self._pushed, w, it, c, t0, self.agg[w][c], self.apply_one[w][c], self.batch[w],
-                            self.wbits[w])
+        delivered: Callable[[], None]
+        if self.sync == "bsp":  # the aggregation alone
+            delivered = partial(self._pushed_bsp, w, c, self.agg[w][c], t0)
+        else:
+            delivered = partial(self._pushed, w, it, c, t0, self.agg[w][c], self.apply_one[w][c], self.batch[w],
+                                self.wbits[w])
         if self.host_messages:
             self._transfer(w, self.N + self.chunk_shard[c], w, self.chunk_down[c], self.push_b[w][c], delivered)
         else:
             self.net.transfer(w, self.chunk_down[c], self.push_b[w][c], delivered)
+
+    def _push_group(self, w: int, it: int, chunks: list[int]) -> None:
+        """``_push(w, it, c)`` for each chunk c of a layer group whose backward just ended,
+        in order. The pushes leave at one instant, so the worker's time is advanced once
+        (another advance would add 0); where the network alone carries them and their
+        deliveries are made once (``pushed_cb``: BSP, no trace, no share or width changes)
+        the loop is ``_push``'s without the calls."""
+        a = self.acct[w]
+        a.advance(self.env._now)
+        cbs = self.pushed_cb
+        if cbs is None or self.host_messages:
+            for c in chunks:
+                self._push(w, it, c)
+            return
+        transfer, down, nbytes, mine = self.net.transfer, self.chunk_down, self.push_b[w], cbs[w]
+        for c in chunks:
+            a.inflight += 1
+            transfer(w, down[c], nbytes[c], mine[c])
 
     def _pushed(self, w: int, it: int, c: int, t0: float, agg: float, apply_one: float, batch: int,
                 bits: int) -> None:
         """Worker w's gradient of chunk c (iteration ``it``), sent at ``t0``, reached its shard."""
         self._landed(w, self.push_label[c], t0)
         self._arrive(w, it, c, agg, apply_one, batch, bits)
+
+    def _pushed_bsp(self, w: int, c: int, agg: float, t0: float = 0.0) -> None:
+        """``_pushed`` under BSP, where the shard's work is the aggregation (``agg``) alone:
+        ``_landed`` and ``_arrive`` inlined (a push is a third of a run's message ends)."""
+        now = self.env._now
+        a = self.acct[w]
+        # a.advance(now), inlined (see _Acct.advance)
+        dt = now - a.t
+        a.t = now
+        if a.state == _COMPUTE:
+            a.compute += dt
+        elif a.state == _BLOCKED:
+            if a.inflight > 0:
+                a.comm += dt
+            else:
+                a.wait += dt
+        a.inflight -= 1
+        if self.trace is not None:
+            self.trace.async_span("network", w, self.c.workers[w], self.push_label[c], t0, now)
+        miss = self.missing[c]
+        miss.discard(w)
+        self.chunk_server[c].submit(c * self.key_base + w, agg, self.agg_label[c], None)
+        if not miss:
+            self._submit_apply(c)
 
     def _transfer(self, src: int, dst: int, src_link: int, dst_link: int, nbytes: float,
                   delivered: Callable[[], None]) -> None:
@@ -584,11 +693,11 @@ class DataParallelSim:
         if self.sync == "bsp":
             miss = self.missing[c]
             miss.discard(w)
-            srv.submit((c, w), agg, self.agg_label[c], None)
+            srv.submit(c * self.key_base + w, agg, self.agg_label[c], None)
             if not miss:
                 self._submit_apply(c)
         else:
-            srv.submit((c, w), agg + apply_one, self.apply_label[c],
+            srv.submit(c * self.key_base + w, agg + apply_one, self.apply_label[c],
                        lambda: self._async_applied(w, it, c, batch, bits))
 
     def _abstain(self, w: int, c: int) -> None:
@@ -601,7 +710,7 @@ class DataParallelSim:
     def _submit_apply(self, c: int) -> None:
         # The update is its own task, keyed after every worker's aggregation of this
         # chunk, so it never runs before one that arrived at the same instant.
-        self.servers[self.chunk_shard[c]].submit((c, self.N), self.apply_all[c], self.apply_label[c],
+        self.chunk_server[c].submit(c * self.key_base + self.N, self.apply_all[c], self.apply_label[c],
                                                  lambda: self._bsp_applied(c))
 
     def _bsp_applied(self, c: int) -> None:
@@ -625,9 +734,7 @@ class DataParallelSim:
                             for c_ in range(self.C):
                                 self._pull(w, it + 1, c_)
                 return
-            for w in range(self.N):
-                if self.alive[w]:
-                    self._pull(w, it + 1, c)
+            self._pull_all(it + 1, c)
 
     def _async_applied(self, w: int, it: int, c: int, batch: int, bits: int) -> None:
         st = self.version[c] - self.pulled_version[w][c]
@@ -720,6 +827,7 @@ class DataParallelSim:
         adopt_at_pull = self.adopting and bsp  # BSP takes a new share with its first parameters
         pull_whole, all_chunks = self.pull_whole, list(range(self.C))
         noise = self.noise[w]  # job.compute_noise: a factor per iteration, else None
+        push_group = self._push_group
         k = 1.0
         it = 0
         try:
@@ -760,9 +868,19 @@ class DataParallelSim:
                         yield from self._top_up(w, it, chunks)
                     if batch[w] == 0:
                         continue
-                    acct.advance(env._now)
-                    acct.state = _COMPUTE
                     t0 = env._now
+                    # acct.advance(t0), inlined (see _Acct.advance), then state = _COMPUTE;
+                    # while the loop runs the state is _COMPUTE or _BLOCKED
+                    dt = t0 - acct.t
+                    acct.t = t0
+                    if acct.state == _COMPUTE:
+                        acct.compute += dt
+                    else:
+                        if acct.inflight > 0:
+                            acct.comm += dt
+                        else:
+                            acct.wait += dt
+                        acct.state = _COMPUTE
                     if plain:
                         step = Timer()
                         step.callbacks = []
@@ -794,8 +912,8 @@ class DataParallelSim:
                     spent += env._now - t0
                     if tr is not None:
                         tr.span("workers", w, name, "bwd" if self.G == 1 else f"bwd g{g}", t0, env._now)
-                    for c in groups[g]:
-                        self._push(w, it, c)
+                    if groups[g]:
+                        push_group(w, it, groups[g])
                 acct.advance(env._now)
                 acct.state = _BLOCKED
                 if not idle:

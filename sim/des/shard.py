@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from heapq import heappop, heappush
+from typing import Any
 
 import simpy
+from simpy.events import NORMAL
 
-from sim.des.timer import call_later
+from sim.des.timer import Timer, call_later
 
 
 class ShardServer:
@@ -16,7 +18,7 @@ class ShardServer:
     Tasks that become ready at the same instant are collected by a zero-delay
     settle event and served in key order, so the order never depends on which
     SimPy event happened to fire first; the analytic evaluator sorts the same
-    way.
+    way. A key is an int, unique among the tasks in the queue at one time.
 
     ``run(cost_s, on_done)``, when given, executes a task's work instead of a
     plain timeout (a shard process on a host shares its cores:
@@ -24,48 +26,61 @@ class ShardServer:
     time of each task, which sharing stretches, rather than its cost.
     """
 
-    __slots__ = ("env", "_heap", "_busy", "_settle_pending", "busy_s", "_on_span", "_cur", "_run")
+    __slots__ = ("env", "_heap", "_busy", "_settle_pending", "busy_s", "_on_span", "_cb", "_label", "_t0", "_run",
+                 "_start_cb", "_finish_cb")
 
     def __init__(self, env: simpy.Environment, on_span: Callable[[str, float, float], None] | None = None,
                  run: Callable[[float, Callable[[], None]], object] | None = None) -> None:
         self.env = env
         self._run = run
-        self._heap: list[tuple[float, tuple[int, ...], float, str, Callable[[], None] | None]] = []
+        self._heap: list[tuple[float, int, float, str, Callable[[], None] | None]] = []
         self._busy = False
         self._settle_pending = False
         self.busy_s = 0.0
         self._on_span = on_span
         # the task in service (one at a time): its callback, label and start time
-        self._cur: tuple[Callable[[], None] | None, str, float] = (None, "", 0.0)
+        self._cb: Callable[[], None] | None = None
+        self._label = ""
+        self._t0 = 0.0
+        # bound once: a task's start and end are events of their own (a bound method is
+        # made anew at every attribute access)
+        self._start_cb = self._start
+        self._finish_cb = self._finish
 
-    def submit(self, key: tuple[int, ...], cost_s: float, label: str,
-               on_done: Callable[[], None] | None) -> None:
+    def submit(self, key: int, cost_s: float, label: str, on_done: Callable[[], None] | None) -> None:
         heappush(self._heap, (self.env._now, key, cost_s, label, on_done))
         if not self._busy and not self._settle_pending:
             self._settle_pending = True
-            call_later(self.env, 0, self._start)
+            call_later(self.env, 0, self._start_cb)
 
     def _start(self, _ev: object = None) -> None:
         self._settle_pending = False
         if self._busy or not self._heap:
             return
-        _, _, cost, label, cb = heappop(self._heap)
+        _, _, cost, self._label, self._cb = heappop(self._heap)
         self._busy = True
         env = self.env
-        self._cur = (cb, label, env._now)
+        now = self._t0 = env._now
         if self._run is not None:
-            self._run(cost, self._finish)
+            self._run(cost, self._finish_cb)
             return
         self.busy_s += cost
-        call_later(env, cost, self._finish)
+        # call_later(env, cost, self._finish), inlined (a task's end is a third of a
+        # run's events): a Timer under the key env.timeout(cost) would have
+        if cost < 0:
+            raise ValueError(f"Negative delay {cost}")
+        t = Timer()
+        t.callbacks = [self._finish_cb]
+        queue: list[Any] = env._queue
+        heappush(queue, (now + cost, NORMAL, next(env._eid), t))
 
     def _finish(self, _ev: object = None) -> None:
         self._busy = False
-        cb, label, t0 = self._cur
         if self._run is not None:
-            self.busy_s += self.env.now - t0
+            self.busy_s += self.env._now - self._t0
         if self._on_span is not None:
-            self._on_span(label, t0, self.env.now)
+            self._on_span(self._label, self._t0, self.env._now)
+        cb = self._cb
         if cb is not None:
             cb()
         self._start()
