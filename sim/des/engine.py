@@ -828,6 +828,9 @@ class DataParallelSim:
         pull_whole, all_chunks = self.pull_whole, list(range(self.C))
         noise = self.noise[w]  # job.compute_noise: a factor per iteration, else None
         push_group = self._push_group
+        # the plain path of _push_group, inlined below: None where it is not taken
+        pushed = None if self.pushed_cb is None or self.host_messages else self.pushed_cb[w]
+        transfer, down, push_b = self.net.transfer, self.chunk_down, self.push_b[w]  # fixed rows where taken
         k = 1.0
         it = 0
         try:
@@ -912,8 +915,26 @@ class DataParallelSim:
                     spent += env._now - t0
                     if tr is not None:
                         tr.span("workers", w, name, "bwd" if self.G == 1 else f"bwd g{g}", t0, env._now)
-                    if groups[g]:
-                        push_group(w, it, groups[g])
+                    chunks = groups[g]
+                    if not chunks:
+                        continue
+                    if pushed is None:
+                        push_group(w, it, chunks)
+                        continue
+                    # push_group(w, it, chunks) inlined where it would take its plain path
+                    # (see _push_group): advance once, then a message per chunk
+                    now = env._now
+                    dt = now - acct.t
+                    acct.t = now
+                    if acct.state == _COMPUTE:  # always, while it pushes (see _Acct.advance)
+                        acct.compute += dt
+                    elif acct.inflight > 0:
+                        acct.comm += dt
+                    else:
+                        acct.wait += dt
+                    for c in chunks:
+                        acct.inflight += 1
+                        transfer(w, down[c], push_b[c], pushed[c])
                 acct.advance(env._now)
                 acct.state = _BLOCKED
                 if not idle:
