@@ -27,7 +27,7 @@ class ShardServer:
     """
 
     __slots__ = ("env", "_heap", "_busy", "_settle_pending", "busy_s", "_on_span", "_cb", "_label", "_t0", "_run",
-                 "_start_cb", "_finish_cb")
+                 "_start_cb", "_finish_cb", "_end")
 
     def __init__(self, env: simpy.Environment, on_span: Callable[[str, float, float], None] | None = None,
                  run: Callable[[float, Callable[[], None]], object] | None = None) -> None:
@@ -46,6 +46,9 @@ class ShardServer:
         # made anew at every attribute access)
         self._start_cb = self._start
         self._finish_cb = self._finish
+        # the end of the task in service: one Timer, re-armed for each task (a task starts
+        # at the earliest while the previous one's end is processed, its callbacks taken)
+        self._end = Timer()
 
     def submit(self, key: int, cost_s: float, label: str, on_done: Callable[[], None] | None) -> None:
         heappush(self._heap, (self.env._now, key, cost_s, label, on_done))
@@ -69,7 +72,7 @@ class ShardServer:
         # run's events): a Timer under the key env.timeout(cost) would have
         if cost < 0:
             raise ValueError(f"Negative delay {cost}")
-        t = Timer()
+        t = self._end
         t.callbacks = [self._finish_cb]
         queue: list[Any] = env._queue
         heappush(queue, (now + cost, NORMAL, next(env._eid), t))
