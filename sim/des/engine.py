@@ -434,9 +434,11 @@ class DataParallelSim:
         self.pulled_cb: list[list[Callable[[], None]]] | None = None
         self.pushed_cb: list[list[Callable[[], None]]] | None = None
         if self.trace is None:
-            self.pulled_cb = [[partial(self._pulled, w, c) for c in range(C)] for w in range(N)]
+            # partials of the plain functions with self first: no bound method in between
+            pulled, pushed = DataParallelSim._pulled, DataParallelSim._pushed_bsp
+            self.pulled_cb = [[partial(pulled, self, w, c) for c in range(C)] for w in range(N)]
             if self.sync == "bsp" and not self.adopting:
-                self.pushed_cb = [[partial(self._pushed_bsp, w, c, agg) for c, agg in enumerate(self.agg[w])]
+                self.pushed_cb = [[partial(pushed, self, w, c, agg) for c, agg in enumerate(self.agg[w])]
                                   for w in range(N)]
 
     # ------------------------------------------------------------------ helpers
