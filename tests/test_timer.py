@@ -84,3 +84,70 @@ def test_negative_delay_is_refused() -> None:
     with pytest.raises(ValueError):
         sleep(env, -1e-9)
     assert isinstance(sleep(env, 0.0), Timer)
+
+
+def _process_trace(make: Any) -> tuple[list[tuple[float, str]], Any, int]:
+    """What a process sees and returns, and the events scheduled, run by ``make(env, gen)``:
+    timers, a processed event, a failed event it catches, an interrupt, its return value."""
+    env = simpy.Environment()
+    log: list[tuple[float, str]] = []
+    done = env.event()
+    done.succeed("early")
+
+    def proc() -> Any:
+        yield sleep(env, 1.0)
+        log.append((env.now, "slept"))
+        got = yield done  # processed by now: its value comes back at once
+        log.append((env.now, f"got {got}"))
+        bad = env.event()
+        call_later(env, 0.5, lambda _e: bad.fail(ValueError("boom")))
+        try:
+            yield bad
+        except ValueError as e:
+            log.append((env.now, f"caught {e}"))
+        try:
+            yield sleep(env, 10.0)
+        except simpy.Interrupt as e:
+            log.append((env.now, f"interrupted {e.cause}"))
+        yield env.timeout(0.25)
+        return "end"
+
+    p = make(env, proc())
+    call_later(env, 1.0, lambda _e: None)
+    call_later(env, 3.0, lambda _e: p.interrupt("stop"))
+    env.run()
+    return log, p.value, next(env._eid)
+
+
+def test_engine_process_behaves_as_simpys() -> None:
+    from sim.des.engine import _Process
+
+    want = _process_trace(lambda env, gen: env.process(gen))
+    assert want[0][-1] == (3.0, "interrupted stop") and want[1] == "end"
+    assert _process_trace(_Process) == want
+
+
+def test_engine_process_fails_as_simpys() -> None:
+    from sim.des.engine import _Process
+
+    for make in (lambda env, gen: env.process(gen), _Process):
+        env = simpy.Environment()
+
+        def proc(env: simpy.Environment) -> Any:
+            yield sleep(env, 1.0)
+            raise KeyError("k")
+
+        p = make(env, proc(env))
+        with pytest.raises(KeyError):
+            run_until(env, p)
+        assert env.now == 1.0 and not p.ok
+
+
+def test_run_until_an_event_already_processed_or_never_triggered() -> None:
+    env = simpy.Environment()
+    done = env.event().succeed()
+    run_until(env, done)  # processes it
+    assert done.processed
+    run_until(env, done)  # nothing left to do
+    with pytest.raises(RuntimeError, match="No scheduled events left"):
+        run_until(env, env.event())
