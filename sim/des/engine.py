@@ -826,7 +826,8 @@ class DataParallelSim:
         # re-armed for each step: a step is pushed only once the worker has resumed, i.e.
         # after the previous one was popped and its callbacks taken (a fresh list each time,
         # as the event loop may still iterate the old one), and a failure leaves the worker
-        # (and its pending step) for good. Making and freeing one per step was ~15% of it.
+        # (and its pending step) for good. Making and freeing one costs ~50 ns of a bare
+        # step's ~300 (a loop of timeouts alone).
         step = Timer()
         queue: list[Any] = env._queue
         eid, push = env._eid, heapq.heappush
