@@ -70,11 +70,9 @@ class ReferenceFlowNetwork:
         self._wake_at = math.inf
         self._wake_token = 0
         self._seq = 0
-        self.bytes_sent = 0.0
 
     def transfer(self, src: int, dst: int, nbytes: float, on_delivered: Callable[[], None]) -> None:
         """Send ``nbytes`` from link ``src`` to link ``dst``; call ``on_delivered`` on arrival."""
-        self.bytes_sent += nbytes
         if nbytes <= 0:
             self._deliver(on_delivered)
             return
