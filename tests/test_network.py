@@ -254,17 +254,7 @@ def test_a_pair_busy_for_long_does_not_deliver_a_later_flow_early():
     # B with A.
     T = 1e4
     flows = [(0.0, 0, 1, 1e15), (T, 0, 1, 1000.0), (T, 0, 1, 5000.0)] + [(T, 2, 1, 1e9)] * 100
-    env = simpy.Environment()
-    net = FlowNetwork(env, [1e9, 1e9, 1e15], 0.0)
-    out: dict[int, float] = {}
-
-    def starter(i, t0, src, dst, n):
-        yield env.timeout(t0)
-        net.transfer(src, dst, n, lambda: out.__setitem__(i, env.now))
-
-    for i, f in enumerate(flows):
-        env.process(starter(i, *f))
-    env.run(until=T + 1.0)
+    out = _run_until(FlowNetwork, [1e9, 1e9, 1e15], flows, T + 1.0)
     a = T + 1000 * 103 / 1e9
     assert out[1] == pytest.approx(a, rel=1e-12, abs=1e-9)
     assert out[2] == pytest.approx(a + 4000 * 102 / 1e9, rel=1e-12, abs=1e-9)
@@ -273,6 +263,7 @@ def test_a_pair_busy_for_long_does_not_deliver_a_later_flow_early():
 
 
 def _run_until(net_cls, bw, flows, until):
+    """flows: (start_s, src, dst, nbytes); the delivery time of each flow delivered by ``until``."""
     env = simpy.Environment()
     net = net_cls(env, bw, 0.0)
     out: dict[int, float] = {}
