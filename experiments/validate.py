@@ -356,6 +356,49 @@ def host_cores(cpus: list[int] | None) -> tuple[int, ...] | None:
     return tuple(sorted(allowed.index(c) for c in set(cpus)))
 
 
+def memory_factor(problem: Problem, probe: Callable[[int], float] | None = None,
+                  min_elems: int = 1_000_000) -> dict[str, Any] | None:
+    """How much slower memory copies run now than when the ranks' profile was measured:
+    the median over the profile's ``raw.bandwidth`` copies of at least ``min_elems`` fp32
+    values of (time now / time then), timed now by ``probe(elems)`` (default
+    :func:`copy_probe_s`, as the profiler times them). Memory-bound work drifts with what
+    shares the machine's memory bandwidth and caches (on this project's VM: copies 6-28%
+    slower in one hour, GEMM unchanged). None where the profile has no such copies.
+    `hetsim validate` reports it beside each run (``memory_probe``) and does not apply it."""
+    cl = problem.cluster
+    raws = [d.type.raw for d in cl.devices if d.type.raw]
+    copies = sorted({(int(b["elems"]), float(b["t_s"])) for raw in raws[:1] for b in raw.get("bandwidth", [])
+                     if b.get("op") == "copy" and int(b.get("elems", 0)) >= min_elems})
+    if not copies:
+        return None
+    probe = probe or copy_probe_s
+    now = [probe(n) for n, _ in copies]
+    ratios = [t / then for t, (_, then) in zip(now, copies)]
+    return {"factor": float(np.median(ratios)), "elems": [n for n, _ in copies],
+            "now_s": now, "profile_s": [t for _, t in copies]}
+
+
+def copy_probe_s(elems: int, repeats: int = 7) -> float:
+    """Median thread time of ``Tensor.copy_`` of ``elems`` fp32 values (one thread, after a
+    warm-up): the profiler's copy benchmark, on this process's CPUs."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        a, b = torch.randn(elems), torch.empty(elems)
+        for _ in range(2):
+            b.copy_(a)
+        times = []
+        for _ in range(repeats):
+            t0 = time.thread_time()
+            b.copy_(a)
+            times.append(time.thread_time() - t0)
+        return float(np.median(times))
+    finally:
+        torch.set_num_threads(threads)
+
+
 def with_host(problem: Problem, plan: Plan, opts: RuntimeOptions, host: Host) -> Problem:
     """``problem`` with every rank of the real run on ``host``: each worker of ``plan`` a
     process with its ``runtime.workers`` threads and affinity, each shard one with
@@ -691,6 +734,9 @@ def validate(config: str | Path, scheduler_arg: str | None = None, iterations: i
         sched_sim, plan = runner.schedule(loaded, problem, name)
         sched_real, _ = runner.schedule(loaded, problem, name)
         spec = build_spec(problem, plan, opts, sched_real, problem.job.iterations, timeout_s, source)
+        # a diagnostic, not applied: how much slower memory copies run now than when the
+        # profile was measured (the DES prices with the profile as it is)
+        mem = memory_factor(problem)
         sim_problem = simulated_problem(problem, plan, opts, measure_host())
         info = _host_info(sim_problem, plan, spec.n_workers, spec.n_shards)
         if on_step:
@@ -754,7 +800,7 @@ def validate(config: str | Path, scheduler_arg: str | None = None, iterations: i
                                           "compute_factors": factors},
                 "sim_without_host": {"iteration_time_mean_s": no_host.summary()["iteration_time_s"]["mean"]},
                 "sim_without_copies": {"iteration_time_mean_s": no_copy.summary()["iteration_time_s"]["mean"]},
-                "host": info["host"],
+                "host": info["host"], "memory_probe": mem,
                 "shares": {r.device: r.batch for r in plan.replicas},
                 "loadavg_1min": [load_before, os.getloadavg()[0]], "real_wall_s": wall,
                 "real_workers": real.summary()["workers"], "sim_workers": sim.summary()["workers"],
@@ -824,6 +870,13 @@ def report_md(results: Sequence[Validation], title: str = "hetsim validate") -> 
                     lines.append(f"The DES without the host (every device computing on its own): mean "
                                  f"iteration {nh:.4g} s ({pct(rel_error(nh, real))}).")
                 lines.append("")
+            mp = r.diagnostics.get("memory_probe")
+            if mp:
+                lines += [f"Memory probe (`memory_factor`): copies of {', '.join(f'{n:,}' for n in mp['elems'])} "
+                          "fp32 values took " + ", ".join(f"{1e3 * a:.3g}" for a in mp["now_s"]) + " ms against "
+                          "the profile's " + ", ".join(f"{1e3 * b:.3g}" for b in mp["profile_s"])
+                          + f" ms: memory copies {mp['factor']:.3f} times the profile's (a diagnostic; the DES "
+                          "prices with the profile as it is).", ""]
             rm = r.diagnostics.get("runtime_cpu") or {}
             if rm.get("models"):
                 first = rm["sim_without_model"]["iteration_time_mean_s"]

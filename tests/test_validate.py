@@ -297,6 +297,34 @@ def test_validate_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str])
         "this_machine:0": 2.0, "this_machine:1": 2.0, "ps:0": 2.0}
     assert rc["sim_without_model"]["iteration_time_mean_s"] != sim["iteration_time_s"]["mean"]
     assert "runtime CPU model of the profile" in report
+    # the memory probe, a diagnostic: this_machine's profile has copies of 1 M to 64 M values
+    mp = data["schedulers"]["equal"]["diagnostics"]["memory_probe"]
+    assert mp["elems"] == [1_000_000, 4_000_000, 16_000_000, 64_000_000] and mp["factor"] > 0
+    assert "Memory probe (`memory_factor`)" in report
     printed = capsys.readouterr().out
     assert "iteration_time_mean_s" in printed and "equal: CPU per iteration, every process:" in printed
     assert "equal: sim = the DES with the profile's runtime CPU model" in printed
+
+
+def test_memory_factor_is_the_median_ratio_to_the_profiles_copies() -> None:
+    from experiments.runner import from_dict, problem_of
+
+    repo = Path(__file__).resolve().parents[1]
+    prob = problem_of(from_dict({
+        "name": "m", "profiles": [str(repo / "hardware_profiles" / "measured")],
+        "cluster": {"devices": [{"type": "this_machine", "count": 1}], "ps": {"shards": 1, "type": "this_machine"},
+                    "network": {"bandwidth_gbps": 10}},
+        "job": {"model": "mlp", "global_batch": 8, "iterations": 2}}, repo, "<t>"))
+    raw = json.loads((repo / "hardware_profiles/measured/this_machine.json").read_text())["raw"]["bandwidth"]
+    then = {b["elems"]: b["t_s"] for b in raw if b["op"] == "copy" and b["elems"] >= 1_000_000}
+    # copies now 1.0x, 1.1x, 1.3x and 2.0x the profile's (1 M, 4 M, 16 M, 64 M values): median 1.2
+    slow = dict(zip(sorted(then), (1.0, 1.1, 1.3, 2.0)))
+    got = validate.memory_factor(prob, probe=lambda n: then[n] * slow[n])
+    assert got is not None and got["elems"] == sorted(then)
+    assert got["factor"] == pytest.approx(1.2)
+    # a profile without copies (a datasheet one): no factor
+    sheet = problem_of(from_dict({
+        "name": "d", "cluster": {"devices": [{"type": "t4", "count": 1}], "ps": {"shards": 1, "type": "cpu-8c"},
+                                 "network": {"bandwidth_gbps": 10}},
+        "job": {"model": "mlp", "global_batch": 8, "iterations": 2}}, repo, "<t>"))
+    assert validate.memory_factor(sheet, probe=lambda n: 1.0) is None
