@@ -60,17 +60,23 @@ def test_no_sharing_gives_every_flow_its_slower_endpoint():
 
 # Links 0-3 stand for workers, 4-6 for shards: flows go worker->shard,
 # shard->worker, and some worker->worker.
-flow_lists = st.lists(
-    st.tuples(
-        st.sampled_from([0.0, 0.0, 0.5, 1.0, 1.7, 3.0]),
-        st.integers(0, 2),
-        st.integers(0, 3),
-        st.integers(4, 6),
-        st.floats(1.0, 1000.0),
-    ).map(lambda t: (t[0], *((t[2], t[3]) if t[1] == 0 else (t[3], t[2]) if t[1] == 1
-                             else (t[2], (t[2] + 1) % 4)), t[4])),
-    min_size=1, max_size=30,
-)
+def _flows(*extra):
+    """Lists of (start_s, src, dst, nbytes, *extra) flows."""
+    return st.lists(
+        st.tuples(
+            st.sampled_from([0.0, 0.0, 0.5, 1.0, 1.7, 3.0]),
+            st.integers(0, 2),
+            st.integers(0, 3),
+            st.integers(4, 6),
+            st.floats(1.0, 1000.0),
+            *extra,
+        ).map(lambda t: (t[0], *((t[2], t[3]) if t[1] == 0 else (t[3], t[2]) if t[1] == 1
+                                 else (t[2], (t[2] + 1) % 4)), *t[4:])),
+        min_size=1, max_size=30,
+    )
+
+
+flow_lists = _flows()
 
 
 @settings(max_examples=400, deadline=None)
@@ -188,18 +194,7 @@ def test_many_pairs_on_one_link_finish_together_and_move_on():
     assert {p.b for p in net._pairs.values()} == {64}
 
 
-flow_ops = st.lists(
-    st.tuples(
-        st.sampled_from([0.0, 0.0, 0.5, 1.0, 1.7, 3.0]),
-        st.integers(0, 2),
-        st.integers(0, 3),
-        st.integers(4, 6),
-        st.floats(1.0, 1000.0),
-        st.sampled_from([None, None, None, 0.0, 0.3, 1.1, 2.5]),
-    ).map(lambda t: (t[0], *((t[2], t[3]) if t[1] == 0 else (t[3], t[2]) if t[1] == 1
-                             else (t[2], (t[2] + 1) % 4)), t[4], t[5])),
-    min_size=1, max_size=30,
-)
+flow_ops = _flows(st.sampled_from([None, None, None, 0.0, 0.3, 1.1, 2.5]))  # with a cancel time
 
 
 @settings(max_examples=300, deadline=None)
