@@ -559,8 +559,8 @@ class DataParallelSim:
         delivered: Callable[[], None]
         if self.sync == "bsp":  # the aggregation alone
             delivered = partial(self._pushed_bsp, w, c, self.agg[w][c], t0)
-        else:
-            delivered = partial(self._pushed, w, it, c, t0, self.agg[w][c], self.apply_one[w][c], self.batch[w],
+        else:  # aggregated and applied at once
+            delivered = partial(self._pushed, w, it, c, t0, self.agg[w][c] + self.apply_one[w][c], self.batch[w],
                                 self.wbits[w])
         if self.host_messages:
             self._transfer(w, self.N + self.chunk_shard[c], w, self.chunk_down[c], self.push_b[w][c], delivered)
@@ -585,15 +585,17 @@ class DataParallelSim:
             a.inflight += 1
             transfer(w, down[c], nbytes[c], mine[c])
 
-    def _pushed(self, w: int, it: int, c: int, t0: float, agg: float, apply_one: float, batch: int,
-                bits: int) -> None:
-        """Worker w's gradient of chunk c (iteration ``it``), sent at ``t0``, reached its shard."""
+    def _pushed(self, w: int, it: int, c: int, t0: float, cost: float, batch: int, bits: int) -> None:
+        """ASP/SSP: worker w's gradient of chunk c (iteration ``it``), sent at ``t0``, reached
+        its shard, which aggregates and applies it in one task of ``cost`` seconds."""
         self._landed(w, self.push_label[c], t0)
-        self._arrive(w, it, c, agg, apply_one, batch, bits)
+        self.chunk_server[c].submit(c * self.key_base + w, cost, self.apply_label[c],
+                                    lambda: self._async_applied(w, it, c, batch, bits))
 
     def _pushed_bsp(self, w: int, c: int, agg: float, t0: float = 0.0) -> None:
         """``_pushed`` under BSP, where the shard's work is the aggregation (``agg``) alone:
-        ``_landed`` and ``_arrive`` inlined (a push is a third of a run's message ends)."""
+        ``_landed`` inlined (a push is a third of a run's message ends); its aggregation
+        joins the chunk's barrier, whose last arrival submits the update."""
         now = self.env._now
         a = self.acct[w]
         # a.advance(now), inlined (see _Acct.advance)
@@ -690,18 +692,6 @@ class DataParallelSim:
             cpu.compute(b, nbytes * self.copy_s_per_B[dst], one)
 
     # --------------------------------------------------------------- shard side
-    def _arrive(self, w: int, it: int, c: int, agg: float, apply_one: float, batch: int, bits: int) -> None:
-        srv = self.servers[self.chunk_shard[c]]
-        if self.sync == "bsp":
-            miss = self.missing[c]
-            miss.discard(w)
-            srv.submit(c * self.key_base + w, agg, self.agg_label[c], None)
-            if not miss:
-                self._submit_apply(c)
-        else:
-            srv.submit(c * self.key_base + w, agg + apply_one, self.apply_label[c],
-                       lambda: self._async_applied(w, it, c, batch, bits))
-
     def _abstain(self, w: int, c: int) -> None:
         """An idle worker (share 0) leaves the current BSP iteration's barrier of chunk c."""
         miss = self.missing[c]
@@ -713,7 +703,7 @@ class DataParallelSim:
         # The update is its own task, keyed after every worker's aggregation of this
         # chunk, so it never runs before one that arrived at the same instant.
         self.chunk_server[c].submit(c * self.key_base + self.N, self.apply_all[c], self.apply_label[c],
-                                                 lambda: self._bsp_applied(c))
+                                    lambda: self._bsp_applied(c))
 
     def _bsp_applied(self, c: int) -> None:
         it = self.chunk_iter[c]
