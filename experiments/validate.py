@@ -599,7 +599,14 @@ def cpu_per_iteration(sim: RunResult, real: RunResult) -> dict[str, Any] | None:
     loop (every thread), of its gloo transport threads (``gloo_tcp_loop``) and, for a
     worker, of its main thread in forward and backward. Every figure is per global
     iteration of its side (in ASP/SSP a rank's part of those iterations may differ
-    between the sides). ``cores_busy``: all processes' CPU over the run's wall time.
+    between the sides). A process's real CPU in all (``real_ms``) is over its whole
+    loop, start-up and warm-up included, as the runtime CPU model is fitted to it;
+    ``real_window_ms`` is over the iterations after the warm-up only (the runtime's
+    ``window``; None where not measured), as the iteration times are. The model fitted
+    to the window predicted the iteration times of calibration configs left out of
+    its fit worse (median 13.6% against 8.1%, bench.runtime_calibration on 2026-12-01
+    03:24 runs, each config's iteration time predicted by the model fitted without it),
+    so the whole loop's CPU carries something the four terms lack. ``cores_busy``: all processes' CPU over the run's wall time.
     None when either side lacks the figures (a DES without hosts, an older run, a rank
     that sent no final report, e.g. a failed worker); a rank the DES did not place on
     the host is listed with no simulated CPU and left out of both totals."""
@@ -617,6 +624,8 @@ def cpu_per_iteration(sim: RunResult, real: RunResult) -> dict[str, Any] | None:
         rows[proc] = {"role": role.get(proc), "sim_ms": 1e3 * s_cpu[proc] / n_sim if placed else None,
                       "sim_transport_ms": 1e3 * s_cpu.get(f"{proc} transport", 0.0) / n_sim if placed else None,
                       "real_ms": 1e3 * got["cpu_s"] / n_real,
+                      "real_window_ms": (1e3 * win["cpu_s"] / win["iterations"] if (win := got.get("window"))
+                                         else None),
                       "real_transport_ms": 1e3 * threads["gloo_tcp_loop"] / n_real if "gloo_tcp_loop" in threads
                       else None,
                       "real_compute_ms": None if comp is None else 1e3 * comp / n_real}
@@ -687,6 +696,53 @@ def _host_info(problem: Problem, plan: Plan, n_workers: int, n_shards: int) -> d
                      "placement": {dev: dataclasses.asdict(pl) for dev, pl in cl.placement}}}
 
 
+def load(config: str | Path, iterations: int | None = None) -> tuple[Any, runner.Loaded, RuntimeOptions, Problem]:
+    """A validation config read as :func:`validate` reads it: ``(config, loaded,
+    runtime options, problem)``, the problem holding the exact model the runtime trains
+    (:func:`exact_model`) and ``iterations`` (if given) in place of ``job.iterations``.
+
+    Raises:
+        ConfigError: bad config, runtime section or ``iterations`` (one line).
+    """
+    source = str(config)
+    cfg, runtime_raw = entry.read_config(config)
+    loaded = runner.Loaded(cfg, Path(config).resolve().parent, source)
+    opts = parse_options(runtime_raw, source)
+    if iterations is not None and iterations <= 0:
+        raise ConfigError("<command line>", "--iterations", f"must be > 0, got {iterations}")
+    base = runner.problem_of(loaded)
+    if iterations is not None:
+        base = dataclasses.replace(base, job=dataclasses.replace(
+            base.job, iterations=iterations,
+            warmup_iterations=min(base.job.warmup_iterations, max(iterations - 1, 0))))
+    if base.job.model.name not in zoo.names():
+        raise ConfigError(source, "job.model", f"the runtime trains zoo models only "
+                          f"({', '.join(zoo.names())}), not {base.job.model.name!r}")
+    model = exact_model(base.job.model.name, base.seed, opts.model_kwargs)
+    return cfg, loaded, opts, dataclasses.replace(base, job=dataclasses.replace(base.job, model=model))
+
+
+def resimulate(config: str | Path, scheduler: str, host: Host, models: dict[str, runtime_cpu.RuntimeCpuModel],
+               iterations: int | None = None) -> dict[str, float]:
+    """The simulated side of a validation again, without the real run: the DES's mean
+    iteration time of ``config`` under ``scheduler`` on ``host`` (give it the background
+    load the run recorded, its ``host`` diagnostics), as it is (key ``""``) and with
+    each process's CPU predicted by each of ``models`` (their keys), as :func:`validate`
+    does with the profile's model. Deterministic: with the run's host and the profile's
+    model it gives the run's simulated figure again."""
+    _, loaded, opts, problem = load(config, iterations)
+    sched, plan = runner.schedule(loaded, problem, scheduler)
+    sim_problem = simulated_problem(problem, plan, opts, host)
+    first = runner.evaluate(sim_problem, plan, "des", trace=False, scheduler=sched)
+    figs = runtime_cpu.figures(sim_problem, first)
+    out = {"": first.summary()["iteration_time_s"]["mean"]}
+    for key, m in models.items():
+        again, _ = runner.schedule(loaded, problem, scheduler)
+        out[key] = runner.evaluate(with_cpu_model(sim_problem, m.scales(figs)), plan, "des", trace=False,
+                                   scheduler=again).summary()["iteration_time_s"]["mean"]
+    return out
+
+
 def validate(config: str | Path, scheduler_arg: str | None = None, iterations: int | None = None,
              out: Path | None = None, timeout_s: float = 600.0,
              on_step: Callable[[str], None] | None = None) -> Validation:
@@ -708,22 +764,8 @@ def validate(config: str | Path, scheduler_arg: str | None = None, iterations: i
     from runtime.launch import run_local
 
     source = str(config)
-    cfg, runtime_raw = entry.read_config(config)
-    loaded = runner.Loaded(cfg, Path(config).resolve().parent, source)
-    opts = parse_options(runtime_raw, source)
+    cfg, loaded, opts, problem = load(config, iterations)
     names = scheduler_names(scheduler_arg, cfg.scheduler.name)
-    if iterations is not None and iterations <= 0:
-        raise ConfigError("<command line>", "--iterations", f"must be > 0, got {iterations}")
-    base = runner.problem_of(loaded)
-    if iterations is not None:
-        base = dataclasses.replace(base, job=dataclasses.replace(
-            base.job, iterations=iterations,
-            warmup_iterations=min(base.job.warmup_iterations, max(iterations - 1, 0))))
-    if base.job.model.name not in zoo.names():
-        raise ConfigError(source, "job.model", f"the runtime trains zoo models only "
-                          f"({', '.join(zoo.names())}), not {base.job.model.name!r}")
-    model = exact_model(base.job.model.name, base.seed, opts.model_kwargs)
-    problem = dataclasses.replace(base, job=dataclasses.replace(base.job, model=model))
     resolved = cfg.model_dump(mode="json")
     resolved["runtime"] = opts.model_dump(mode="json")
     runs: list[SchedulerRun] = []

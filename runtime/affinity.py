@@ -11,6 +11,7 @@ profiler's two-process benchmarks use the same helpers.
 
 from __future__ import annotations
 
+import bisect
 import os
 import time
 from typing import Any
@@ -91,10 +92,19 @@ class CpuMeter:
     """The CPU a process uses from its creation on: in all (``time.process_time``) and
     by thread name (:func:`thread_cpu`, each thread from its own start figure), against
     the wall time. A thread that exits before :meth:`read` drops out of its name's
-    figure (not of the total), so the names need not add up to the total."""
+    figure (not of the total), so the names need not add up to the total.
+
+    :meth:`tick` (at each of the process's iteration boundaries) records the wall clock
+    and the CPU so far, so that the CPU of a window of the run (the iterations after
+    the warm-up: :func:`window_cpu`) can be read afterwards; a tick costs two clock
+    reads."""
 
     def __init__(self) -> None:
         self.t0, self.c0, self.by0 = time.perf_counter(), time.process_time(), thread_cpu()
+        self.ticks: list[tuple[float, float]] = []  # (time.time(), CPU seconds since creation)
+
+    def tick(self) -> None:
+        self.ticks.append((time.time(), time.process_time() - self.c0))
 
     def read(self) -> dict[str, Any]:
         """``{"wall_s", "cpu_s", "threads_cpu_s": {name: s} | None}`` since creation."""
@@ -106,5 +116,26 @@ class CpuMeter:
                 start = self.by0[tid][1] if tid in self.by0 else 0.0
                 threads[name] = threads.get(name, 0.0) + cpu - start
             threads = {k: round(v, 6) for k, v in sorted(threads.items())}
+        self.tick()
         return {"wall_s": time.perf_counter() - self.t0, "cpu_s": time.process_time() - self.c0,
-                "threads_cpu_s": threads}
+                "threads_cpu_s": threads, "ticks": [[round(t, 6), round(c, 6)] for t, c in self.ticks]}
+
+
+def window_cpu(ticks: list[list[float]], start: float, end: float, slack_s: float = 0.05) -> float | None:
+    """CPU seconds between wall-clock times ``start`` and ``end`` from a process's
+    :meth:`CpuMeter.tick` records ``[time, CPU so far]``, linear between ticks (a tick per
+    iteration: the error is a fraction of one iteration's CPU at each end). ``end`` past
+    the last tick by up to ``slack_s`` reads the last tick; None when the window is not
+    covered (``start`` before the first tick, ``end`` well after the last, or fewer than
+    two ticks)."""
+    if len(ticks) < 2 or start < ticks[0][0] or end > ticks[-1][0] + slack_s or end < start:
+        return None
+
+    def at(x: float) -> float:
+        i = bisect.bisect_right([t for t, _ in ticks], x)
+        if i >= len(ticks):
+            return ticks[-1][1]
+        (t0, c0), (t1, c1) = ticks[i - 1], ticks[i]
+        return c0 + (c1 - c0) * ((x - t0) / (t1 - t0) if t1 > t0 else 1.0)
+
+    return at(end) - at(start)

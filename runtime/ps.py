@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from runtime import checkpoint, quant, task, wire
-from runtime.affinity import CpuMeter, in_force
+from runtime.affinity import CpuMeter, in_force, window_cpu
 from runtime.pulls import ShardPulls
 from runtime.spec import RunSpec
 from sim.observation import Observation, WorkerStatus, accepted_shares, full_membership, rate_sps
@@ -266,6 +266,7 @@ class Shard:
                         self.apply(push[0], samples / self.spec.global_batch)
                         self.version += 1
                         self.busy_s += time.perf_counter() - t0
+                        meter.tick()
             elif m.kind == wire.COMMIT:
                 assert m.payload is not None
                 commits[m.iteration] = m.payload.view(torch.int64).tolist()
@@ -283,6 +284,7 @@ class Shard:
                         self.apply(self.combine(got, members), 1.0)
                     self.busy_s += time.perf_counter() - t0
                 self.version += 1
+                meter.tick()
                 if self.checkpoint_due():
                     name, sha = self.save()
                     wire.send(0, wire.SAVED, self.version, payload=wire.json_payload({"file": name, "sha256": sha}))
@@ -341,6 +343,7 @@ class Coordinator(Shard):
         self.shard_busy: dict[int, float] = {}
         self.shard_emulation: dict[int, dict[str, Any]] = {0: in_force()}  # threads, CPUs of each shard
         self.shard_cpu: dict[int, dict[str, Any]] = {}  # each shard's CPU over its loop (CpuMeter.read)
+        self.meter: CpuMeter | None = None  # shard 0's, ticked at each iteration's end
         self.max_ahead = 0  # ASP/SSP: most iterations a served pull was ahead of the slowest
         self.fingerprint = checkpoint.fingerprint(spec)
         self.saved: dict[int, dict[str, str]] = defaultdict(dict)  # version -> {file: sha256}
@@ -535,8 +538,32 @@ class Coordinator(Shard):
             self.end_iteration(done, mean, per)
 
     # ---------------------------------------------------------- iterations
+    def cpu_windows(self, cpu: dict[str, dict[str, Any] | None]) -> dict[str, dict[str, Any] | None]:
+        """Each process's :meth:`CpuMeter.read` figures with its tick records replaced by
+        ``window``: its CPU from the end of the warm-up to the end of the last iteration
+        (shard 0's clock; ``iterations`` of them), where its ticks cover that window, so
+        that CPU per iteration means what the iteration times mean (the start-up and the
+        warm-up's one-off costs and the wait for the final reports left out)."""
+        w, n = self.spec.warmup, len(self.iter_end)
+        out: dict[str, dict[str, Any] | None] = {}
+        for proc, got in cpu.items():
+            if got is None:
+                out[proc] = None
+                continue
+            got = dict(got)
+            ticks = got.pop("ticks", None)
+            if ticks and 0 < w < n:
+                c = window_cpu(ticks, self.t0 + self.iter_end[w - 1], self.t0 + self.iter_end[-1])
+                if c is not None:
+                    got["window"] = {"from_iteration": w, "iterations": n - w, "cpu_s": round(c, 6),
+                                     "wall_s": round(self.iter_end[-1] - self.iter_end[w - 1], 6)}
+            out[proc] = got
+        return out
+
     def end_iteration(self, samples: int, loss: float, per_worker: list[int]) -> None:
         self.iter_end.append(self.now())
+        if self.meter is not None:
+            self.meter.tick()
         self.iter_samples.append(int(samples))
         self.iter_loss.append(float(loss))
         self.iter_worker_samples.append(per_worker)
@@ -580,7 +607,7 @@ class Coordinator(Shard):
     # ---------------------------------------------------------------- loop
     def run(self) -> RunResult:
         self.last_seen = [self.now()] * self.W
-        meter = CpuMeter()
+        meter = self.meter = CpuMeter()
         bsp = self.spec.sync == "bsp"
         self.expect()
         while True:
@@ -699,9 +726,11 @@ class Coordinator(Shard):
                 "emulation": {**{spec.workers[w].device: self.reports.get(w, {}).get("emulation")
                                  for w in range(self.W)},
                               **{sid: self.shard_emulation.get(k) for k, sid in enumerate(spec.shards)}},
-                # each process's CPU over its loop, in all and by thread name (CpuMeter.read)
-                "cpu": {**{spec.workers[w].device: self.reports.get(w, {}).get("cpu") for w in range(self.W)},
-                        **{sid: self.shard_cpu.get(k) for k, sid in enumerate(spec.shards)}},
+                # each process's CPU over its loop, in all and by thread name (CpuMeter.read),
+                # and over the iterations after the warm-up (cpu_windows)
+                "cpu": self.cpu_windows(
+                    {**{spec.workers[w].device: self.reports.get(w, {}).get("cpu") for w in range(self.W)},
+                     **{sid: self.shard_cpu.get(k) for k, sid in enumerate(spec.shards)}}),
                 "pipeline": spec.pipeline,
                 "pipeline_pulls": spec.pipeline_pulls,
             },

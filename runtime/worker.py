@@ -267,6 +267,7 @@ def run_worker(spec: RunSpec, w: int, local_rank: int = 0) -> None:
     # BSP resume: every worker continues with the checkpoint's iteration, the one the shards expect
     t = spec.resume.version if spec.resume is not None else 0
     while True:
+        meter.tick()  # an iteration boundary: the CPU of the iterations after the warm-up (window_cpu)
         if ws.fail_at_iteration == t or (ws.fail_at_s is not None and time.time() - start >= ws.fail_at_s):
             os.kill(os.getpid(), signal.SIGKILL)  # emulated crash: no goodbye, no flush
         if puller is not None:

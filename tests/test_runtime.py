@@ -297,6 +297,24 @@ def test_cpu_meter_counts_every_thread_by_name() -> None:
     assert 0.1 <= mine < 0.2
 
 
+def test_window_cpu_interpolates_between_ticks_by_hand() -> None:
+    from runtime.affinity import window_cpu
+
+    ticks = [[10.0, 1.0], [12.0, 2.0], [13.0, 4.0], [15.0, 5.0]]  # wall clock, CPU so far
+    assert window_cpu(ticks, 10.0, 15.0) == pytest.approx(4.0)
+    # 11 s is halfway through the first step (1.5), 14 s halfway through the last (4.5)
+    assert window_cpu(ticks, 11.0, 14.0) == pytest.approx(3.0)
+    assert window_cpu(ticks, 12.0, 13.0) == pytest.approx(2.0)
+    assert window_cpu(ticks, 12.5, 12.5) == pytest.approx(0.0)
+    # an end a little past the last tick reads the last tick; further, or a start before
+    # the first tick, or too few ticks: not covered
+    assert window_cpu(ticks, 13.0, 15.04) == pytest.approx(1.0)
+    assert window_cpu(ticks, 13.0, 15.5) is None
+    assert window_cpu(ticks, 9.0, 12.0) is None
+    assert window_cpu(ticks[:1], 10.0, 10.0) is None
+    assert window_cpu(ticks, 13.0, 12.0) is None
+
+
 def test_quantized_pushes_carry_packed_bytes(tmp_path: Path) -> None:
     res = run(config(tmp_path, job={"quantization": 4, "iterations": 8},
                      runtime={"workers": [{"threads": 2, "affinity": [0]}], "ps_affinity": [0]}))

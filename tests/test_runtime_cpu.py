@@ -131,6 +131,29 @@ def test_leave_one_out_predicts_each_config_from_the_others_only() -> None:
     assert max(abs(e) for lab, e in loo.items() if not lab.startswith("c0|")) > 1e-3
 
 
+def test_iteration_rows_simulate_each_run_again_with_the_fit_without_its_config() -> None:
+    truth = RuntimeCpuModel(worker=(0.9, 0.2, 1.5, 0.05), ps=(0.6, 0.0, 0.7, 0.8))
+    cfg = "c9_mlp_2w_asp_pipe"
+    # the other configs' samples follow the model exactly: the fit without c9 is the model
+    samples = [(f"other{i}|equal|{role}", f, truth.predict_ms(f)) for role in ("worker", "ps")
+               for i, f in enumerate(Figures(role, c, t, n, m) for c, t, n, m in
+                                     [(10, 4, 2, 1), (10, 4, 2, 3), (2, 1, 22, 3), (25, 5, 9, 2), (5, 0.5, 2, 2)])]
+    # c9's own sample is far off: the fit with it is not the model
+    samples += [(f"{cfg}|equal|worker", Figures("worker", 9.0, 4.0, 6.0, 2.0), 100.0)]
+    host = Host("local", 2, 0.0)
+    again = validate.resimulate(runtime_calibration.CONFIG_DIR / f"{cfg}.yaml", "equal", host, {"t": truth})
+    real = again["t"] * 1.25  # the real run 25% slower than the model's prediction
+    run = {"config": cfg, "scheduler": "equal", "cores": 2, "background_threads": 0.0, "real_s": real}
+    fitted = runtime_cpu.fit([(f, r) for _, f, r in samples])
+    [row] = runtime_calibration.iteration_rows([run], samples, fitted)
+    assert row["real_ms"] == round(1e3 * real, 2) and row["des_ms"] == round(1e3 * again[""], 2)
+    assert row["left_out_ms"] == round(1e3 * again["t"], 2) and row["left_out_error"] == "-20.0%"
+    des_err, fit_err, left_err = row["_errors"]
+    assert left_err == pytest.approx(1 / 1.25 - 1, abs=1e-12)
+    assert des_err == pytest.approx(again[""] / real - 1, abs=1e-12)
+    assert fit_err != pytest.approx(left_err)  # the fit with c9's sample predicts otherwise
+
+
 def test_model_json_round_trip_and_bad_fields() -> None:
     m = RuntimeCpuModel(worker=(1.0, 0.5, 2.0, 0.1), ps=(0.5, 0.0, 1.0, 1.0), note="x")
     assert RuntimeCpuModel.from_json(json.loads(json.dumps(m.to_json()))) == m

@@ -194,15 +194,18 @@ def test_cpu_per_iteration_by_hand() -> None:
     real = RunResult("x", "runtime", "equal", 0, [1.0, 2.0, 3.0, 4.0], [10] * 4, devs(), extra={"runtime": {"cpu": {
         "w:0": {"wall_s": 4.0, "cpu_s": 2.0, "threads_cpu_s": {"python3": 1.6, "gloo_tcp_loop": 0.4},
                 "compute_cpu_s": 1.2},
-        "ps:0": {"wall_s": 3.9, "cpu_s": 1.2, "threads_cpu_s": None}}}})
+        "ps:0": {"wall_s": 3.9, "cpu_s": 1.2, "threads_cpu_s": None,
+                 # the 3 iterations after a warm-up of 1 took 0.6 CPU-s: 200 ms each
+                 "window": {"from_iteration": 1, "iterations": 3, "cpu_s": 0.6, "wall_s": 3.0}}}}})
     got = validate.cpu_per_iteration(sim, real)
     assert got is not None
     assert got["processes"] == {
         "w:0": {"role": "worker", "sim_ms": pytest.approx(200.0), "sim_transport_ms": pytest.approx(100.0),
-                "real_ms": pytest.approx(500.0), "real_transport_ms": pytest.approx(100.0),
+                "real_ms": pytest.approx(500.0), "real_window_ms": None, "real_transport_ms": pytest.approx(100.0),
                 "real_compute_ms": pytest.approx(300.0)},
         "ps:0": {"role": "ps", "sim_ms": pytest.approx(50.0), "sim_transport_ms": pytest.approx(100.0),
-                 "real_ms": pytest.approx(300.0), "real_transport_ms": None, "real_compute_ms": None}}
+                 "real_ms": pytest.approx(300.0), "real_window_ms": pytest.approx(200.0),
+                 "real_transport_ms": None, "real_compute_ms": None}}
     assert got["sim_total_ms"] == pytest.approx(450.0) and got["real_total_ms"] == pytest.approx(800.0)
     assert got["sim_cores_busy"] == pytest.approx(1.8 / 2.0)  # 1.8 CPU-s over 2 s
     assert got["real_cores_busy"] == pytest.approx(3.2 / 4.0)  # 3.2 CPU-s over the longest loop
@@ -296,6 +299,19 @@ def test_validate_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert {d: f["sharing"] for d, f in rc["figures"].items()} == {
         "this_machine:0": 2.0, "this_machine:1": 2.0, "ps:0": 2.0}
     assert rc["sim_without_model"]["iteration_time_mean_s"] != sim["iteration_time_s"]["mean"]
+    # the simulated side again without the real run, on the run's host: the same figures exactly
+    diag = data["schedulers"]["equal"]["diagnostics"]
+    again = validate.resimulate(path, "equal", Host("local", diag["host"]["cores"],
+                                                    diag["host"]["background_threads"]), {"profile's": model})
+    assert again == {"": rc["sim_without_model"]["iteration_time_mean_s"],
+                     "profile's": data["schedulers"]["equal"]["metrics"]["iteration_time_mean_s"]["sim"]}
+    # each process's CPU after the warm-up (2 of the 6 iterations): measured from its ticks,
+    # no more than over its whole loop
+    for dev, got in real["runtime"]["cpu"].items():
+        assert got["window"]["from_iteration"] == 2 and got["window"]["iterations"] == 4, dev
+        assert 0 < got["window"]["cpu_s"] <= got["cpu_s"], dev
+        assert cpu["processes"][dev]["real_window_ms"] == pytest.approx(1e3 * got["window"]["cpu_s"] / 4), dev
+        assert "ticks" not in got, dev
     assert "runtime CPU model of the profile" in report
     # the memory probe, a diagnostic: this_machine's profile has copies of 1 M to 64 M values
     mp = data["schedulers"]["equal"]["diagnostics"]["memory_probe"]
