@@ -176,7 +176,7 @@ def _model_points(model: Model, source: str, runs: Iterable[dict[str, Any]], dty
                 ck = compute_kind(ly, model.input_bytes_of(i))
                 out.append(Point(ly.op, phase, flops, nbytes, kernels, float(t), source, name, b,
                                  mem_key(ly.op, ly.kernels, ly.param_bytes > 0,
-                                         ly.activation_bytes < model.input_bytes_of(i)),
+                                         ly.activation_bytes < model.input_bytes_of(i), ly.inplace),
                                  f"{ly.op}/{ck}" if ck else "", looked_up_rows(ly, b)))
     return out
 
@@ -497,10 +497,10 @@ def _point_time(dev: DeviceProfile, p: Point) -> float:
     """The cost model's time of a measured pass (:func:`sim.costmodel.layer_time_s`'s
     formula on the point's work, without tables or glue)."""
     flags = p.kind.partition("/k")[2]
-    kernels = int(flags.rstrip("pr")) if flags else None
-    has_params, reduces = "p" in flags, "r" in flags
-    mem_eff = dev.mem_eff(p.op, p.nbytes, p.phase, kernels, has_params, reduces)
-    fixed = fixed_s(dev, p.op, p.phase, kernels, has_params, reduces, p.rows) if p.flops == 0 else 0.0
+    kernels = int(flags.rstrip("pri")) if flags else None
+    has_params, reduces, inplace = "p" in flags, "r" in flags, "i" in flags
+    mem_eff = dev.mem_eff(p.op, p.nbytes, p.phase, kernels, has_params, reduces, inplace)
+    fixed = fixed_s(dev, p.op, p.phase, kernels, has_params, reduces, p.rows, inplace) if p.flops == 0 else 0.0
     return fixed + roofline_s(dev, p.op, p.flops, p.nbytes, p.kernels, "fp32", mem_eff, p.phase,
                               p.ckind.partition("/")[2] or None)
 

@@ -100,22 +100,23 @@ class BandwidthCurve(_Curve):
 
 
 _EFF_KEY_RE = re.compile(r"^(" + "|".join(OP_CLASSES) + r")/[a-z0-9]+$")
-_MEM_KEY_RE = re.compile(r"^(" + "|".join(OP_CLASSES) + r")/k\d+p?r?$")
+_MEM_KEY_RE = re.compile(r"^(" + "|".join(OP_CLASSES) + r")/k\d+p?r?i?$")
 
 
-def mem_key(op: str, kernels: int, has_params: bool, reduces: bool = False) -> str:
+def mem_key(op: str, kernels: int, has_params: bool, reduces: bool = False, inplace: bool = False) -> str:
     """Key of a layer kind in ``mem_efficiency``: ``OP/kN`` plus ``p`` when the
-    layer has parameters and ``r`` when its output is smaller than its input
-    (pooling), e.g. ``elementwise/k2p`` (two kernels, parameters: a BatchNorm)."""
-    return f"{op}/k{kernels}{'p' if has_params else ''}{'r' if reduces else ''}"
+    layer has parameters, ``r`` when its output is smaller than its input
+    (pooling) and ``i`` when it works in place, e.g. ``elementwise/k2p`` (two
+    kernels, parameters: a BatchNorm), ``elementwise/k1i`` (``ReLU(inplace=True)``)."""
+    return f"{op}/k{kernels}{'p' if has_params else ''}{'r' if reduces else ''}{'i' if inplace else ''}"
 
 
 def _per_kind(table: dict[str, float] | None, op: str, kernels: int | None, has_params: bool,
-              reduces: bool) -> float:
+              reduces: bool, inplace: bool = False) -> float:
     """``table``'s entry of the layer's kind (:func:`mem_key`), else its op class's, else 0."""
     if not table:
         return 0.0
-    for k in [op] if kernels is None else [mem_key(op, kernels, has_params, reduces), op]:
+    for k in [op] if kernels is None else [mem_key(op, kernels, has_params, reduces, inplace), op]:
         if k in table:
             return float(table[k])
     return 0.0
@@ -345,7 +346,7 @@ class DeviceProfile(_Strict):
         for k in v or {}:
             if k not in OP_CLASSES and not _MEM_KEY_RE.match(k):
                 raise ValueError(f"unknown key {k!r}: an op class ({', '.join(OP_CLASSES)}) "
-                                 "or OP/kN[p][r] (N kernels, p: parameters, r: reducing)")
+                                 "or OP/kN[p][r][i] (N kernels, p: parameters, r: reducing, i: in place)")
         return v
 
     @field_validator("efficiency", "efficiency_bwd")
@@ -395,18 +396,18 @@ class DeviceProfile(_Strict):
         return float(e)
 
     def mem_eff(self, op: str, nbytes: float, phase: str = "fwd", kernels: int | None = None,
-                has_params: bool = False, reduces: bool = False) -> float:
+                has_params: bool = False, reduces: bool = False, inplace: bool = False) -> float:
         """Fraction of ``mem_bw_Bps`` for one call of op class ``op`` moving ``nbytes``.
 
         1.0 unless the profile has ``mem_efficiency`` (``mem_efficiency_bwd`` for
         the backward pass, falling back to the forward entries). Within a table
         the entry of the layer's kind, :func:`mem_key` (op class, forward kernel
-        count, parameters or not, output smaller than input or not: a ReLU, a
-        BatchNorm, a Dropout and a max-pool are all ``elementwise`` but make
-        different passes over their data), is used where present, else the op
-        class's.
+        count, parameters or not, output smaller than input or not, in place or
+        not: a ReLU, a BatchNorm, a Dropout and a max-pool are all ``elementwise``
+        but make different passes over their data), is used where present, else
+        the op class's.
         """
-        keys = [op] if kernels is None else [mem_key(op, kernels, has_params, reduces), op]
+        keys = [op] if kernels is None else [mem_key(op, kernels, has_params, reduces, inplace), op]
         e = None
         for table in ((self.mem_efficiency_bwd, self.mem_efficiency) if phase == "bwd"
                       else (self.mem_efficiency,)):
@@ -429,7 +430,7 @@ class DeviceProfile(_Strict):
         return 0.0 if g is None else float(g[0] + g[1] * out_bytes)
 
     def call_overhead(self, op: str, phase: str = "fwd", kernels: int | None = None,
-                      has_params: bool = False, reduces: bool = False) -> float:
+                      has_params: bool = False, reduces: bool = False, inplace: bool = False) -> float:
         """Fixed seconds of one call of a layer, beyond ``launch_overhead_s`` per kernel.
 
         From ``call_overhead_s`` (forward) or ``call_overhead_bwd_s`` (backward; no
@@ -439,10 +440,10 @@ class DeviceProfile(_Strict):
         curve over bytes cannot take on: it would flatten below its first knot).
         """
         return _per_kind(self.call_overhead_bwd_s if phase == "bwd" else self.call_overhead_s,
-                         op, kernels, has_params, reduces)
+                         op, kernels, has_params, reduces, inplace)
 
     def row_cost(self, op: str, phase: str = "fwd", kernels: int | None = None,
-                 has_params: bool = False, reduces: bool = False) -> float:
+                 has_params: bool = False, reduces: bool = False, inplace: bool = False) -> float:
         """Seconds per row a sparse layer looks up, beyond its bytes and call overhead.
 
         From ``row_cost_s`` (forward) or ``row_cost_bwd_s`` (backward; no fallback
@@ -452,4 +453,4 @@ class DeviceProfile(_Strict):
         bytes cannot tell from the bytes of the table itself.
         """
         return _per_kind(self.row_cost_bwd_s if phase == "bwd" else self.row_cost_s,
-                         op, kernels, has_params, reduces)
+                         op, kernels, has_params, reduces, inplace)

@@ -88,9 +88,9 @@ def layer_time_s(layer: Layer, phase: str, b: float, dev: DeviceProfile, dtype: 
     flops, kernels, nbytes = layer_work(layer, phase, b, dtype, input_bytes, dev.dense_sparse_grad,
                                         dev.weight_grad_only_bwd)
     has_params, reduces = layer.param_bytes > 0, layer.activation_bytes < input_bytes
-    mem_eff = dev.mem_eff(layer.op, nbytes, phase, layer.kernels, has_params, reduces)
-    fixed = (fixed_s(dev, layer.op, phase, layer.kernels, has_params, reduces, looked_up_rows(layer, b))
-             if flops == 0 else 0.0)
+    mem_eff = dev.mem_eff(layer.op, nbytes, phase, layer.kernels, has_params, reduces, layer.inplace)
+    fixed = (fixed_s(dev, layer.op, phase, layer.kernels, has_params, reduces, looked_up_rows(layer, b),
+                     layer.inplace) if flops == 0 else 0.0)
     if dev.layer_glue_s:
         fixed += glue_time_s(layer, phase, b, dev, dtype)
     return fixed + roofline_s(dev, layer.op, flops, nbytes, kernels, dtype, mem_eff, phase,
@@ -98,12 +98,12 @@ def layer_time_s(layer: Layer, phase: str, b: float, dev: DeviceProfile, dtype: 
 
 
 def fixed_s(dev: DeviceProfile, op: str, phase: str, kernels: int | None, has_params: bool,
-            reduces: bool, rows: float) -> float:
+            reduces: bool, rows: float, inplace: bool = False) -> float:
     """The fixed part of a pass without FLOPs beside its roofline: the profile's per-call
     overhead of its kind plus its cost per row looked up times ``rows`` (both 0 where the
     profile has none). :mod:`hardware_profiles.calibrate` prices its points with it too."""
-    return (dev.call_overhead(op, phase, kernels, has_params, reduces)
-            + dev.row_cost(op, phase, kernels, has_params, reduces) * rows)
+    return (dev.call_overhead(op, phase, kernels, has_params, reduces, inplace)
+            + dev.row_cost(op, phase, kernels, has_params, reduces, inplace) * rows)
 
 
 def glue_time_s(layer: Layer, phase: str, b: float, dev: DeviceProfile, dtype: str) -> float:

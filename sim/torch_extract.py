@@ -365,6 +365,7 @@ def _layers(calls: list[_Call], batch: int, root: nn.Module) -> list[Layer]:
             activation_bytes=out_bytes / batch,
             sparse=sparse,
             kernels=max(1, c.kernels),
+            inplace=leaf and getattr(c.module, "inplace", False) is True,
         )
         rows.append((pos, base, layer))
     rows.sort(key=lambda r: r[0])

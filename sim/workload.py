@@ -52,6 +52,10 @@ class Layer:
         activation_bytes: bytes of the layer's output per sample.
         sparse: set for embedding tables of which only touched rows travel.
         kernels: kernel launches of one forward pass (backward counts twice).
+        inplace: the forward overwrites its input instead of writing a new tensor
+            (``nn.ReLU(inplace=True)``): an in-place and an out-of-place pass over
+            the same bytes are different kernels and autograd paths, timed apart
+            by calibration (its own bandwidth curve, ``elementwise/k1i``).
     """
 
     name: str
@@ -62,6 +66,7 @@ class Layer:
     activation_bytes: float
     sparse: Sparse | None = None
     kernels: int = 1
+    inplace: bool = False
 
     @property
     def signature(self) -> str:
@@ -78,6 +83,8 @@ class Layer:
             del d["sparse"]
         if self.kernels == 1:
             del d["kernels"]
+        if not self.inplace:
+            del d["inplace"]
         return d
 
 
@@ -133,7 +140,7 @@ class Model:
 
 
 _LAYER_KEYS = {
-    "name", "op", "fwd_flops", "bwd_flops", "param_bytes", "activation_bytes", "sparse", "kernels",
+    "name", "op", "fwd_flops", "bwd_flops", "param_bytes", "activation_bytes", "sparse", "kernels", "inplace",
 }
 
 
@@ -188,7 +195,10 @@ def model_from_dict(d: Any, source: str = "<model>") -> Model:
         kernels = raw.get("kernels", 1)
         if not isinstance(kernels, int) or isinstance(kernels, bool) or kernels < 0:
             raise ConfigError(source, f"{where}.kernels", "must be a non-negative integer")
-        layers.append(Layer(name=name, op=raw["op"], sparse=sparse, kernels=kernels, **nums))
+        inplace = raw.get("inplace", False)
+        if not isinstance(inplace, bool):
+            raise ConfigError(source, f"{where}.inplace", "must be true or false")
+        layers.append(Layer(name=name, op=raw["op"], sparse=sparse, kernels=kernels, inplace=inplace, **nums))
     input_bytes = _nonneg(d.get("input_bytes", 0.0), source, "input_bytes")
     return Model(name=str(d.get("name", Path(source).stem)), layers=tuple(layers), input_bytes=input_bytes)
 

@@ -109,6 +109,23 @@ def test_sequential_mlp_by_hand() -> None:
     assert model.input_bytes == 32
 
 
+def test_inplace_comes_from_the_module_and_survives_the_file(tmp_path: Path) -> None:
+    m = nn.Sequential(nn.Linear(8, 4), nn.ReLU(inplace=True), nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4),
+                      nn.Dropout(inplace=True))
+    model = from_torch(m, torch.randn(2, 8))
+    assert [ly.inplace for ly in model.layers] == [False, True, False, False, False, True]
+    # only a True is written; a file without it reads as out of place
+    assert "inplace" in model.layers[1].to_dict() and "inplace" not in model.layers[3].to_dict()
+    save_model_file(model, tmp_path / "m.yaml")
+    assert load_model_file(tmp_path / "m.yaml") == model
+    # the calibrated profile's kinds tell the two apart: elementwise/k1 and elementwise/k1i
+    from hardware_profiles.schema import mem_key
+
+    assert [mem_key(ly.op, ly.kernels, ly.param_bytes > 0, False, ly.inplace) for ly in model.layers[1:4:2]] == [
+        "elementwise/k1i", "elementwise/k1"]
+    assert mem_key("elementwise", 2, True, True, True) == "elementwise/k2pri"
+
+
 def test_input_that_requires_grad_adds_first_layer_grad_input() -> None:
     m = nn.Sequential(nn.Linear(8, 4), nn.ReLU(), nn.Linear(4, 2))
     model = from_torch(m, torch.randn(2, 8, requires_grad=True))
@@ -295,8 +312,10 @@ _GOOD_LAYER = ("{name: a, op: gemm, fwd_flops: 1, bwd_flops: 2, param_bytes: 3, 
         ("name: x\nlayers: [{name: a, op: gemm, fwd_flops: 1, bwd_flops: 2,"
          " activation_bytes: 4}]\n", "layers[0].param_bytes"),
         ("name: x\nlayers: []\n", "layers"),
+        ("name: x\nlayers: [{name: a, op: elementwise, fwd_flops: 0, bwd_flops: 0, param_bytes: 0,"
+         " activation_bytes: 4, inplace: 1}]\n", "layers[0].inplace"),
     ],
-    ids=["malformed", "unknown-top", "unknown-layer", "negative", "bad-op", "missing", "empty"],
+    ids=["malformed", "unknown-top", "unknown-layer", "negative", "bad-op", "missing", "empty", "inplace-not-bool"],
 )
 def test_load_model_file_errors_name_file_and_field(tmp_path: Path, text: str, field: str) -> None:
     f = tmp_path / "bad.yaml"
