@@ -454,6 +454,7 @@ class FluidShare:
                 rdue[L] = _INF  # consumed: the settle pushes its next one
                 res.append(L)
         delivered: list[Callable[[], None]] = []
+        deliver = delivered.append
         dues, V, t, vr, resched = self._due, self._V, self._t, self._vr, self._resched
         n, dirty, na, pop = self._n, self._dirty, self._na, heappop
         for L in res:
@@ -465,24 +466,45 @@ class FluidShare:
             # clock: rounding could leave it a hair short forever.
             first = L not in resched
             got: list[_Pair] = []
-            while h:
-                e = h[0]
-                p = e[3]
-                if e[2] != p.ver:
-                    pop(h)
-                elif e[0] <= vlim or first:
-                    pop(h)  # (its entry consumed: the pair's ver stays for its next one)
-                    got.append(p)
-                    first = False
-                else:
-                    break
+            if len(h) > 4 and h[-1][0] <= vlim:
+                # Many due at once (a shard's chunk to every worker: equal sizes, one target):
+                # the entries taken in sorted order, the order of their pops (their keys are
+                # unique, so which heap arrangement is left does not matter), and the rest,
+                # still sorted, is a heap. A heap filled in key order is sorted already, and
+                # sorting it costs a comparison an entry against a pop's ~log2(n) (measured:
+                # the 64-worker benchmark's pulls, about 4% of the run's time less).
+                h.sort()
+                i = 0
+                for e in h:
+                    p = e[3]
+                    if e[2] == p.ver:
+                        if e[0] <= vlim or first:
+                            got.append(p)
+                            first = False
+                        else:
+                            break
+                    i += 1
+                del h[:i]
+            else:
+                while h:
+                    e = h[0]
+                    p = e[3]
+                    if e[2] != p.ver:
+                        pop(h)
+                    elif e[0] <= vlim or first:
+                        pop(h)  # (its entry consumed: the pair's ver stays for its next one)
+                        got.append(p)
+                        first = False
+                    else:
+                        break
             if not got:
                 continue
             VL = V[L] = VL + r * (now - tL)
             t[L] = now
             resched[L] = None
             dirty.add(L)
-            done = 0
+            done = len(got)  # flows delivered: one per pair, and the others that go with it
+            idle = 0  # pairs left without flows
             for p in got:
                 # The earliest flow is due; others go with it if the clock reaches their
                 # targets by the wake's horizon (read as at least the earliest's target, to a
@@ -491,26 +513,31 @@ class FluidShare:
                 # with a pair that never drains and then delivers flows early once its rate drops.
                 flows = p.flows
                 first_t, _, cb = pop(flows)
-                delivered.append(cb)
-                k = 1
-                if flows:
-                    lim = vlim if vlim > first_t else first_t
-                    lim += 4.0 * math.ulp(lim)
-                    while flows and flows[0][0] <= lim:
-                        delivered.append(pop(flows)[2])
-                        k += 1
+                deliver(cb)
                 o = p.o
-                n[o] -= k
-                done += k
                 dirty.add(o)
+                if not flows:  # its only flow (the common case): idle (see _idle; its entry is gone)
+                    n[o] -= 1
+                    idle += 1
+                    continue
+                k = 1
+                lim = vlim if vlim > first_t else first_t
+                lim += 4.0 * math.ulp(lim)
+                while flows and flows[0][0] <= lim:
+                    deliver(pop(flows)[2])
+                    k += 1
+                n[o] -= k
+                done += k - 1
                 if flows:
                     f = flows[0]
                     heappush(h, (f[0], f[1], p.ver, p))
-                else:  # idle (see _idle; its entry is gone already)
-                    na[L] -= 1
-                    if not na[L]:
-                        h.clear()
+                else:
+                    idle += 1
             n[L] -= done
+            if idle:  # (na[L] reaches 0 only once every due pair is idle: no entry pushed since)
+                na[L] -= idle
+                if not na[L]:
+                    h.clear()
         # One latency timer for every message this wake delivers: the per-message timers
         # would fire back to back at the same instant (consecutive event ids), and a
         # delivery callback schedules nothing urgent that could run between them.
