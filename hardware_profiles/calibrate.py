@@ -620,7 +620,9 @@ def residual_rows(profile: DeviceProfile, pts: Sequence[Point]) -> list[dict[str
 
 
 def calibrate(profile: DeviceProfile, exclude: Sequence[str] = ()) -> CalibrationResult:
-    """Fit the curves of a measured profile and keep its per-layer tables.
+    """Fit the curves of a measured profile and rebuild its per-layer tables from its
+    raw per-layer times (:func:`layer_tables`, so that they are keyed by the layer
+    signature as it is now); a profile without raw model runs keeps its tables.
 
     The residuals are those of the curves alone (tables not used), on the
     points fitted.
@@ -628,7 +630,10 @@ def calibrate(profile: DeviceProfile, exclude: Sequence[str] = ()) -> Calibratio
     fitted, f = fit(profile, exclude)
     rows = residual_rows(fitted, f.points)
     data = fitted.model_dump(by_alias=True, exclude_none=True)
-    if profile.layers:
+    tables = layer_tables(profile.raw) if (profile.raw or {}).get("models") else None
+    if tables:
+        data["layers"] = {k: v.model_dump() for k, v in tables.items()}
+    elif profile.layers:
         data["layers"] = {k: v.model_dump() for k, v in profile.layers.items()}
     spread = dict(profile.spread or {})
     spread["fit_residual_median_abs_rel"] = round(rows[-1]["median_abs_rel_err"], 4)

@@ -94,20 +94,27 @@ class CpuMeter:
     the wall time. A thread that exits before :meth:`read` drops out of its name's
     figure (not of the total), so the names need not add up to the total.
 
-    :meth:`tick` (at each of the process's iteration boundaries) records the wall clock
-    and the CPU so far, so that the CPU of a window of the run (the iterations after
-    the warm-up: :func:`window_cpu`) can be read afterwards; a tick costs two clock
-    reads."""
+    :meth:`tick` (at its creation and at each of the process's iteration boundaries)
+    records the wall clock and the CPU so far, so that the CPU of a window of the run
+    (the iterations after the warm-up: :func:`window_cpu`) can be read afterwards; a
+    tick costs two clock reads. Past ``MAX_TICKS`` every second record is dropped (a
+    long run keeps a coarser but bounded record)."""
+
+    MAX_TICKS = 4096
 
     def __init__(self) -> None:
         self.t0, self.c0, self.by0 = time.perf_counter(), time.process_time(), thread_cpu()
         self.ticks: list[tuple[float, float]] = []  # (time.time(), CPU seconds since creation)
+        self.tick()  # its start: a window may begin before the first iteration boundary
 
     def tick(self) -> None:
         self.ticks.append((time.time(), time.process_time() - self.c0))
+        if len(self.ticks) > self.MAX_TICKS:
+            self.ticks = self.ticks[::2] if len(self.ticks) % 2 else [*self.ticks[:-1:2], self.ticks[-1]]
 
     def read(self) -> dict[str, Any]:
-        """``{"wall_s", "cpu_s", "threads_cpu_s": {name: s} | None}`` since creation."""
+        """``{"wall_s", "cpu_s", "threads_cpu_s": {name: s} | None, "ticks": [[time, CPU
+        so far], ...]}`` since creation; reading is a tick too (the last record)."""
         now = thread_cpu()
         threads: dict[str, float] | None = None
         if now is not None and self.by0 is not None:
@@ -119,6 +126,32 @@ class CpuMeter:
         self.tick()
         return {"wall_s": time.perf_counter() - self.t0, "cpu_s": time.process_time() - self.c0,
                 "threads_cpu_s": threads, "ticks": [[round(t, 6), round(c, 6)] for t, c in self.ticks]}
+
+
+def cpu_windows(cpu: dict[str, dict[str, Any] | None], warmup: int, t0: float, iter_end: list[float],
+                resumed: bool = False) -> dict[str, dict[str, Any] | None]:
+    """Each process's :meth:`CpuMeter.read` figures with its tick records replaced by
+    ``window``: its CPU from the end of the warm-up (``t0 + iter_end[warmup - 1]``, wall
+    clock) to the end of the last iteration, and ``iterations`` of them, where its ticks
+    cover that window, so that CPU per iteration means what the iteration times mean
+    (the start-up and the warm-up's one-off costs and the wait for the final reports
+    left out). No window without a warm-up, without iterations after it, or in a
+    ``resumed`` run (part of its iterations ran in processes that are gone)."""
+    w, n = warmup, len(iter_end)
+    out: dict[str, dict[str, Any] | None] = {}
+    for proc, got in cpu.items():
+        if got is None:
+            out[proc] = None
+            continue
+        got = dict(got)
+        ticks = got.pop("ticks", None)
+        if ticks and 0 < w < n and not resumed:
+            c = window_cpu(ticks, t0 + iter_end[w - 1], t0 + iter_end[-1])
+            if c is not None:
+                got["window"] = {"from_iteration": w, "iterations": n - w, "cpu_s": round(c, 6),
+                                 "wall_s": round(iter_end[-1] - iter_end[w - 1], 6)}
+        out[proc] = got
+    return out
 
 
 def window_cpu(ticks: list[list[float]], start: float, end: float, slack_s: float = 0.05) -> float | None:

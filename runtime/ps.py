@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from runtime import checkpoint, quant, task, wire
-from runtime.affinity import CpuMeter, in_force, window_cpu
+from runtime.affinity import CpuMeter, cpu_windows, in_force
 from runtime.pulls import ShardPulls
 from runtime.spec import RunSpec
 from sim.observation import Observation, WorkerStatus, accepted_shares, full_membership, rate_sps
@@ -538,28 +538,6 @@ class Coordinator(Shard):
             self.end_iteration(done, mean, per)
 
     # ---------------------------------------------------------- iterations
-    def cpu_windows(self, cpu: dict[str, dict[str, Any] | None]) -> dict[str, dict[str, Any] | None]:
-        """Each process's :meth:`CpuMeter.read` figures with its tick records replaced by
-        ``window``: its CPU from the end of the warm-up to the end of the last iteration
-        (shard 0's clock; ``iterations`` of them), where its ticks cover that window, so
-        that CPU per iteration means what the iteration times mean (the start-up and the
-        warm-up's one-off costs and the wait for the final reports left out)."""
-        w, n = self.spec.warmup, len(self.iter_end)
-        out: dict[str, dict[str, Any] | None] = {}
-        for proc, got in cpu.items():
-            if got is None:
-                out[proc] = None
-                continue
-            got = dict(got)
-            ticks = got.pop("ticks", None)
-            if ticks and 0 < w < n:
-                c = window_cpu(ticks, self.t0 + self.iter_end[w - 1], self.t0 + self.iter_end[-1])
-                if c is not None:
-                    got["window"] = {"from_iteration": w, "iterations": n - w, "cpu_s": round(c, 6),
-                                     "wall_s": round(self.iter_end[-1] - self.iter_end[w - 1], 6)}
-            out[proc] = got
-        return out
-
     def end_iteration(self, samples: int, loss: float, per_worker: list[int]) -> None:
         self.iter_end.append(self.now())
         if self.meter is not None:
@@ -727,10 +705,11 @@ class Coordinator(Shard):
                                  for w in range(self.W)},
                               **{sid: self.shard_emulation.get(k) for k, sid in enumerate(spec.shards)}},
                 # each process's CPU over its loop, in all and by thread name (CpuMeter.read),
-                # and over the iterations after the warm-up (cpu_windows)
-                "cpu": self.cpu_windows(
+                # and over the iterations after the warm-up (runtime.affinity.cpu_windows)
+                "cpu": cpu_windows(
                     {**{spec.workers[w].device: self.reports.get(w, {}).get("cpu") for w in range(self.W)},
-                     **{sid: self.shard_cpu.get(k) for k, sid in enumerate(spec.shards)}}),
+                     **{sid: self.shard_cpu.get(k) for k, sid in enumerate(spec.shards)}},
+                    spec.warmup, self.t0, self.iter_end, resumed=spec.resume is not None),
                 "pipeline": spec.pipeline,
                 "pipeline_pulls": spec.pipeline_pulls,
             },

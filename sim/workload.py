@@ -70,11 +70,14 @@ class Layer:
 
     @property
     def signature(self) -> str:
-        """Key for measured per-layer tables: identical signatures cost the same."""
+        """Key for measured per-layer tables: identical signatures cost the same. An
+        in-place layer's ends in ``:i`` (it runs another kernel than an out-of-place one
+        of equal work). The forward kernel count and whether the output is smaller than
+        the input are not in it: a max-pool and a ReLU of equal output bytes share one."""
         sp = f":{self.sparse.rows_per_sample:g}x{self.sparse.row_bytes:g}" if self.sparse else ""
         return (
             f"{self.op}:{self.fwd_flops:.6g}:{self.bwd_flops:.6g}:"
-            f"{self.param_bytes:.6g}:{self.activation_bytes:.6g}{sp}"
+            f"{self.param_bytes:.6g}:{self.activation_bytes:.6g}{sp}{':i' if self.inplace else ''}"
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -163,6 +163,32 @@ def test_efficiency_of_a_compute_kind_falls_back_to_the_op_class() -> None:
     assert dev.eff("conv", 1e9, "bwd") == 0.5
 
 
+def test_in_place_layers_have_kinds_curves_and_tables_of_their_own() -> None:
+    from hardware_profiles.schema import LayerTable
+
+    dev = bare_profile(mem_efficiency={"elementwise/k1i": 0.25, "elementwise": 0.5},
+                       call_overhead_s={"elementwise/k1i": 2e-5})
+    relu = Layer("relu", "elementwise", 0.0, 0.0, 0.0, 1e3)
+    relu_ip = replace(relu, inplace=True)
+    # 1 launch (1e-6) + 2e3 B at 1e9 B/s x 0.5, or x 0.25 plus the in-place kind's 2e-5
+    assert layer_time_s(relu, "fwd", 1, dev, "fp32", 1e3) == pytest.approx(1e-6 + 4e-6)
+    assert layer_time_s(relu_ip, "fwd", 1, dev, "fp32", 1e3) == pytest.approx(1e-6 + 2e-5 + 8e-6)
+    # calibration prices a measured pass of kind elementwise/k1i the same way
+    pt = Point("elementwise", "fwd", 0.0, 2e3, 1, 1.0, "m", "relu", 1, "elementwise/k1i")
+    assert _point_time(dev, pt) == pytest.approx(1e-6 + 2e-5 + 8e-6)
+    assert _point_time(dev, replace(pt, kind="elementwise/k1")) == pytest.approx(1e-6 + 4e-6)
+    # per-layer tables: an in-place layer's signature is its own
+    assert relu_ip.signature == relu.signature + ":i"
+    table = LayerTable(batch=[1], fwd_s=[1.0], bwd_s=[2.0])
+    only_ip = bare_profile(layers={relu_ip.signature: table})
+    assert layer_time_s(relu_ip, "fwd", 1, only_ip, "fp32", 1e3) == 1.0
+    assert layer_time_s(relu, "fwd", 1, only_ip, "fp32", 1e3) != 1.0
+    # the profile format knows the suffix, after p and r only
+    bare_profile(mem_efficiency={"elementwise/k2pri": 0.5})
+    with pytest.raises(ValueError, match="OP/kN\\[p\\]\\[r\\]\\[i\\]"):
+        bare_profile(mem_efficiency={"elementwise/k1ip": 0.5})
+
+
 def test_call_overhead_lookup_and_pricing() -> None:
     # kind entry, else the op class's, else 0; the backward has its own table (no fallback)
     dev = bare_profile(mem_efficiency={"elementwise": 0.5},

@@ -315,6 +315,43 @@ def test_window_cpu_interpolates_between_ticks_by_hand() -> None:
     assert window_cpu(ticks, 13.0, 12.0) is None
 
 
+def test_cpu_windows_by_hand() -> None:
+    from runtime.affinity import cpu_windows
+
+    # shard 0's clock starts at t0 = 100 s; iterations end at 1, 2, 3, 4 s after it
+    ends = [1.0, 2.0, 3.0, 4.0]
+    # a process created with the run (its first tick at 100 s) that used 0.5 CPU-s a second
+    ticks = [[100.0 + t, 0.5 * t] for t in (0.0, 1.5, 2.5, 4.2)]
+    cpu = {"w:0": {"cpu_s": 2.1, "ticks": ticks}, "w:1": None}
+    got = cpu_windows(cpu, 1, 100.0, ends)
+    # a warm-up of 1: the window is 1 s .. 4 s, 3 iterations, 1.5 CPU-s
+    assert got["w:0"]["window"] == {"from_iteration": 1, "iterations": 3, "cpu_s": 1.5, "wall_s": 3.0}
+    assert "ticks" not in got["w:0"] and got["w:0"]["cpu_s"] == 2.1 and got["w:1"] is None
+    assert cpu["w:0"]["ticks"] == ticks  # the input is left as it was
+    assert cpu_windows(cpu, 2, 100.0, ends)["w:0"]["window"]["cpu_s"] == pytest.approx(1.0)
+    # no window: no warm-up, nothing after it, a resumed run, ticks that start too late
+    for w, kw in ((0, {}), (4, {}), (1, {"resumed": True})):
+        assert "window" not in cpu_windows(cpu, w, 100.0, ends, **kw)["w:0"]
+    late = {"w:0": {"cpu_s": 1.0, "ticks": [[101.5, 0.0], [104.0, 1.0]]}}
+    assert "window" not in cpu_windows(late, 1, 100.0, ends)["w:0"]
+
+
+def test_cpu_meter_ticks_from_its_creation_and_keeps_a_bounded_record() -> None:
+    from runtime.affinity import CpuMeter
+
+    meter = CpuMeter()
+    assert len(meter.ticks) == 1  # its start
+    first = meter.ticks[0]
+    for _ in range(2 * CpuMeter.MAX_TICKS):
+        meter.tick()
+    assert len(meter.ticks) <= CpuMeter.MAX_TICKS
+    assert meter.ticks[0] == first  # thinned, the first kept
+    times = [t for t, _ in meter.ticks]
+    assert times == sorted(times)
+    got = meter.read()
+    assert got["ticks"][-1][0] >= times[-1]  # reading is the last tick
+
+
 def test_quantized_pushes_carry_packed_bytes(tmp_path: Path) -> None:
     res = run(config(tmp_path, job={"quantization": 4, "iterations": 8},
                      runtime={"workers": [{"threads": 2, "affinity": [0]}], "ps_affinity": [0]}))
