@@ -294,7 +294,7 @@ def with_teacher(model: Model) -> Model:
 
 def _teacher_profile(dev: Device, model: Model, dtype: str, max_batch: int) -> Device:
     """``dev`` whose profile prices the teacher layer: the student's forward at every batch."""
-    sig = teacher_layer(model).signature
+    sig = costmodel.table_key(teacher_layer(model), model.input_bytes)
     tables = dict(dev.type.layers or {})
     if sig in tables:  # never silently reuse a measured table
         raise ConfigError("<validate>", "job.model", f"layer signature {sig} already measured")

@@ -86,6 +86,7 @@ from sim.costmodel import (
     layer_work,
     looked_up_rows,
     roofline_s,
+    table_key,
 )
 from sim.workload import Model, model_from_dict
 
@@ -630,7 +631,7 @@ def calibrate(profile: DeviceProfile, exclude: Sequence[str] = ()) -> Calibratio
     fitted, f = fit(profile, exclude)
     rows = residual_rows(fitted, f.points)
     data = fitted.model_dump(by_alias=True, exclude_none=True)
-    tables = layer_tables(profile.raw) if (profile.raw or {}).get("models") else None
+    tables = layer_tables(profile.raw) if profile.raw and profile.raw.get("models") else None
     if tables:
         data["layers"] = {k: v.model_dump() for k, v in tables.items()}
     elif profile.layers:
@@ -657,7 +658,7 @@ def predict_layers(profile: DeviceProfile, model: Model, batch: int, dtype: str 
     ``glue=False`` without the glue charged to it (``layer_glue_s``): its own time."""
     def one(ly: Any, phase: str, i: int) -> float:
         t = layer_time_s(ly, phase, batch, profile, dtype, model.input_bytes_of(i))
-        return t if glue else t - glue_time_s(ly, phase, batch, profile, dtype)
+        return t if glue else t - glue_time_s(ly, phase, batch, profile, dtype, model.input_bytes_of(i))
 
     return ([one(ly, "fwd", i) for i, ly in enumerate(model.layers)],
             [one(ly, "bwd", i) for i, ly in enumerate(model.layers)])
@@ -665,7 +666,7 @@ def predict_layers(profile: DeviceProfile, model: Model, batch: int, dtype: str 
 
 # ------------------------------------------------------ tables and spread
 def layer_tables(raw: dict[str, Any]) -> dict[str, LayerTable]:
-    """Per-layer tables of the zoo models in ``raw``, keyed by layer signature.
+    """Per-layer tables of the zoo models in ``raw``, keyed by :func:`sim.costmodel.table_key`.
 
     Layers of one signature (repeated blocks, or equal layers of two models)
     are pooled: the median over them at each batch size.
@@ -673,7 +674,7 @@ def layer_tables(raw: dict[str, Any]) -> dict[str, LayerTable]:
     pooled: dict[str, dict[int, tuple[list[float], list[float]]]] = {}
     for name, runs in raw.get("models", {}).items():
         model = _zoo_model(name)
-        sig = {ly.name: ly.signature for ly in model.layers}
+        sig = {ly.name: table_key(ly, model.input_bytes_of(i)) for i, ly in enumerate(model.layers)}
         for run in runs:
             b = int(run["batch"])
             for lname, vals in run["layers"].items():

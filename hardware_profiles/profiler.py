@@ -1382,7 +1382,7 @@ def build_profile(raw: dict[str, Any], name: str, fit: bool = True) -> DevicePro
     """The measured :class:`DeviceProfile` of ``raw`` (from :func:`measure`).
 
     Per-layer tables come from the zoo models' runs, keyed by
-    :attr:`sim.workload.Layer.signature` (layers of equal signature pooled by
+    :func:`sim.costmodel.table_key` (layers of equal key pooled by
     median); the efficiency curves, memory bandwidth and dispatch overhead are
     fitted by :func:`hardware_profiles.calibrate.fit` when ``fit`` is true.
     """

@@ -265,7 +265,7 @@ class DeviceProfile(_Strict):
     power_w: Power
     source: Source
     layers: dict[str, LayerTable] | None = Field(
-        default=None, description="measured per-layer tables keyed by Layer.signature"
+        default=None, description="measured per-layer tables keyed by sim.costmodel.table_key"
     )
     efficiency_bwd: dict[str, Efficiency] | None = Field(
         default=None, description="backward-pass efficiency per op class (missing: `efficiency`)"

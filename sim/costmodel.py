@@ -82,8 +82,8 @@ def layer_time_s(layer: Layer, phase: str, b: float, dev: DeviceProfile, dtype: 
     """Seconds for one layer's forward ('fwd') or backward ('bwd') pass on ``b`` samples."""
     if b <= 0:
         return 0.0
-    if dev.layers and layer.signature in dev.layers:
-        t = dev.layers[layer.signature]
+    if dev.layers and (key := table_key(layer, input_bytes)) in dev.layers:
+        t = dev.layers[key]
         return _table_time(t.batch, t.fwd_s if phase == "fwd" else t.bwd_s, b)
     flops, kernels, nbytes = layer_work(layer, phase, b, dtype, input_bytes, dev.dense_sparse_grad,
                                         dev.weight_grad_only_bwd)
@@ -92,7 +92,7 @@ def layer_time_s(layer: Layer, phase: str, b: float, dev: DeviceProfile, dtype: 
     fixed = (fixed_s(dev, layer.op, phase, layer.kernels, has_params, reduces, looked_up_rows(layer, b),
                      layer.inplace) if flops == 0 else 0.0)
     if dev.layer_glue_s:
-        fixed += glue_time_s(layer, phase, b, dev, dtype)
+        fixed += glue_time_s(layer, phase, b, dev, dtype, input_bytes)
     return fixed + roofline_s(dev, layer.op, flops, nbytes, kernels, dtype, mem_eff, phase,
                               compute_kind(layer, input_bytes))
 
@@ -106,11 +106,20 @@ def fixed_s(dev: DeviceProfile, op: str, phase: str, kernels: int | None, has_pa
             + dev.row_cost(op, phase, kernels, has_params, reduces, inplace) * rows)
 
 
-def glue_time_s(layer: Layer, phase: str, b: float, dev: DeviceProfile, dtype: str) -> float:
+def table_key(layer: Layer, input_bytes: float) -> str:
+    """The key of a layer's measured per-layer table (``DeviceProfile.layers``): its
+    :attr:`~sim.workload.Layer.signature`, plus ``:r`` where its output is smaller than
+    its input (a pooling layer runs another kernel than a ReLU of equal output bytes)."""
+    return layer.signature + (":r" if layer.activation_bytes < input_bytes else "")
+
+
+def glue_time_s(layer: Layer, phase: str, b: float, dev: DeviceProfile, dtype: str,
+                input_bytes: float = 0.0) -> float:
     """The part of :func:`layer_time_s` that is glue (work of no layer charged to this one,
     :meth:`DeviceProfile.glue` of its output bytes): 0 without ``layer_glue_s``, for
-    ``b <= 0`` and for a layer priced by a measured table (which holds its glue already)."""
-    if not dev.layer_glue_s or b <= 0 or (dev.layers and layer.signature in dev.layers):
+    ``b <= 0`` and for a layer priced by a measured table (which holds its glue already;
+    ``input_bytes`` as :func:`table_key` takes them)."""
+    if not dev.layer_glue_s or b <= 0 or (dev.layers and table_key(layer, input_bytes) in dev.layers):
         return 0.0
     return dev.glue(phase, b * _ACT_SCALE.get(dtype, 1.0) * layer.activation_bytes)
 

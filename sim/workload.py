@@ -70,10 +70,11 @@ class Layer:
 
     @property
     def signature(self) -> str:
-        """Key for measured per-layer tables: identical signatures cost the same. An
-        in-place layer's ends in ``:i`` (it runs another kernel than an out-of-place one
-        of equal work). The forward kernel count and whether the output is smaller than
-        the input are not in it: a max-pool and a ReLU of equal output bytes share one."""
+        """The layer's work as a key for measured per-layer tables (with ``:r`` added for a
+        layer whose output is smaller than its input: :func:`sim.costmodel.table_key`):
+        identical keys cost the same. An in-place layer's ends in ``:i`` (it runs another
+        kernel than an out-of-place one of equal work). The forward kernel count is not in
+        it."""
         sp = f":{self.sparse.rows_per_sample:g}x{self.sparse.row_bytes:g}" if self.sparse else ""
         return (
             f"{self.op}:{self.fwd_flops:.6g}:{self.bwd_flops:.6g}:"

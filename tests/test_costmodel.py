@@ -161,6 +161,18 @@ def test_measured_table_edge_cases() -> None:
     assert layer_time_s(other, "fwd", 10, one, "fp32", 0.0) == pytest.approx(1.01, rel=1e-12)
 
 
+def test_a_layer_smaller_than_its_input_has_a_table_of_its_own() -> None:
+    from sim.costmodel import table_key
+
+    # a pooling layer and a ReLU of equal output bytes: one signature, two table keys
+    assert table_key(MEASURED, 400.0) == MEASURED.signature + ":r"  # 100 B out of 400 in
+    assert table_key(MEASURED, 100.0) == table_key(MEASURED, 0.0) == MEASURED.signature
+    dev = profile(launch=1.0, layers={MEASURED.signature + ":r": {"batch": [8], "fwd_s": [1e-3], "bwd_s": [2e-3]}})
+    assert layer_time_s(MEASURED, "fwd", 8, dev, "fp32", 400.0) == pytest.approx(1e-3, rel=1e-12)
+    # fed 100 B it is not the pooling layer measured: the formula (1 s launch + 0.008 s)
+    assert layer_time_s(MEASURED, "fwd", 8, dev, "fp32", 100.0) == pytest.approx(1.008, rel=1e-12)
+
+
 # -- quantization and shard partitioning ------------------------------------------
 
 
