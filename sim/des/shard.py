@@ -27,7 +27,7 @@ class ShardServer:
     """
 
     __slots__ = ("env", "_heap", "_busy", "_settle_pending", "busy_s", "_on_span", "_cb", "_label", "_t0", "_run",
-                 "_start_cb", "_finish_cb", "_end")
+                 "_start_cb", "_finish_cb", "_finish_cbs", "_end")
 
     def __init__(self, env: simpy.Environment, on_span: Callable[[str, float, float], None] | None = None,
                  run: Callable[[float, Callable[[], None]], object] | None = None) -> None:
@@ -46,6 +46,9 @@ class ShardServer:
         # made anew at every attribute access)
         self._start_cb = self._start
         self._finish_cb = self._finish
+        # the end's callbacks: one list, made once (the event loop only iterates it, and
+        # nothing else sees the Timer: ~35 ns a task less than a fresh list)
+        self._finish_cbs: list[Callable[[Any], None]] = [self._finish_cb]
         # the end of the task in service: one Timer, re-armed for each task (a task starts
         # at the earliest while the previous one's end is processed, its callbacks taken)
         self._end = Timer()
@@ -73,7 +76,7 @@ class ShardServer:
         if cost < 0:
             raise ValueError(f"Negative delay {cost}")
         t = self._end
-        t.callbacks = [self._finish_cb]
+        t.callbacks = self._finish_cbs
         queue: list[Any] = env._queue
         heappush(queue, (now + cost, NORMAL, next(env._eid), t))
 
