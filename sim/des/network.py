@@ -246,11 +246,13 @@ class FluidShare:
         dues, resched = self._due, self._resched
         now = self.env._now  # the property's value, without the call
         base = src * self._nres
+        bound = False  # src marked dirty once, after the loop, where a flow took the inlined branch
         for dst, amount, on_done in flows:
             p = pairs.get(base + dst)
             if p is None or p.b < 0 or amount <= 0:
                 self._add(src, dst, amount, on_done)
                 continue
+            bound = True
             seq = self._seq = self._seq + 1
             b = p.b
             fl = p.flows
@@ -274,11 +276,12 @@ class FluidShare:
                     _drop_stale(due)
             n[src] += 1
             n[dst] += 1
-            dirty.add(src)
             dirty.add(dst)
             if not self._settle_pending:
                 self._settle_pending = True
                 call_later(self.env, 0, self._settle)
+        if bound:  # (a set: when it is marked before the settle does not matter)
+            dirty.add(src)
 
     def _deliver(self, cb: Callable[[], None]) -> None:
         """``cb`` after the latency (at once without one)."""
