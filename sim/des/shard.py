@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from bisect import insort
 from collections.abc import Callable
-from heapq import heappop, heappush
+from heapq import heappush
 from typing import Any
 
 import simpy
@@ -26,14 +27,19 @@ class ShardServer:
     time of each task, which sharing stretches, rather than its cost.
     """
 
-    __slots__ = ("env", "_heap", "_busy", "_settle_pending", "busy_s", "_on_span", "_cb", "_label", "_t0", "_run",
+    __slots__ = ("env", "_queue", "_busy", "_settle_pending", "busy_s", "_on_span", "_cb", "_label", "_t0", "_run",
                  "_start_cb", "_finish_cb", "_finish_cbs", "_end")
 
     def __init__(self, env: simpy.Environment, on_span: Callable[[str, float, float], None] | None = None,
                  run: Callable[[float, Callable[[], None]], object] | None = None) -> None:
         self.env = env
         self._run = run
-        self._heap: list[tuple[float, int, float, str, Callable[[], None] | None]] = []
+        # the tasks waiting, sorted by (ready time, key): they arrive nearly in that order
+        # (ready times never decrease; only keys at one instant may come out of order), so a
+        # task is appended (else inserted in place) and served from the front, where a heap
+        # costs a pop of ~log2(n) levels a task (the 64-worker benchmark: ~0.7% of its time;
+        # the order is the heap's: (ready time, key) is unique among the tasks waiting)
+        self._queue: list[tuple[float, int, float, str, Callable[[], None] | None]] = []
         self._busy = False
         self._settle_pending = False
         self.busy_s = 0.0
@@ -54,16 +60,21 @@ class ShardServer:
         self._end = Timer()
 
     def submit(self, key: int, cost_s: float, label: str, on_done: Callable[[], None] | None) -> None:
-        heappush(self._heap, (self.env._now, key, cost_s, label, on_done))
+        task = (self.env._now, key, cost_s, label, on_done)
+        queue = self._queue
+        if queue and task < queue[-1]:
+            insort(queue, task)
+        else:
+            queue.append(task)
         if not self._busy and not self._settle_pending:
             self._settle_pending = True
             call_later(self.env, 0, self._start_cb)
 
     def _start(self, _ev: object = None) -> None:
         self._settle_pending = False
-        if self._busy or not self._heap:
+        if self._busy or not self._queue:
             return
-        _, _, cost, self._label, self._cb = heappop(self._heap)
+        _, _, cost, self._label, self._cb = self._queue.pop(0)
         self._busy = True
         env = self.env
         now = self._t0 = env._now
@@ -77,8 +88,8 @@ class ShardServer:
             raise ValueError(f"Negative delay {cost}")
         t = self._end
         t.callbacks = self._finish_cbs
-        queue: list[Any] = env._queue
-        heappush(queue, (now + cost, NORMAL, next(env._eid), t))
+        events: list[Any] = env._queue
+        heappush(events, (now + cost, NORMAL, next(env._eid), t))
 
     def _finish(self, _ev: object = None) -> None:
         self._busy = False
