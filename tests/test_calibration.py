@@ -385,7 +385,6 @@ def test_tiny_profile_end_to_end(tmp_path: Path) -> None:
     assert loaded.source.model_dump()["threads"] == 1
     assert loaded.raw["clock"] == "thread"
     from sim import zoo
-
     from sim.costmodel import table_key
 
     mlp = zoo.get("mlp")
