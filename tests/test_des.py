@@ -309,6 +309,21 @@ def test_bsp_failure_is_detected_after_the_timeout_and_training_continues() -> N
     assert r.summary()["workers"]["slow:0"]["compute_s"] == pytest.approx(0.024 + 0.0121, rel=EXACT)
 
 
+def test_a_worker_that_fails_after_its_last_compute_is_recorded_and_the_run_ends() -> None:
+    # As above without the failure, every iteration takes 0.0268 s (ends 0.0268 .. 0.1072).
+    # The fast worker's last compute ends well before 0.104 (its gradient is in flight or
+    # aggregated by then): its process has ended when it fails at 0.104. The failure is
+    # recorded; its gradient of iteration 3 is in, so the iteration ends as without the
+    # failure, and the run ends (0.1072) before the 0.1 s timeout could detect it.
+    prob = problem([FAST, SLOW], [PS], FC, 20, latency_s=1e-4, iterations=4, sharing="none",
+                   failure_timeout_s=0.1, dynamics=[Dynamic(worker=0, at_s=0.104, fail=True)])
+    r = _run(prob, [12, 8])
+    assert r.iter_end_s == pytest.approx([0.0268, 0.0536, 0.0804, 0.1072], rel=EXACT)
+    assert r.iter_samples == [20] * 4
+    assert [(f["worker"], f["detected_at_s"]) for f in r.failures] == [("fast:0", None)]
+    assert r.failures[0]["failed_at_s"] == pytest.approx(0.104, rel=EXACT)
+
+
 # -- (g) quantization -------------------------------------------------------------------
 
 

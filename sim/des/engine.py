@@ -173,15 +173,20 @@ class _Process(simpy.Process):
     callback bound once (SimPy binds both anew at every resume); anything else (an
     interrupt or a failed event to throw in, a yielded event that was processed
     already) goes to ``simpy.Process._resume`` at that point, which carries on exactly
-    as it would have. The generator's end (or an exception out of it) is handled as
-    SimPy does: the process is scheduled as an event with its value.
+    as it would have. Where ``_resume`` resumes it, the generator's end (or an exception
+    out of it) is handled as SimPy does: the process is scheduled as an event with its
+    value.
 
     ``armed``: a worker's compute step (see :meth:`DataParallelSim._worker`), which the
     worker yields carrying its resume already: ``_resume`` adds none to it. That resume
     is either ``_resume`` or, where the worker registers its next yield itself, the
     generator's ``send`` alone (no frame of ``_resume`` between: measured ~100 ns of a
     step's ~1.1 us); an interrupt puts ``_resume`` back first, where SimPy's
-    ``Interruption`` looks for it.
+    ``Interruption`` looks for it. A step resumed by ``send`` alone is not guarded: an
+    exception out of the worker there leaves the event loop as it is (the run fails
+    either way, with the same error), and the worker guarantees that the generator
+    neither ends nor survives an interrupt after such a step (see ``direct`` in
+    :meth:`DataParallelSim._worker`).
     """
 
     def __init__(self, env: simpy.Environment, generator: Any) -> None:
@@ -463,7 +468,8 @@ class DataParallelSim:
                 if self.sync == "bsp" and not self.adopting:
                     self.pushed_cb = [[partial(pushed, self, w, c, agg) for c, agg in enumerate(self.agg[w])]
                                       for w in range(N)]
-            if self.pulled_cb is not None and not self.online and not self.host_messages:
+            if (self.pulled_cb is not None and not self.online and not self.host_messages
+                    and self.sync == "bsp" and not self.pull_whole):  # where _pull_all is called
                 cbs = self.pulled_cb
                 self.pull_rows = [[(N + w, self.next_pull[w][c], cbs[w][c]) for w in range(N)] for c in range(C)]
 
@@ -877,6 +883,8 @@ class DataParallelSim:
         it = 0
         try:
             while it < self.n_iter or not bsp:
+                # an iteration ends with a step resumed through _resume (the generator may end)
+                assert not direct
                 if self.finished.triggered:
                     break
                 if noise is not None:
@@ -995,7 +1003,7 @@ class DataParallelSim:
                     self.completed[w] = it + 1
                     self._ssp_release()
                 it += 1
-        except simpy.Interrupt:  # the worker failed
+        except simpy.Interrupt:  # the worker failed (and ends here: nothing resumes it directly again)
             acct.advance(env._now)
             acct.state = _DONE
             return
@@ -1082,7 +1090,8 @@ class DataParallelSim:
         if not self.alive[w] or self.finished.triggered:
             return
         self.alive[w] = False
-        self.procs[w].interrupt("fail")
+        if self.procs[w].is_alive:  # (one whose last compute is done has ended: nothing to stop)
+            self.procs[w].interrupt("fail")
         failed_at = self.env.now
         rec = {"worker": self.c.workers[w], "failed_at_s": failed_at, "detected_at_s": None, "lost_s": None}
         self.failures.append(rec)
