@@ -719,6 +719,15 @@ def load(config: str | Path, iterations: int | None = None) -> tuple[Any, runner
     return cfg, loaded, opts, dataclasses.replace(base, job=dataclasses.replace(base.job, model=model))
 
 
+def des_again(loaded: runner.Loaded, problem: Problem, scheduler: str, variant: Problem, plan: Plan,
+              trace: bool = False) -> RunResult:
+    """The DES of ``variant`` (the simulated problem changed: a CPU model, no host, the
+    real compute...) on ``plan``, under a scheduler object of its own (an online one keeps
+    state while it rebalances, so each run gets a fresh one)."""
+    sched, _ = runner.schedule(loaded, problem, scheduler)
+    return runner.evaluate(variant, plan, "des", trace=trace, scheduler=sched)
+
+
 def resimulate(config: str | Path, scheduler: str, host: Host, models: dict[str, runtime_cpu.RuntimeCpuModel],
                iterations: int | None = None) -> dict[str, float]:
     """The simulated side of a validation again, without the real run: the DES's mean
@@ -734,9 +743,8 @@ def resimulate(config: str | Path, scheduler: str, host: Host, models: dict[str,
     figs = runtime_cpu.figures(sim_problem, first)
     out = {"": first.summary()["iteration_time_s"]["mean"]}
     for key, m in models.items():
-        again, _ = runner.schedule(loaded, problem, scheduler)
-        out[key] = runner.evaluate(with_cpu_model(sim_problem, m.scales(figs)), plan, "des", trace=False,
-                                   scheduler=again).summary()["iteration_time_s"]["mean"]
+        out[key] = des_again(loaded, problem, scheduler, with_cpu_model(sim_problem, m.scales(figs)),
+                             plan).summary()["iteration_time_s"]["mean"]
     return out
 
 
@@ -789,21 +797,17 @@ def validate(config: str | Path, scheduler_arg: str | None = None, iterations: i
         cpu_model_scales = runtime_cpu.scales_for(sim_problem, figs)
         if cpu_model_scales:
             sim_problem = with_cpu_model(sim_problem, cpu_model_scales)
-            modelled, _ = runner.schedule(loaded, problem, name)
-            sim = runner.evaluate(sim_problem, plan, "des", trace=True, scheduler=modelled)
+            sim = des_again(loaded, problem, name, sim_problem, plan, trace=True)
         models = runtime_cpu.models_of(sim_problem)
         model_json = {sim_problem.cluster.device(d).type.name: m.to_json() for d, m in models.items()
                       if d in cpu_model_scales}
         # the DES as it was before hosts: every device computing on its own
-        unhosted, _ = runner.schedule(loaded, problem, name)
-        no_host = runner.evaluate(simulated_problem(problem, plan, opts), plan, "des", trace=False,
-                                  scheduler=unhosted)
+        no_host = des_again(loaded, problem, name, simulated_problem(problem, plan, opts), plan)
         # and with the host but messages free of CPU (copy_Bps 0), as before copies were charged
         cl = base_problem.cluster
         no_copy_problem = dataclasses.replace(base_problem, cluster=dataclasses.replace(
             cl, hosts=tuple(dataclasses.replace(h, copy_Bps=0.0) for h in cl.hosts)))
-        uncopied, _ = runner.schedule(loaded, problem, name)
-        no_copy = runner.evaluate(no_copy_problem, plan, "des", trace=False, scheduler=uncopied)
+        no_copy = des_again(loaded, problem, name, no_copy_problem, plan)
         shares = sorted({r.batch for r in plan.replicas})
         standalone = {b: standalone_compute_s(spec, b) for b in shares}
         if on_step:
@@ -823,17 +827,14 @@ def validate(config: str | Path, scheduler_arg: str | None = None, iterations: i
             c_sim, c_real = c.get("sim"), c.get("real")
             if c_sim and c_real:
                 factors[d.device] = c_real / c_sim
-        scaled, _ = runner.schedule(loaded, problem, name)
-        oracle = runner.evaluate(with_compute_scaled(base_problem, factors), plan, "des", trace=False,
-                                 scheduler=scaled)
+        oracle = des_again(loaded, problem, name, with_compute_scaled(base_problem, factors), plan)
         # and given the CPU each rank really used (see with_cpu_scaled)
         cpu = cpu_per_iteration(sim, real)
         cpu_factors = real_cpu_factors(cpu_per_iteration(base_sim, real))
         cpu_oracle = None
         if cpu_factors:
-            rescaled, _ = runner.schedule(loaded, problem, name)
-            cpu_oracle = runner.evaluate(with_cpu_scaled(base_problem, cpu_factors), plan, "des", trace=False,
-                                         scheduler=rescaled).summary()["iteration_time_s"]["mean"]
+            cpu_oracle = des_again(loaded, problem, name, with_cpu_scaled(base_problem, cpu_factors),
+                                   plan).summary()["iteration_time_s"]["mean"]
         diag = {"standalone_compute_s": {str(b): v for b, v in standalone.items()},
                 "sim_with_real_compute": {"iteration_time_mean_s": oracle.summary()["iteration_time_s"]["mean"],
                                           "compute_factors": factors},
