@@ -2,7 +2,7 @@
 
 The cost model (``sim/costmodel.py``) prices one pass of a layer as
 
-    t = launch_overhead_s * kernels
+    t = launch_overhead_s * kernels + call_overhead[phase](key)  (+ row_cost * rows, lookups)
       + max(flops / (peak * eff[phase](key, size)), bytes / (mem_bw * mem_eff[phase](key, bytes)))
 
 Calibration takes every measured layer pass of a profile's ``raw`` data (the
@@ -29,7 +29,14 @@ fits, per phase:
   FLOPs per call or intensity (FLOPs per byte), whichever predicts a model left
   out of the curve's fit better; the same choice for GEMMs (a GEMM with few
   rows, e.g. a classifier at batch 1-4, runs far below the efficiency of one
-  of equal FLOPs and many rows, and its intensity says so). Passes whose bytes at ``mem_bw_Bps`` take at
+  of equal FLOPs and many rows, and its intensity says so). The efficiency is
+  of the time less a fixed per-call overhead of the op class
+  (``call_overhead_s[op]``, chosen among multiples of the measured dispatch time
+  as the one that predicts a source left out best, :func:`_compute_overhead`):
+  a classifier's 1-output GEMM takes 10-35 us here whatever its FLOPs, which a
+  curve alone reads as a low efficiency at its intensity, and then prices a
+  large call of that intensity (vgg16's 411 MB matrix-vector product) as
+  slow. Passes whose bytes at ``mem_bw_Bps`` take at
   least half their time are memory-bound: they say little about the compute
   efficiency and fit the op class's bandwidth curve instead;
 * bandwidth efficiency curves over bytes per call, per op class and per layer
@@ -127,6 +134,10 @@ OVERHEAD_FRACTIONS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 #: Candidate costs per row looked up (sparse layers), fractions of the smallest time
 #: per row of their passes (less launch overheads); see _bandwidth_fit.
 ROW_FRACTIONS = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+#: Candidate fixed per-call overheads of a compute class, multiples of the measured
+#: dispatch time (a layer's call is a handful of dispatches: its kernels, a bias,
+#: autograd's nodes); see _compute_overhead.
+COMPUTE_OVERHEAD_DISPATCHES = (0, 2, 4, 8, 16, 32)
 #: Candidate launch overheads, multiples of the measured dispatch time.
 LAUNCH_MULTIPLES = (0.5, 1.0, 1.5, 2.0, 3.0)
 
@@ -406,8 +417,81 @@ def _best_compute_curve(flops: list[float], intensity: list[float], effs: list[f
     return curve(xs, np.ones(len(y), bool), by)
 
 
+@dataclass(frozen=True)
+class _ComputePoints:
+    """The passes of a compute group, with a call overhead taken off their times."""
+
+    flops: list[float]
+    intensity: list[float]
+    eff: list[float]  # flops / (peak * (t - launch * kernels - overhead))
+    sources: list[str]
+    mem_x: list[float]  # memory-bound passes: bytes, and their fraction of mem_bw
+    mem_y: list[float]
+
+
+def _compute_points(g: Sequence[Point], peak: float, mem_bw: float, launch: float,
+                    overhead: float) -> _ComputePoints:
+    out = _ComputePoints([], [], [], [], [], [])
+    for p in g:
+        busy = p.t_s - launch * p.kernels - overhead
+        if busy <= 0:
+            continue
+        if p.nbytes / mem_bw >= MEMORY_BOUND_SHARE * busy:
+            # The bytes explain most of the time: the pass says little about the
+            # compute efficiency (and would drag the curve down at low
+            # intensity), but it measures the class's bandwidth.
+            out.mem_x.append(p.nbytes)
+            out.mem_y.append(p.nbytes / (mem_bw * busy))
+            continue
+        out.flops.append(p.flops)
+        out.intensity.append(p.flops / p.nbytes)
+        out.sources.append(p.model)
+        out.eff.append(p.flops / (peak * busy))
+    return out
+
+
+def _compute_overhead(g: Sequence[Point], peak: float, mem_bw: float, launch: float,
+                      variables: tuple[str, ...], candidates: Sequence[float]) -> float:
+    """A compute class's fixed seconds per call (``call_overhead_s[op]``): among
+    ``candidates`` (seconds), the one whose curve (fitted to the times less it)
+    predicts a source (model or single-layer benchmark) left out of the fit
+    best: the median over sources of the median |relative error| of the time
+    less launches (ties: the smaller). The
+    per-call cost of a small layer (autograd, dispatch, a bias kernel; a
+    classifier's 1-output GEMM takes 10-35 us here) is not a rate: a curve
+    alone takes it for a low efficiency, which then prices a large call of that
+    intensity as slow. With fewer than three sources: 0."""
+    if len({p.model for p in g}) < 3:
+        return 0.0
+    best: tuple[float, float] | None = None
+    for c in candidates:
+        cp = _compute_points(g, peak, mem_bw, launch, c)
+        src = np.asarray(cp.sources)
+        names = sorted(set(cp.sources))
+        if len(names) < 3:
+            continue
+        by_intensity = isinstance(_best_compute_curve(cp.flops, cp.intensity, cp.eff, cp.sources,
+                                                      variables), IntensityCurve)
+        x = np.asarray(cp.intensity if by_intensity else cp.flops)
+        y, fl = np.asarray(cp.eff), np.asarray(cp.flops)
+        per = []
+        for n in names:
+            out = src == n
+            k, v = fit_curve(x[~out], y[~out], bounds=EFF_RANGE)
+            curve = (IntensityCurve(intensity=k, eff=v) if by_intensity
+                     else EfficiencyCurve(flops=k, eff=v))
+            pred = c + fl[out] / (peak * np.array([curve.at(z) for z in x[out]]))
+            meas = c + fl[out] / (peak * y[out])
+            per.append(float(np.median(np.abs(pred / meas - 1))))
+        score = float(np.median(per))
+        if best is None or score < best[0] - 1e-12:
+            best = (score, c)
+    return best[1] if best is not None else 0.0
+
+
 def _fit_at(pts: Sequence[Point], peak: float, mem_bw: float, launch: float,
-            fractions: Sequence[float] | None = None) -> FitResult:
+            fractions: Sequence[float] | None = None,
+            compute_overheads: Sequence[float] = (0.0,)) -> FitResult:
     eff: dict[str, dict[str, EfficiencyCurve | IntensityCurve]] = {"fwd": {}, "bwd": {}}
     mem: dict[str, dict[str, BandwidthCurve]] = {"fwd": {}, "bwd": {}}
     fixed: dict[str, dict[str, float]] = {"fwd": {}, "bwd": {}}
@@ -422,45 +506,43 @@ def _fit_at(pts: Sequence[Point], peak: float, mem_bw: float, launch: float,
     for (op, phase, compute), g in sorted(groups.items()):
         if "/" in op and len(g) < MIN_KIND_POINTS:
             continue
-        xs, ys, ai, srcs, ns = [], [], [], [], []
-        mx, my = [], []  # memory-bound passes of a compute class
+        if compute:
+            cls = op.split("/")[0]
+            variables = CURVE_VARIABLES.get(cls, ("flops",))
+            # an op class has one call overhead (the cost model charges it to its
+            # passes with and without FLOPs alike): chosen here unless its passes
+            # without FLOPs set it already, and its compute kinds' too (sorted:
+            # "conv" before "conv/pointwise", (op, phase, False) before True)
+            c = (fixed[phase].get(cls, 0.0) if "/" in op or cls in fixed[phase]
+                 else _compute_overhead(g, peak, mem_bw, launch, variables, compute_overheads))
+            cp = _compute_points(g, peak, mem_bw, launch, c)
+            if len(cp.mem_x) >= MIN_KIND_POINTS and "/" not in op:
+                k, v = fit_curve(cp.mem_x, cp.mem_y, bounds=MEM_EFF_RANGE)
+                mem[phase][op] = BandwidthCurve(bytes=k, eff=v)
+            if not cp.flops:
+                continue
+            eff[phase][op] = _best_compute_curve(cp.flops, cp.intensity, cp.eff, cp.sources, variables)
+            if "/" not in op:
+                fixed[phase][op] = c
+            continue
+        xs, ys, srcs, ns = [], [], [], []
         for p in g:
             busy = p.t_s - launch * p.kernels
             if busy <= 0:
                 continue
-            if compute:
-                if p.nbytes / mem_bw >= MEMORY_BOUND_SHARE * busy:
-                    # The bytes explain most of the time: the pass says little about
-                    # the compute efficiency (and would drag the curve down at
-                    # low intensity), but it measures the class's bandwidth.
-                    mx.append(p.nbytes)
-                    my.append(p.nbytes / (mem_bw * busy))
-                    continue
-                xs.append(p.flops)
-                ai.append(p.flops / p.nbytes)
-                srcs.append(p.model)
-                ys.append(p.flops / (peak * busy))
-            else:
-                xs.append(p.nbytes)
-                ys.append(busy)
-                srcs.append(p.model)
-                ns.append(p.rows)
-        if compute and len(mx) >= MIN_KIND_POINTS and "/" not in op:
-            k, v = fit_curve(mx, my, bounds=MEM_EFF_RANGE)
-            mem[phase][op] = BandwidthCurve(bytes=k, eff=v)
+            xs.append(p.nbytes)
+            ys.append(busy)
+            srcs.append(p.model)
+            ns.append(p.rows)
         if not xs:
             continue
-        if compute:
-            eff[phase][op] = _best_compute_curve(xs, ai, ys, srcs,
-                                                 CURVE_VARIABLES.get(op.split("/")[0], ("flops",)))
-        else:
-            c, r, bc = _bandwidth_fit(np.asarray(xs), np.asarray(ys), np.asarray(srcs), mem_bw,
-                                      fractions, np.asarray(ns))
-            if bc is not None:
-                mem[phase][op] = bc
-                fixed[phase][op] = c
-                if any(ns):  # lookups: a row cost (0 included, so no op-class fallback)
-                    row_cost[phase][op] = r
+        c, r, bc = _bandwidth_fit(np.asarray(xs), np.asarray(ys), np.asarray(srcs), mem_bw,
+                                  fractions, np.asarray(ns))
+        if bc is not None:
+            mem[phase][op] = bc
+            fixed[phase][op] = c
+            if any(ns):  # lookups: a row cost (0 included, so no op-class fallback)
+                row_cost[phase][op] = r
     return FitResult(launch, eff["fwd"], eff["bwd"], mem["fwd"], mem["bwd"], tuple(pts),
                      fixed["fwd"], fixed["bwd"], row_cost=row_cost["fwd"],
                      row_cost_bwd=row_cost["bwd"])
@@ -501,7 +583,8 @@ def _point_time(dev: DeviceProfile, p: Point) -> float:
     kernels = int(flags.rstrip("pri")) if flags else None
     has_params, reduces, inplace = "p" in flags, "r" in flags, "i" in flags
     mem_eff = dev.mem_eff(p.op, p.nbytes, p.phase, kernels, has_params, reduces, inplace)
-    fixed = fixed_s(dev, p.op, p.phase, kernels, has_params, reduces, p.rows, inplace) if p.flops == 0 else 0.0
+    fixed = (fixed_s(dev, p.op, p.phase, kernels, has_params, reduces, p.rows, inplace) if p.flops == 0
+             else dev.call_overhead(p.op, p.phase))
     return fixed + roofline_s(dev, p.op, p.flops, p.nbytes, p.kernels, "fp32", mem_eff, p.phase,
                               p.ckind.partition("/")[2] or None)
 
@@ -527,7 +610,8 @@ def fit(profile: DeviceProfile, exclude: Sequence[str] = (), micro: bool = True
     dispatch = float(raw.get("dispatch_s") or profile.launch_overhead_s or 1e-6)
     best: tuple[float, DeviceProfile, FitResult] | None = None
     for m in LAUNCH_MULTIPLES:
-        f = _fit_at(pts, peak, mem_bw, dispatch * m)
+        f = _fit_at(pts, peak, mem_bw, dispatch * m,
+                    compute_overheads=[dispatch * k for k in COMPUTE_OVERHEAD_DISPATCHES])
         prof = _with_fit(profile, f, keep_tables=False)
         err = float(np.median(np.abs(_rel_errors(prof, pts))))
         if best is None or err < best[0]:

@@ -277,10 +277,11 @@ class DeviceProfile(_Strict):
         default=None, description="fraction of mem_bw_Bps per op class, backward (missing: forward's)"
     )
     call_overhead_s: dict[str, Annotated[float, Field(ge=0, le=1)]] | None = Field(
-        default=None, description="fixed seconds per call of a memory-bound layer kind, forward, "
-        "added to its time (missing: 0); keys as mem_efficiency's")
+        default=None, description="fixed seconds per call, forward, added to a layer's time: a "
+        "memory-bound layer's kind's entry (else its op class's), a compute layer's op class's "
+        "(missing: 0); keys as mem_efficiency's")
     call_overhead_bwd_s: dict[str, Annotated[float, Field(ge=0, le=1)]] | None = Field(
-        default=None, description="fixed seconds per call of a memory-bound layer kind, backward "
+        default=None, description="fixed seconds per call, backward, as call_overhead_s "
         "(missing: 0; no fallback to the forward's); keys as mem_efficiency's")
     row_cost_s: dict[str, Annotated[float, Field(ge=0, le=1e-3)]] | None = Field(
         default=None, description="seconds per row a sparse (embedding) layer looks up (batch x "
@@ -435,9 +436,13 @@ class DeviceProfile(_Strict):
 
         From ``call_overhead_s`` (forward) or ``call_overhead_bwd_s`` (backward; no
         fallback between the two): the entry of the layer's kind (:func:`mem_key`)
-        where present, else the op class's, else 0. ``hetsim calibrate`` fits one
-        per bandwidth curve it fits (the per-call cost of framework dispatch that a
-        curve over bytes cannot take on: it would flatten below its first knot).
+        where present, else the op class's, else 0; with ``kernels=None`` the op
+        class's only (how the cost model asks for a layer with FLOPs). ``hetsim
+        calibrate`` fits one per bandwidth curve it fits (the per-call cost of
+        framework dispatch that a curve over bytes cannot take on: it would flatten
+        below its first knot) and one per compute op class (a small layer's call
+        costs about the same whatever its FLOPs, which a curve over intensity would
+        read as a low efficiency).
         """
         return _per_kind(self.call_overhead_bwd_s if phase == "bwd" else self.call_overhead_s,
                          op, kernels, has_params, reduces, inplace)

@@ -2,8 +2,9 @@
 
 time(layer, phase, b, d) = d.launch_overhead_s * kernels(layer, phase)
                          + max(flops / (peak[dtype] * eff(op, flops)), bytes / mem_bw)
-                         (+ d.call_overhead(...) for a layer without FLOPs; 0 unless
-                          the profile has call_overhead_s / call_overhead_bwd_s)
+                         (+ d.call_overhead(...): per layer kind for a layer without
+                          FLOPs, per op class for one with; 0 unless the profile has
+                          call_overhead_s / call_overhead_bwd_s)
                          (+ d.row_cost(...) * rows looked up, for a sparse layer without
                           FLOPs; 0 unless the profile has row_cost_s / row_cost_bwd_s)
                          (+ glue_time_s(...): work of no layer charged to it; 0 unless
@@ -90,7 +91,7 @@ def layer_time_s(layer: Layer, phase: str, b: float, dev: DeviceProfile, dtype: 
     has_params, reduces = layer.param_bytes > 0, layer.activation_bytes < input_bytes
     mem_eff = dev.mem_eff(layer.op, nbytes, phase, layer.kernels, has_params, reduces, layer.inplace)
     fixed = (fixed_s(dev, layer.op, phase, layer.kernels, has_params, reduces, looked_up_rows(layer, b),
-                     layer.inplace) if flops == 0 else 0.0)
+                     layer.inplace) if flops == 0 else dev.call_overhead(layer.op, phase))
     if dev.layer_glue_s:
         fixed += glue_time_s(layer, phase, b, dev, dtype, input_bytes)
     return fixed + roofline_s(dev, layer.op, flops, nbytes, kernels, dtype, mem_eff, phase,

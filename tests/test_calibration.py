@@ -205,10 +205,13 @@ def test_call_overhead_lookup_and_pricing() -> None:
     assert layer_time_s(relu, "fwd", 1, dev, "fp32", 1e3) == pytest.approx(1e-6 + 3e-5 + 4e-6)
     # backward: 2 launches + no overhead + (1e3 + 2 * 1e3) B / 0.5e9
     assert layer_time_s(relu, "bwd", 1, dev, "fp32", 1e3) == pytest.approx(2e-6 + 6e-6)
-    # a layer with FLOPs pays none, even under a matching key
-    dev2 = bare_profile(call_overhead_s={"gemm": 1e-3})
+    # a layer with FLOPs pays its op class's entry (a compute class's per-call cost),
+    # never a kind's: 1 launch + 1e-3 + max(2e6 FLOPs / 1e9, (1e3 + 2 * 110) B / 1e9)
+    dev2 = bare_profile(call_overhead_s={"gemm": 1e-3, "gemm/k1p": 5e-3})
     fc = Layer("fc", "gemm", 1e6, 2e6, 1e3, 1e2)
-    assert layer_time_s(fc, "fwd", 2, dev2, "fp32", 10.0) == 1e-6 + max(2e6 / 1e9, (1e3 + 2 * 110) / 1e9)
+    assert layer_time_s(fc, "fwd", 2, dev2, "fp32", 10.0) == pytest.approx(1e-6 + 1e-3 + 2e-3)
+    # the backward has no entry: 2 launches + max(4e6 / 1e9, (2e3 + 2 * (10 + 200)) / 1e9)
+    assert layer_time_s(fc, "bwd", 2, dev2, "fp32", 10.0) == pytest.approx(2e-6 + 4e-3)
     with pytest.raises(ValueError, match="unknown key"):
         bare_profile(call_overhead_s={"relu": 1e-6})
     with pytest.raises(ValueError):
@@ -272,6 +275,50 @@ def test_gemm_efficiency_may_follow_intensity() -> None:
     c = f.efficiency["gemm"]
     assert isinstance(c, IntensityCurve)
     assert [c.at(ai) for ai in effs] == pytest.approx(list(effs.values()), rel=1e-3)
+
+
+def test_fit_finds_a_compute_class_call_overhead() -> None:
+    # GEMMs of three sources, 1e3 - 1e9 FLOPs at 40% of peak (1e9), each timed as
+    # 1e-6 (launch) + 2e-5 (its call) + FLOPs / 4e8: among the candidates the fit
+    # keeps 2e-5, with which the curve is flat at 0.4 and every pass priced exactly;
+    # without it (0) the small calls would read as slow and be priced wrong.
+    pts = []
+    for m, fls in {"a": [1e3, 1e5, 1e7, 1e9], "b": [1e4, 1e8], "c": [1e6, 3e7, 3e8]}.items():
+        for fl in fls:
+            pts.append(Point("gemm", "fwd", fl, fl / 100.0, 1, 1e-6 + 2e-5 + fl / 4e8, m, "fc", 1,
+                             "gemm/k1p"))
+    f = _fit_at(pts, peak=1e9, mem_bw=1e12, launch=1e-6, compute_overheads=(0.0, 1e-5, 2e-5, 4e-5))
+    assert f.call_overhead == {"gemm": 2e-5}
+    assert f.efficiency["gemm"].eff == pytest.approx([0.4] * len(f.efficiency["gemm"].eff), rel=1e-6)
+    prof = _with_fit(bare_profile(launch_overhead_s=1e-6), f, keep_tables=False)
+    for p in pts:
+        assert _point_time(prof, p) == pytest.approx(p.t_s, rel=1e-6)
+    # two sources only: no overhead is chosen (nothing to leave out and check against)
+    two = [p for p in pts if p.model != "c"]
+    assert _fit_at(two, peak=1e9, mem_bw=1e12, launch=1e-6,
+                   compute_overheads=(0.0, 2e-5)).call_overhead == {"gemm": 0.0}
+
+
+def test_a_class_with_and_without_flops_keeps_one_call_overhead() -> None:
+    # elementwise passes without FLOPs (1e-6 launch + 4e-6 + bytes / 1e9) and with
+    # FLOPs (1e-6 + 4e-6 + FLOPs / 5e8), three sources each: the class's one entry
+    # is the bandwidth fit's 4e-6, the compute curve is fitted to the times less it
+    # (flat at 0.5), and the cost model prices every pass back exactly.
+    pts = []
+    for m, sizes in {"a": [1e3, 1e5, 1e7], "b": [1e3, 1e6], "c": [1e4, 3e5, 3e6]}.items():
+        for nb in sizes:
+            pts.append(Point("elementwise", "fwd", 0.0, nb, 1, 1e-6 + 4e-6 + nb / 1e9, m, "relu", 1,
+                             "elementwise/k1"))
+            pts.append(Point("elementwise", "fwd", nb * 100, 1.0, 1, 1e-6 + 4e-6 + nb * 100 / 5e8, m,
+                             "softmax", 1, "elementwise/k1"))
+    f = _fit_at(pts, peak=1e9, mem_bw=1e9, launch=1e-6, fractions=(0.0, 0.4, 0.8),
+                compute_overheads=(0.0, 2e-5))
+    assert f.call_overhead["elementwise"] == pytest.approx(4e-6, rel=1e-9)
+    assert f.efficiency["elementwise"].eff == pytest.approx([0.5] * len(f.efficiency["elementwise"].eff),
+                                                             rel=1e-6)
+    prof = _with_fit(bare_profile(launch_overhead_s=1e-6), f, keep_tables=False)
+    for p in pts:
+        assert _point_time(prof, p) == pytest.approx(p.t_s, rel=1e-6)
 
 
 def test_layer_timer_charges_glue_so_layers_add_up() -> None:
