@@ -1,0 +1,28 @@
+"""`hetsim bench`: the ratio is the median of its repeats, and a bad --repeat is one line."""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import pytest
+
+from experiments.cli import main
+
+
+def test_bench_quick_reports_the_median_of_its_ratio_pairs(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--quick", "--repeat", "3", "--json"]) == 0
+    f = json.loads(capsys.readouterr().out)
+    runs = f["ratio_runs"]
+    assert len(runs) == 3 and all(r > 0 for r in runs)
+    # the headline is the middle pair, and its figures are that pair's own
+    assert f["ratio"] == statistics.median(runs)
+    assert f["ratio"] == f["des_events_per_s"] / f["simpy_events_per_s"]
+    assert f["des_event_rate_run"]["events_per_s"] == f["des_events_per_s"]
+    assert f["des_event_rate_run"]["workers"] == 16 and f["targets"]["ratio>=0.3"] == (f["ratio"] >= 0.3)
+
+
+def test_bench_refuses_a_repeat_below_one(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--repeat", "0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "hetsim: error: <command line>: --repeat: must be at least 1"
