@@ -518,6 +518,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("hetsim: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # the reader went away (`hetsim ... | head`): stop quietly, as other command-line
+        # tools do, with Python's exit-time flush of stdout sent to /dev/null
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

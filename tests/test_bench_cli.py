@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import json
 import statistics
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from experiments.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_bench_quick_reports_the_median_of_its_ratio_pairs(capsys: pytest.CaptureFixture[str]) -> None:
@@ -26,3 +31,15 @@ def test_bench_refuses_a_repeat_below_one(capsys: pytest.CaptureFixture[str]) ->
     assert main(["bench", "--repeat", "0"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == "hetsim: error: <command line>: --repeat: must be at least 1"
+
+
+def test_a_reader_that_goes_away_gets_no_traceback() -> None:
+    # `hetsim bench --quick | head -1`: the reader closes the pipe after one line
+    proc = subprocess.Popen([sys.executable, "-m", "experiments.cli", "bench", "--quick"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO)
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.readline().startswith(b"ratio, 1 time(s)")
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141
+    assert err == ""
