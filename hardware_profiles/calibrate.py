@@ -31,12 +31,10 @@ fits, per phase:
   rows, e.g. a classifier at batch 1-4, runs far below the efficiency of one
   of equal FLOPs and many rows, and its intensity says so). The efficiency is
   of the time less a fixed per-call overhead of the op class
-  (``call_overhead_s[op]``, chosen among multiples of the measured dispatch time
-  as the one that predicts a source left out best, :func:`_compute_overhead`):
-  a classifier's 1-output GEMM takes 10-35 us here whatever its FLOPs, which a
-  curve alone reads as a low efficiency at its intensity, and then prices a
-  large call of that intensity (vgg16's 411 MB matrix-vector product) as
-  slow. Passes whose bytes at ``mem_bw_Bps`` take at
+  (``call_overhead_s[op]``, :func:`_compute_overhead`; not of a bare kernel's,
+  :attr:`Point.call`): a 16 KFLOP, 1-output Linear takes 10.6-13 us forward
+  here, which a curve alone reads as a low efficiency at its intensity, and
+  so priced mlp's 16-row GEMMs 10-44% high. Passes whose bytes at ``mem_bw_Bps`` take at
   least half their time are memory-bound: they say little about the compute
   efficiency and fit the op class's bandwidth curve instead;
 * bandwidth efficiency curves over bytes per call, per op class and per layer
@@ -138,6 +136,9 @@ ROW_FRACTIONS = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
 #: dispatch time (a layer's call is a handful of dispatches: its kernels, a bias,
 #: autograd's nodes); see _compute_overhead.
 COMPUTE_OVERHEAD_DISPATCHES = (0, 2, 4, 8, 16, 32)
+#: A larger compute call overhead is kept only if its left-out score beats the
+#: smallest one's by more than this share (scores a hair apart are noise).
+OVERHEAD_TIE = 0.02
 #: Candidate launch overheads, multiples of the measured dispatch time.
 LAUNCH_MULTIPLES = (0.5, 1.0, 1.5, 2.0, 3.0)
 
@@ -158,6 +159,7 @@ class Point:
     kind: str = ""  # schema.mem_key of the layer: op, forward kernels, parameters or not
     ckind: str = ""  # OP/KIND of sim.costmodel.compute_kind, '' when it has none
     rows: float = 0.0  # rows a sparse layer looks up (sim.costmodel.looked_up_rows), else 0
+    call: bool = True  # a layer's call (pays a compute class's call overhead); False: a bare kernel
 
 
 def _zoo_model(name: str) -> Model:
@@ -214,8 +216,9 @@ def points_from_raw(raw: dict[str, Any], exclude: Sequence[str] = (), dtype: str
             if row["dtype"] != dtype:
                 continue
             m, n, k = row["m"], row["n"], row["k"]
+            # a bare torch.mm, not a layer's call: no module, bias or autograd to pay for
             pts.append(Point("gemm", "fwd", float(row["flops"]), 4.0 * (m * k + k * n + m * n), 1,
-                             float(row["t_s"]), "micro:gemm", f"mm{m}x{n}x{k}", m))
+                             float(row["t_s"]), "micro:gemm", f"mm{m}x{n}x{k}", m, call=False))
     for name, runs in raw.get("models", {}).items():
         if name in exclude:
             continue
@@ -433,7 +436,7 @@ def _compute_points(g: Sequence[Point], peak: float, mem_bw: float, launch: floa
                     overhead: float) -> _ComputePoints:
     out = _ComputePoints([], [], [], [], [], [])
     for p in g:
-        busy = p.t_s - launch * p.kernels - overhead
+        busy = p.t_s - launch * p.kernels - (overhead if p.call else 0.0)
         if busy <= 0:
             continue
         if p.nbytes / mem_bw >= MEMORY_BOUND_SHARE * busy:
@@ -450,43 +453,89 @@ def _compute_points(g: Sequence[Point], peak: float, mem_bw: float, launch: floa
     return out
 
 
+def _curve_variable(cp: _ComputePoints, variables: tuple[str, ...]) -> str:
+    """The variable (``"flops"`` or ``"intensity"``) :func:`_best_compute_curve` chooses."""
+    curve = _best_compute_curve(cp.flops, cp.intensity, cp.eff, cp.sources, variables)
+    return "intensity" if isinstance(curve, IntensityCurve) else "flops"
+
+
+def _curve_over(cp: _ComputePoints, by: str) -> EfficiencyCurve | IntensityCurve:
+    k, v = fit_curve(cp.intensity if by == "intensity" else cp.flops, cp.eff, bounds=EFF_RANGE)
+    return IntensityCurve(intensity=k, eff=v) if by == "intensity" else EfficiencyCurve(flops=k, eff=v)
+
+
 def _compute_overhead(g: Sequence[Point], peak: float, mem_bw: float, launch: float,
                       variables: tuple[str, ...], candidates: Sequence[float]) -> float:
-    """A compute class's fixed seconds per call (``call_overhead_s[op]``): among
-    ``candidates`` (seconds), the one whose curve (fitted to the times less it)
-    predicts a source (model or single-layer benchmark) left out of the fit
-    best: the median over sources of the median |relative error| of the time
-    less launches (ties: the smaller). The
-    per-call cost of a small layer (autograd, dispatch, a bias kernel; a
-    classifier's 1-output GEMM takes 10-35 us here) is not a rate: a curve
-    alone takes it for a low efficiency, which then prices a large call of that
-    intensity as slow. With fewer than three sources: 0."""
-    if len({p.model for p in g}) < 3:
+    """A compute class's fixed seconds per layer call (``call_overhead_s[op]``).
+
+    The per-call cost of a small layer (module dispatch, autograd, a bias kernel:
+    a classifier's 1-output Linear takes 10-13 us forward and 35-38 us backward
+    here) is not a rate: a curve alone takes it for a low efficiency at the
+    layer's intensity and then prices a large call of that intensity as slow.
+    Each of ``candidates`` (seconds) is taken off the class's layer passes (not
+    off bare kernels, :attr:`Point.call`), the curves are fitted as
+    :func:`_fit_at` fits them (the class's, its compute kinds' and its
+    bandwidth curve), leaving one source (model or single-layer benchmark) out
+    at a time, and every pass of the left-out source is priced as the cost model
+    prices it (launches + the overhead + the larger of compute and memory time,
+    each pass by its kind's curve where there is one). The score is the median
+    over sources of the median |relative time error|; the smallest candidate
+    within OVERHEAD_TIE of the best score is kept (a larger overhead must
+    predict clearly better). Candidates above the fastest layer call of the class
+    (its time less launches) are not tried: no call costs less than the
+    overhead. With fewer than three sources: 0.
+    """
+    names = sorted({p.model for p in g})
+    calls = [p.t_s - launch * p.kernels for p in g if p.call]
+    if len(names) < 3 or not calls:
         return 0.0
-    best: tuple[float, float] | None = None
-    for c in candidates:
-        cp = _compute_points(g, peak, mem_bw, launch, c)
-        src = np.asarray(cp.sources)
-        names = sorted(set(cp.sources))
-        if len(names) < 3:
+    # no call can be cheaper than the overhead: none above the fastest layer call measured
+    cap = min(calls)
+    kinds = sorted({p.ckind for p in g if p.ckind})
+    scores: list[tuple[float, float]] = []
+    for c in (c for c in candidates if c <= cap):
+        full = _compute_points(g, peak, mem_bw, launch, c)
+        if len(set(full.sources)) < 3:
             continue
-        by_intensity = isinstance(_best_compute_curve(cp.flops, cp.intensity, cp.eff, cp.sources,
-                                                      variables), IntensityCurve)
-        x = np.asarray(cp.intensity if by_intensity else cp.flops)
-        y, fl = np.asarray(cp.eff), np.asarray(cp.flops)
+        by = {"": _curve_variable(full, variables)}
+        for kd in kinds:
+            kp = _compute_points([p for p in g if p.ckind == kd], peak, mem_bw, launch, c)
+            if len(kp.flops) >= MIN_KIND_POINTS:
+                by[kd] = _curve_variable(kp, variables)
         per = []
         for n in names:
-            out = src == n
-            k, v = fit_curve(x[~out], y[~out], bounds=EFF_RANGE)
-            curve = (IntensityCurve(intensity=k, eff=v) if by_intensity
-                     else EfficiencyCurve(flops=k, eff=v))
-            pred = c + fl[out] / (peak * np.array([curve.at(z) for z in x[out]]))
-            meas = c + fl[out] / (peak * y[out])
-            per.append(float(np.median(np.abs(pred / meas - 1))))
-        score = float(np.median(per))
-        if best is None or score < best[0] - 1e-12:
-            best = (score, c)
-    return best[1] if best is not None else 0.0
+            train = [p for p in g if p.model != n]
+            curves: dict[str, EfficiencyCurve | IntensityCurve] = {}
+            for kd, var in by.items():
+                tp = _compute_points([p for p in train if not kd or p.ckind == kd], peak, mem_bw,
+                                     launch, c)
+                if len(tp.flops) >= (MIN_KIND_POINTS if kd else 1):
+                    curves[kd] = _curve_over(tp, var)
+            if "" not in curves:
+                continue
+            tp = _compute_points(train, peak, mem_bw, launch, c)
+            mem_curve = None
+            if len(tp.mem_x) >= MIN_KIND_POINTS:
+                mk, mv = fit_curve(tp.mem_x, tp.mem_y, bounds=MEM_EFF_RANGE)
+                mem_curve = BandwidthCurve(bytes=mk, eff=mv)
+            errs = []
+            for p in g:
+                if p.model != n or p.t_s <= 0:
+                    continue
+                cv = curves.get(p.ckind) or curves[""]
+                x = p.flops / p.nbytes if isinstance(cv, IntensityCurve) else p.flops
+                mem_eff = mem_curve.at(p.nbytes) if mem_curve is not None else 1.0
+                pred = (launch * p.kernels + (c if p.call else 0.0)
+                        + max(p.flops / (peak * cv.at(x)), p.nbytes / (mem_bw * mem_eff)))
+                errs.append(abs(pred / p.t_s - 1))
+            if errs:
+                per.append(float(np.median(errs)))
+        if per:
+            scores.append((float(np.median(per)), c))
+    if not scores:
+        return 0.0
+    best = min(sc for sc, _ in scores)
+    return min(c for sc, c in scores if sc <= best * (1 + OVERHEAD_TIE) + 1e-12)
 
 
 def _fit_at(pts: Sequence[Point], peak: float, mem_bw: float, launch: float,
@@ -509,21 +558,22 @@ def _fit_at(pts: Sequence[Point], peak: float, mem_bw: float, launch: float,
         if compute:
             cls = op.split("/")[0]
             variables = CURVE_VARIABLES.get(cls, ("flops",))
-            # an op class has one call overhead (the cost model charges it to its
-            # passes with and without FLOPs alike): chosen here unless its passes
-            # without FLOPs set it already, and its compute kinds' too (sorted:
-            # "conv" before "conv/pointwise", (op, phase, False) before True)
+            # The op class's entry is what the cost model charges a layer with FLOPs
+            # (a layer without FLOPs pays its kind's entry first, the class's as a
+            # fallback): chosen here unless the class's passes without FLOPs set it
+            # already; its compute kinds use it too (sorted: "conv" before
+            # "conv/pointwise", (op, phase, False) before (op, phase, True)).
             c = (fixed[phase].get(cls, 0.0) if "/" in op or cls in fixed[phase]
                  else _compute_overhead(g, peak, mem_bw, launch, variables, compute_overheads))
+            if "/" not in op:
+                fixed[phase][op] = c
             cp = _compute_points(g, peak, mem_bw, launch, c)
             if len(cp.mem_x) >= MIN_KIND_POINTS and "/" not in op:
                 k, v = fit_curve(cp.mem_x, cp.mem_y, bounds=MEM_EFF_RANGE)
                 mem[phase][op] = BandwidthCurve(bytes=k, eff=v)
-            if not cp.flops:
-                continue
-            eff[phase][op] = _best_compute_curve(cp.flops, cp.intensity, cp.eff, cp.sources, variables)
-            if "/" not in op:
-                fixed[phase][op] = c
+            if cp.flops:
+                eff[phase][op] = _best_compute_curve(cp.flops, cp.intensity, cp.eff, cp.sources,
+                                                     variables)
             continue
         xs, ys, srcs, ns = [], [], [], []
         for p in g:
@@ -584,7 +634,7 @@ def _point_time(dev: DeviceProfile, p: Point) -> float:
     has_params, reduces, inplace = "p" in flags, "r" in flags, "i" in flags
     mem_eff = dev.mem_eff(p.op, p.nbytes, p.phase, kernels, has_params, reduces, inplace)
     fixed = (fixed_s(dev, p.op, p.phase, kernels, has_params, reduces, p.rows, inplace) if p.flops == 0
-             else dev.call_overhead(p.op, p.phase))
+             else dev.call_overhead(p.op, p.phase) if p.call else 0.0)
     return fixed + roofline_s(dev, p.op, p.flops, p.nbytes, p.kernels, "fp32", mem_eff, p.phase,
                               p.ckind.partition("/")[2] or None)
 

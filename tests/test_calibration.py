@@ -278,25 +278,53 @@ def test_gemm_efficiency_may_follow_intensity() -> None:
 
 
 def test_fit_finds_a_compute_class_call_overhead() -> None:
-    # GEMMs of three sources, 1e3 - 1e9 FLOPs at 40% of peak (1e9), each timed as
-    # 1e-6 (launch) + 2e-5 (its call) + FLOPs / 4e8: among the candidates the fit
-    # keeps 2e-5, with which the curve is flat at 0.4 and every pass priced exactly;
-    # without it (0) the small calls would read as slow and be priced wrong.
+    # Linear layers of three sources, 1e3 - 1e9 FLOPs at 40% of peak (1e9), each timed as
+    # 1e-6 (launch) + 2e-5 (its call) + FLOPs / 4e8, and bare kernels (a GEMM grid's
+    # torch.mm, call=False) without the call: among the candidates the fit keeps 2e-5,
+    # with which the curve is flat at 0.4 and every pass is priced exactly, the bare
+    # kernels without it; without it (0) the small calls would read as slow.
     pts = []
     for m, fls in {"a": [1e3, 1e5, 1e7, 1e9], "b": [1e4, 1e8], "c": [1e6, 3e7, 3e8]}.items():
         for fl in fls:
             pts.append(Point("gemm", "fwd", fl, fl / 100.0, 1, 1e-6 + 2e-5 + fl / 4e8, m, "fc", 1,
                              "gemm/k1p"))
-    f = _fit_at(pts, peak=1e9, mem_bw=1e12, launch=1e-6, compute_overheads=(0.0, 1e-5, 2e-5, 4e-5))
+        pts.append(Point("gemm", "fwd", 1e3, 10.0, 1, 1e-6 + 1e3 / 4e8, m, "mm", 1, call=False))
+    f = _fit_at(pts, peak=1e9, mem_bw=1e12, launch=1e-6, compute_overheads=(0.0, 1e-5, 2e-5))
     assert f.call_overhead == {"gemm": 2e-5}
     assert f.efficiency["gemm"].eff == pytest.approx([0.4] * len(f.efficiency["gemm"].eff), rel=1e-6)
     prof = _with_fit(bare_profile(launch_overhead_s=1e-6), f, keep_tables=False)
     for p in pts:
         assert _point_time(prof, p) == pytest.approx(p.t_s, rel=1e-6)
+    # no overhead above the fastest layer call: one call of 1.5e-5 less its launch rules
+    # out 2e-5 (which, scored alone, would win: the one fast pass is not its source's median)
+    fast = [*pts, Point("gemm", "fwd", 1e3, 10.0, 1, 1e-6 + 1.5e-5, "c", "fc", 1, "gemm/k1p")]
+    assert _fit_at(fast, peak=1e9, mem_bw=1e12, launch=1e-6,
+                   compute_overheads=(0.0, 2e-5)).call_overhead == {"gemm": 0.0}
     # two sources only: no overhead is chosen (nothing to leave out and check against)
     two = [p for p in pts if p.model != "c"]
     assert _fit_at(two, peak=1e9, mem_bw=1e12, launch=1e-6,
                    compute_overheads=(0.0, 2e-5)).call_overhead == {"gemm": 0.0}
+
+
+def test_compute_kinds_share_their_class_call_overhead() -> None:
+    # 3x3 convolutions (kind conv/spatial) at 50% of peak and 1x1 ones (conv/pointwise)
+    # at 25%, three sources, each call 1e-6 (launch) + 1e-5 + FLOPs / rate: the class
+    # keeps 1e-5, the kinds have no entry of their own, and their curves (flat at 0.5
+    # and 0.25) price every pass exactly.
+    pts = []
+    for m, fls in {"a": [1e5, 1e7, 1e9], "b": [1e6, 1e8], "c": [3e5, 3e7, 3e8]}.items():
+        for fl in fls:
+            for kind, eff in (("spatial", 0.5), ("pointwise", 0.25)):
+                pts.append(Point("conv", "fwd", fl, fl / 50.0, 1, 1e-6 + 1e-5 + fl / (1e9 * eff), m,
+                                 f"{kind}{fl:g}", 1, "conv/k1p", f"conv/{kind}"))
+    f = _fit_at(pts, peak=1e9, mem_bw=1e12, launch=1e-6, compute_overheads=(0.0, 1e-5, 2e-5))
+    assert f.call_overhead == {"conv": 1e-5}
+    for kind, eff in (("spatial", 0.5), ("pointwise", 0.25)):
+        c = f.efficiency[f"conv/{kind}"]
+        assert c.eff == pytest.approx([eff] * len(c.eff), rel=1e-6)
+    prof = _with_fit(bare_profile(launch_overhead_s=1e-6), f, keep_tables=False)
+    for p in pts:
+        assert _point_time(prof, p) == pytest.approx(p.t_s, rel=1e-6)
 
 
 def test_a_class_with_and_without_flops_keeps_one_call_overhead() -> None:
