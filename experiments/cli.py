@@ -13,6 +13,7 @@ import argparse
 import csv
 import json
 import os
+import select
 import shutil
 import sys
 from collections.abc import Sequence
@@ -503,15 +504,38 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run)")
     b.add_argument("--repeat", type=int, default=None,
                    help="measure the ratio N times, each DES run right after its SimPy loop, and "
-                   "report the median (default 5; 1 with --quick)")
+                   "report the median, the lower middle one for an even N (default 5; 1 with --quick)")
     b.set_defaults(fn=cmd_bench)
     return p
+
+
+def _stdout_gone() -> bool:
+    """Whether stdout's reader went away (`hetsim ... | head`): its pipe reports an error
+    (POLLERR: no reader left). Then stdout is pointed at /dev/null, so that Python's
+    flush at exit does not fail again, and the command ends quietly, as other
+    command-line tools do."""
+    try:
+        out = sys.stdout.fileno()
+    except (OSError, ValueError):  # a stdout without a file descriptor (captured)
+        return False
+    poller = select.poll()
+    poller.register(out, select.POLLOUT)
+    if not any(ev & select.POLLERR for _, ev in poller.poll(0)):
+        return False
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, out)
+    finally:
+        os.close(devnull)
+    return True
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return int(args.fn(args))
+        rc = int(args.fn(args))
+        sys.stdout.flush()  # here, not at exit, so that a reader gone away is caught below
+        return rc
     except HetsimError as e:
         print(f"hetsim: error: {e}", file=sys.stderr)
         return 2
@@ -519,9 +543,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("hetsim: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
-        # the reader went away (`hetsim ... | head`): stop quietly, as other command-line
-        # tools do, with Python's exit-time flush of stdout sent to /dev/null
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        if not _stdout_gone():
+            raise  # another pipe or socket broke: not the reader's doing
         return 141
 
 
