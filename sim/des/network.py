@@ -72,7 +72,7 @@ from heapq import heappop, heappush
 
 import simpy
 
-from sim.des.timer import call_later
+from sim.des.timer import Timer, call_later
 
 _INF = math.inf
 
@@ -170,7 +170,10 @@ class FluidShare:
         self._dirty: set[int] = set()
         self._settle_pending = False
         self._wake_at = _INF
-        self._wake_token = 0
+        # the wake timer scheduled last (the pending one at _wake_at, until it fires): a wake
+        # compares its own timer with it; _wake_cb bound once for every wake
+        self._wake_timer: Timer | None = None
+        self._wake_cb = self._wake
         self._seq = 0
 
     def _refresh(self, resources: list[int]) -> Iterable[int]:
@@ -500,13 +503,11 @@ class FluidShare:
         if heap and heap[0][0] < self._wake_at:
             t = heap[0][0]
             self._wake_at = t
-            self._wake_token += 1
-            token = self._wake_token
-            call_later(self.env, max(t - self.env._now, 0.0), lambda _e: self._wake(token))
+            self._wake_timer = call_later(self.env, max(t - self.env._now, 0.0), self._wake_cb)
 
-    def _wake(self, token: int) -> None:
+    def _wake(self, timer: Timer) -> None:
         now = self.env._now  # the property's value, without the call
-        if token == self._wake_token:  # the earliest pending wake: none is pending after it
+        if timer is self._wake_timer:  # the earliest pending wake: none is pending after it
             self._wake_at = _INF
         heap, rver, rdue = self._heap, self._rver, self._rdue
         # Resources due now (to float rounding of the wake time), and their pairs due now,
