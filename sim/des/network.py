@@ -249,13 +249,19 @@ class FluidShare:
         dues, resched = self._due, self._resched
         now = self.env._now  # the property's value, without the call
         base = src * self._nres
-        bound = False  # src marked dirty once, after the loop, where a flow took the inlined branch
+        # flows that took the inlined branch: src's count raised and src marked dirty once,
+        # after the loop (counts are ints, and nothing in the loop reads src's); the settle
+        # scheduled by the first of them, as _add would (once scheduled, it stays pending)
+        bound = 0
         for dst, amount, on_done in flows:
             p = pairs.get(base + dst)
             if p is None or p.b < 0 or amount <= 0:
                 self._add(src, dst, amount, on_done)
                 continue
-            bound = True
+            if not bound and not self._settle_pending:
+                self._settle_pending = True
+                call_later(self.env, 0, self._settle)
+            bound += 1
             seq = self._seq = self._seq + 1
             b = p.b
             fl = p.flows
@@ -277,13 +283,10 @@ class FluidShare:
                 resched[b] = None
                 if len(due) > 2 * na[b] + 16:
                     _drop_stale(due)
-            n[src] += 1
             n[dst] += 1
             dirty.add(dst)
-            if not self._settle_pending:
-                self._settle_pending = True
-                call_later(self.env, 0, self._settle)
         if bound:  # (a set: when it is marked before the settle does not matter)
+            n[src] += bound
             dirty.add(src)
 
     def _deliver(self, cb: Callable[[], None]) -> None:
