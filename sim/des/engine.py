@@ -881,7 +881,11 @@ class DataParallelSim:
         direct_ok = plain and bsp and not online  # (see step above)
         direct = False
         adopt_at_pull = self.adopting and bsp  # BSP takes a new share with its first parameters
-        pull_whole, all_chunks = self.pull_whole, list(range(self.C))
+        # the chunks each forward group waits for: pulled whole, the first group every chunk and
+        # the others none
+        all_chunks = list(range(self.C))
+        fchunks = groups if not self.pull_whole else [all_chunks] + [[] for _ in range(G - 1)]
+        fwd_cbs = on_send if direct_ok else on_resume  # a forward step's (see step above)
         noise = self.noise[w]  # job.compute_noise: a factor per iteration, else None
         push_group = self._push_group
         # the plain path of _push_group, inlined below: None where it is not taken
@@ -912,9 +916,9 @@ class DataParallelSim:
                 if self.sync == "ssp":
                     yield from self._ssp_gate(w, it)
                 spent = 0.0
+                idle = batch[w] == 0  # the share it runs (set again where it takes a new one)
                 for g in range(G):
-                    # pulled whole: the first group waits for every chunk, the others for none
-                    chunks = groups[g] if not pull_whole else (all_chunks if g == 0 else [])
+                    chunks = fchunks[g]
                     for c in chunks:
                         if ready[c] is None:  # not arrived: wait for it
                             ev = ready[c] = env.event()
@@ -929,9 +933,10 @@ class DataParallelSim:
                     if adopt_at_pull and g == 0:
                         self._adopt(w)
                         fwd, bwd = self.fwd[w], self.bwd[w]
+                        idle = batch[w] == 0
                     if online:
                         yield from self._top_up(w, it, chunks)
-                    if batch[w] == 0:
+                    if idle:
                         continue
                     t0 = env._now
                     # acct.advance(t0), inlined (see _Acct.advance), then state = _COMPUTE;
@@ -948,7 +953,7 @@ class DataParallelSim:
                         acct.state = _COMPUTE
                     if plain:
                         direct = direct_ok
-                        step.callbacks = on_send if direct else on_resume
+                        step.callbacks = fwd_cbs
                         push(queue, (t0 + fwd[g] * k, NORMAL, next(eid), step))
                         yield step
                     elif hosted:
@@ -958,7 +963,6 @@ class DataParallelSim:
                     spent += env._now - t0
                     if tr is not None:
                         tr.span("workers", w, name, "fwd" if G == 1 else f"fwd g{g}", t0, env._now)
-                idle = batch[w] == 0
                 for g in range(G - 1, -1, -1):
                     if idle:
                         for c in groups[g]:
