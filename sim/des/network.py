@@ -598,22 +598,24 @@ class FluidShare:
                     idle += 1
                     continue
                 dirty.add(o)
-                k = 1
                 lim = vlim if vlim > first_t else first_t  # (>= 0: vlim is)
                 # the ulp only where the next flow is near: lim * (1 + 1e-9) + 1e-300 is above
                 # lim + 4 ulp(lim) for every lim >= 0, so a next flow beyond it is not due
                 if flows[0][0] <= lim * 1.000000001 + 1e-300:
                     lim += 4.0 * math.ulp(lim)
+                    k = 1
                     while flows and flows[0][0] <= lim:
                         deliver(pop(flows)[2])
                         k += 1
-                n[o] -= k
-                done += k - 1
-                if flows:
-                    f = flows[0]
-                    heappush(h, (f[0], f[1], p.ver, p))
-                else:
-                    idle += 1
+                    n[o] -= k
+                    done += k - 1
+                    if not flows:
+                        idle += 1
+                        continue
+                else:  # (the common case: the earliest flow alone, others left)
+                    n[o] -= 1
+                f = flows[0]
+                heappush(h, (f[0], f[1], p.ver, p))
             n[L] -= done
             if idle:  # (na[L] reaches 0 only once every due pair is idle: no entry pushed since)
                 na[L] -= idle
