@@ -68,7 +68,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable, Iterable, Sequence
-from heapq import heappop, heappush
+from heapq import heappop, heappush, heapreplace
 
 import simpy
 
@@ -545,47 +545,45 @@ class FluidShare:
             # its entry was made (the same numbers gave that time). Never judge it by the
             # clock: rounding could leave it a hair short forever.
             first = L not in resched
-            got: list[_Pair] = []
-            if len(h) > 4 and h[-1][0] <= vlim:
-                # Many due at once (a shard's chunk to every worker: equal sizes, one target):
-                # the entries taken in sorted order, the order of their pops (their keys are
-                # unique, so which heap arrangement is left does not matter), and the rest,
-                # still sorted, is a heap. A heap filled in key order is sorted already, and
-                # sorting it costs a comparison an entry against a pop's ~log2(n) (measured:
-                # the 64-worker benchmark's pulls, about 4% of the run's time less).
+            # The due pairs are served as their entries come off, each in turn (the order of
+            # their pops), and a pair with flows left gets its next entry at once: in place of
+            # the one consumed (heapreplace: one sift, not a pop's and a push's), or with many
+            # due at once, after them. That entry is never due in this wake (its target is
+            # beyond lim >= vlim, and first is spent), so the entries taken are the same.
+            #
+            # Many due at once (a shard's chunk to every worker: equal sizes, one target): the
+            # entries are taken in sorted order, the order of their pops (their keys are unique,
+            # so which heap arrangement is left does not matter), and the rest, still sorted, is
+            # a heap. A heap filled in key order is sorted already, and sorting it costs a
+            # comparison an entry against a pop's ~log2(n) (measured: the 64-worker benchmark's
+            # pulls, about 4% of the run's time less).
+            many = len(h) > 4 and h[-1][0] <= vlim
+            if many:
                 h.sort()
-                i = 0
-                for e in h:
-                    p = e[3]
-                    if e[2] == p.ver:
-                        if e[0] <= vlim or first:
-                            got.append(p)
-                            first = False
-                        else:
-                            break
-                    i += 1
-                del h[:i]
-            else:
-                while h:
-                    e = h[0]
-                    p = e[3]
-                    if e[2] != p.ver:
-                        pop(h)
-                    elif e[0] <= vlim or first:
-                        pop(h)  # (its entry consumed: the pair's ver stays for its next one)
-                        got.append(p)
-                        first = False
-                    else:
-                        break
-            if not got:
-                continue
-            VL = V[L] = VL + r * (now - tL)
-            t[L] = now
-            resched[L] = None
-            dirty.add(L)
-            done = len(got)  # flows delivered: one per pair, and the others that go with it
+                m = len(h)
+                back: list[tuple[float, int, int, _Pair]] = []  # next entries, pushed after
+            i = 0  # (many: the entries before h[i] are consumed)
+            done = 0  # flows delivered
             idle = 0  # pairs left without flows
-            for p in got:
+            while True:
+                if many:
+                    if i == m:
+                        break
+                    e = h[i]
+                elif h:
+                    e = h[0]
+                else:
+                    break
+                p = e[3]
+                if e[2] != p.ver:  # stale
+                    if many:
+                        i += 1
+                    else:
+                        pop(h)
+                    continue
+                if not (e[0] <= vlim or first):
+                    break
+                first = False
                 # The earliest flow is due; others go with it if the clock reaches their
                 # targets by the wake's horizon (read as at least the earliest's target, to a
                 # few ulps): the rule the wake applies to pairs, and the per-flow reference's.
@@ -594,32 +592,55 @@ class FluidShare:
                 flows = p.flows
                 first_t, _, cb = pop(flows)
                 deliver(cb)
+                done += 1
                 o = p.o
-                if not flows:  # its only flow (the common case): idle (see _idle; its entry is gone)
+                nxt = None  # its next entry (None: idle, see _idle; its entry is gone)
+                if not flows:  # its only flow (the common case)
                     left = n[o] = n[o] - 1
                     if left or refresh:  # (see refresh above)
                         dirty.add(o)
                     idle += 1
-                    continue
-                dirty.add(o)
-                lim = vlim if vlim > first_t else first_t  # (>= 0: vlim is)
-                # the ulp only where the next flow is near: lim * (1 + 1e-9) + 1e-300 is above
-                # lim + 4 ulp(lim) for every lim >= 0, so a next flow beyond it is not due
-                if flows[0][0] <= lim * 1.000000001 + 1e-300:
-                    lim += 4.0 * math.ulp(lim)
-                    k = 1
-                    while flows and flows[0][0] <= lim:
-                        deliver(pop(flows)[2])
-                        k += 1
-                    n[o] -= k
-                    done += k - 1
-                    if not flows:
-                        idle += 1
-                        continue
-                else:  # (the common case: the earliest flow alone, others left)
-                    n[o] -= 1
-                f = flows[0]
-                heappush(h, (f[0], f[1], p.ver, p))
+                else:
+                    dirty.add(o)
+                    lim = vlim if vlim > first_t else first_t  # (>= 0: vlim is)
+                    # the ulp only where the next flow is near: lim * (1 + 1e-9) + 1e-300 is above
+                    # lim + 4 ulp(lim) for every lim >= 0, so a next flow beyond it is not due
+                    if flows[0][0] <= lim * 1.000000001 + 1e-300:
+                        lim += 4.0 * math.ulp(lim)
+                        k = 1
+                        while flows and flows[0][0] <= lim:
+                            deliver(pop(flows)[2])
+                            k += 1
+                        n[o] -= k
+                        done += k - 1
+                        if flows:
+                            f = flows[0]
+                            nxt = (f[0], f[1], p.ver, p)
+                        else:
+                            idle += 1
+                    else:  # (the common case: the earliest flow alone, others left)
+                        n[o] -= 1
+                        f = flows[0]
+                        nxt = (f[0], f[1], p.ver, p)
+                # its entry consumed (the pair's ver stays for its next one)
+                if many:
+                    i += 1
+                    if nxt is not None:
+                        back.append(nxt)
+                elif nxt is not None:
+                    heapreplace(h, nxt)
+                else:
+                    pop(h)
+            if many:
+                del h[:i]
+                for e in back:
+                    heappush(h, e)
+            if not done:
+                continue
+            V[L] = VL + r * (now - tL)
+            t[L] = now
+            resched[L] = None
+            dirty.add(L)
             n[L] -= done
             if idle:  # (na[L] reaches 0 only once every due pair is idle: no entry pushed since)
                 na[L] -= idle
