@@ -4,8 +4,8 @@ A DES run creates a timeout for nearly every event it processes (a worker's
 compute step, a network settle or wake, a shard task). ``env.timeout(d)``
 costs a class call, ``Timeout.__init__`` (five attribute stores into an
 instance dict) and ``env.schedule``; :class:`Timer` is a slotted object with
-the one attribute SimPy's event loop writes, ``callbacks``, and reads ``_ok``
-and ``_value`` from its class. It is pushed onto ``env._queue`` with the key
+the one attribute SimPy's event loop writes, ``callbacks``, and ``_ok``, which
+it reads (always true, set once), and reads ``_value`` from its class. It is pushed onto ``env._queue`` with the key
 ``env.schedule`` would give a ``Timeout`` (``now + delay``, ``NORMAL``, the next
 event id), so the events, their order and the event count are those of
 ``env.timeout``: only the cost of making one changes (about half).
@@ -30,11 +30,15 @@ from simpy.events import NORMAL
 class Timer:
     """An event that fires after a delay; see the module docstring."""
 
-    __slots__ = ("callbacks",)
-    _ok = True  # succeeded, as a Timeout always does
+    # _ok in a slot, not on the class: the event loop reads it from every event it processes,
+    # and CPython 3.11 specialises a slot's read, not a class attribute's through an instance
+    __slots__ = ("callbacks", "_ok")
     _value = None  # what a process that yielded it gets back
 
     callbacks: list[Callable[[Any], None]] | None
+
+    def __init__(self) -> None:
+        self._ok = True  # succeeded, as a Timeout always does
 
 
 def call_later(env: simpy.Environment, delay: float, callback: Callable[[Any], None]) -> Timer:
