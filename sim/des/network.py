@@ -193,7 +193,7 @@ class FluidShare:
     def _add(self, src: int, dst: int, amount: float, on_done: Callable[[], None]) -> _Pair | None:
         """:meth:`_start` returning the flow's pair rather than its handle: no tuple made
         where none is needed (a message: ~25 ns, about 1% of the 64-worker benchmark)."""
-        if amount <= 0:
+        if amount <= 0.0:  # (0.0: CPython 3.11 specialises a float-float comparison, not float-int)
             self._deliver(on_done)
             return None
         key = src * self._nres + dst
@@ -256,7 +256,7 @@ class FluidShare:
         bound = 0
         for dst, amount, on_done in flows:
             p = pairs.get(base + dst)
-            if p is None or p.b < 0 or amount <= 0:
+            if p is None or p.b < 0 or amount <= 0.0:
                 self._add(src, dst, amount, on_done)
                 continue
             if not bound and not self._settle_pending:
@@ -292,7 +292,7 @@ class FluidShare:
 
     def _deliver(self, cb: Callable[[], None]) -> None:
         """``cb`` after the latency (at once without one)."""
-        if self.latency_s > 0:
+        if self.latency_s > 0.0:
             call_later(self.env, self.latency_s, lambda _e: cb())
         else:
             cb()
@@ -650,7 +650,7 @@ class FluidShare:
         # would fire back to back at the same instant (consecutive event ids), and a
         # delivery callback schedules nothing urgent that could run between them.
         if delivered:
-            if self.latency_s > 0:
+            if self.latency_s > 0.0:
                 def deliver_all(_e: object) -> None:
                     for cb in delivered:
                         cb()

@@ -100,7 +100,7 @@ class ShardServer:
         self.busy_s += cost
         # call_later(env, cost, self._next), inlined (a task's end is a third of a
         # run's events): a Timer under the key env.timeout(cost) would have
-        if cost < 0:
+        if cost < 0.0:  # (0.0: a float-float comparison, which CPython specialises)
             raise ValueError(f"Negative delay {cost}")
         t = self._end
         t.callbacks = self._finish_cbs

@@ -43,7 +43,7 @@ class Timer:
 
 def call_later(env: simpy.Environment, delay: float, callback: Callable[[Any], None]) -> Timer:
     """``env.timeout(delay).callbacks.append(callback)``, with the same queue key."""
-    if delay < 0:
+    if delay < 0.0:  # (0.0: a float-float comparison, which CPython specialises)
         raise ValueError(f"Negative delay {delay}")
     t = Timer()
     t.callbacks = [callback]
@@ -54,7 +54,7 @@ def call_later(env: simpy.Environment, delay: float, callback: Callable[[Any], N
 
 def sleep(env: simpy.Environment, delay: float) -> Timer:
     """``env.timeout(delay)`` for a process to yield, with the same queue key."""
-    if delay < 0:
+    if delay < 0.0:
         raise ValueError(f"Negative delay {delay}")
     t = Timer()
     t.callbacks = []
