@@ -970,8 +970,14 @@ class DataParallelSim:
                         continue
                     t0 = env._now
                     if plain:
-                        direct = direct_ok and g > 0
-                        step.callbacks = on_send if direct else on_resume
+                        # direct, but not the last backward step (g = 0); tested as a branch: a
+                        # comparison whose value is stored is never specialised (CPython 3.11)
+                        if g and direct_ok:
+                            direct = True
+                            step.callbacks = on_send
+                        else:
+                            direct = False
+                            step.callbacks = on_resume
                         push(queue, (t0 + bwd[g] * k, NORMAL, next(eid), step))
                         yield step
                     elif hosted:

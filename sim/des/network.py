@@ -203,7 +203,10 @@ class FluidShare:
             p = self._pairs[key] = _Pair(src, dst)
             self._pending.append(p)
             p.flows.append((amount, seq, on_done))
-        elif p.b >= 0:  # bound: its target on b's clock
+        elif p.b < 0:  # not bound yet: its service is 0
+            heappush(p.flows, (amount, seq, on_done))
+        else:  # bound: its target on b's clock (this branch last: a short jump from the test
+            # above, which CPython 3.11 specialises only where the jump needs no EXTENDED_ARG)
             b = p.b
             flows = p.flows
             if flows:
@@ -225,8 +228,6 @@ class FluidShare:
                 self._resched[b] = None
                 if len(due) > 2 * self._na[b] + 16:
                     _drop_stale(due)
-        else:  # not bound yet: its service is 0
-            heappush(p.flows, (amount, seq, on_done))
         n = self._n
         n[src] += 1
         n[dst] += 1
