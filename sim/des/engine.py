@@ -376,7 +376,9 @@ class DataParallelSim:
         self.wbits = [job.quant_bits] * N  # gradient bits of the iteration each worker runs
         self.slow = [1.0] * N
         self.alive = [True] * N
-        self.member = [True] * N  # in the BSP barrier group (false once a failure is detected)
+        # the BSP barrier group (a worker leaves once its failure is detected): a set, which each
+        # applied chunk's barrier (missing, below) copies
+        self.members = set(range(N))
         self.computing = [False] * N
         self.acct = [_Acct() for _ in range(N)]
         # ready[w][c]: chunk c's parameters for the next iteration w runs: True when they
@@ -750,7 +752,7 @@ class DataParallelSim:
         it = self.chunk_iter[c]
         self.chunk_iter[c] = it + 1
         # Until its failure is detected, a dead worker is still waited for.
-        self.missing[c] = {w for w in range(self.N) if self.member[w]}
+        self.missing[c] = self.members.copy()
         n = self.applied_in_iter.get(it, 0) + 1
         self.applied_in_iter[it] = n
         if n == self.C:
@@ -1121,7 +1123,7 @@ class DataParallelSim:
         yield self.env.timeout(self.problem.job.failure_timeout_s)
         rec["detected_at_s"] = self.env.now
         rec["lost_s"] = self.env.now - failed_at
-        self.member[w] = False
+        self.members.discard(w)
         self.detected[w] = True
         for c in range(self.C):
             miss = self.missing[c]
