@@ -141,9 +141,10 @@ def run_until(env: simpy.Environment, until: simpy.Event) -> None:
     its exception), without a method call and a ``try`` per event.
 
     Per event the loop only pops, runs the callbacks and checks the outcome: an empty
-    queue shows as ``heappop``'s ``IndexError`` (a ``try`` costs nothing until it
-    raises), and ``until`` is recognised by identity once processed (it is processed
-    only here, when popped, so its ``callbacks`` need not be read every event).
+    queue shows as ``heappop``'s ``IndexError``, and a callback list of other than one
+    as the ``ValueError`` of unpacking one (a ``try`` costs nothing until it raises),
+    and ``until`` is recognised by identity once processed (it is processed only here,
+    when popped, so its ``callbacks`` need not be read every event).
     """
     if until.callbacks is None:  # processed already
         return
