@@ -41,11 +41,17 @@ class Timer:
         self._ok = True  # succeeded, as a Timeout always does
 
 
+# A Timer made without the call of __init__ (a Python frame per timer), for the two functions
+# below, which set _ok themselves (callgrind, 64-worker benchmark: ~0.15% of a run's instructions)
+_new_timer = object.__new__
+
+
 def call_later(env: simpy.Environment, delay: float, callback: Callable[[Any], None]) -> Timer:
     """``env.timeout(delay).callbacks.append(callback)``, with the same queue key."""
     if delay < 0.0:  # (0.0: a float-float comparison, which CPython specialises)
         raise ValueError(f"Negative delay {delay}")
-    t = Timer()
+    t = _new_timer(Timer)
+    t._ok = True
     t.callbacks = [callback]
     queue: list[Any] = env._queue
     heapq.heappush(queue, (env._now + delay, NORMAL, next(env._eid), t))
@@ -56,7 +62,8 @@ def sleep(env: simpy.Environment, delay: float) -> Timer:
     """``env.timeout(delay)`` for a process to yield, with the same queue key."""
     if delay < 0.0:
         raise ValueError(f"Negative delay {delay}")
-    t = Timer()
+    t = _new_timer(Timer)
+    t._ok = True
     t.callbacks = []
     queue: list[Any] = env._queue
     heapq.heappush(queue, (env._now + delay, NORMAL, next(env._eid), t))
