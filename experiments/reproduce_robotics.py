@@ -33,7 +33,6 @@ report.md and the PNGs it shows.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -51,7 +50,7 @@ from sim.config import PeriodicPattern
 from sim.dag import DagPlan, DagProblem, TaskGraph, dag_costs
 from sim.des.frames import FrameOptions, simulate_frames
 from sim.instances import random_graph
-from sim.robotics.pipelines import THIS_MACHINE, perception_slam, slam_lite
+from sim.robotics.pipelines import THIS_MACHINE, calibration_rows, perception_slam, slam_lite
 
 BOARDS = ("agx-orin-64", "agx-orin-32", "agx-xavier", "orin-nano-8", "rpi4")
 GAP_BOARDS = ("agx-orin-32", "agx-xavier", "orin-nano-8")
@@ -180,9 +179,8 @@ def gap_summary(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def kernels_table() -> pd.DataFrame:
-    data = json.loads(Path(THIS_MACHINE).read_text(encoding="utf-8"))
-    return pd.DataFrame(data["model"]["rows"])[["kernel", "op_class", "size", "measured_s", "predicted_s",
-                                                "ratio"]]
+    return pd.DataFrame(calibration_rows(THIS_MACHINE))[["kernel", "op_class", "size", "measured_s",
+                                                         "predicted_s", "ratio"]]
 
 
 def figures(ed: pd.DataFrame, des: pd.DataFrame, gp: pd.DataFrame, out: Path) -> list[str]:

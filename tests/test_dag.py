@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import schedulers
+from hardware_profiles import load_profile
 from hardware_profiles.board import list_boards, load_board
 from schedulers.dag import (
     energy_schedule,
@@ -35,7 +36,8 @@ from sim.dag import (
 from sim.des.frames import FrameOptions, simulate_frames
 from sim.errors import ConfigError
 from sim.instances import random_graph
-from sim.robotics.pipelines import load_calibration, perception_slam
+from sim.robotics.kernels import KERNELS, predicted_time_s
+from sim.robotics.pipelines import THIS_MACHINE, calibration_rows, load_calibration, perception_slam
 from sim.zoo import get as load_zoo
 
 # Topcuoglu, Hariri and Wu (IEEE TPDS 13(3), 2002), Fig. 2: ten tasks on three
@@ -307,6 +309,22 @@ def test_perception_slam_pipeline_prices_kernels_and_calibrates_cpus_only() -> N
     # only the CNN runs on a DLA
     dla = c.units.index("dla0")
     assert [n for n in c.tasks if math.isfinite(c.time_s[c.tasks.index(n), dla])] == ["detector0", "detector1"]
+
+
+def test_kernel_calibration_follows_the_profile_as_it_is_now() -> None:
+    # each ratio is measured / what this machine's profile predicts now, so that a CPU
+    # task's calibrated time on this machine is its measured time whatever refits the
+    # profile had since the kernels were measured
+    prof = load_profile("this_machine")
+    data = json.loads(THIS_MACHINE.read_text(encoding="utf-8"))
+    rows = calibration_rows()
+    assert len(rows) == sum(len(e["runs"]) for e in data["kernels"].values()) == 28
+    for r in rows:
+        pred = predicted_time_s(KERNELS[r["kernel"]], r["size"], prof, "fp32")
+        assert r["predicted_s"] == pytest.approx(pred, rel=1e-3)
+        assert r["ratio"] == pytest.approx(r["measured_s"] / pred, rel=1e-3)
+    sizes, ratios = load_calibration()["icp"]
+    assert ratios.tolist() == [r["ratio"] for r in rows if r["kernel"] == "icp"]
 
 
 def test_energy_margin_keeps_slack_when_it_can() -> None:

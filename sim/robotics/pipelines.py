@@ -43,10 +43,33 @@ THIS_MACHINE = Path(__file__).resolve().parents[2] / "hardware_profiles" / "meas
     "this_machine.json"
 
 
-def load_calibration(path: str | Path = THIS_MACHINE) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """kernel -> (sizes, measured/predicted ratios) from a measured robotics profile."""
+def calibration_rows(path: str | Path = THIS_MACHINE) -> list[dict[str, Any]]:
+    """The measured-against-predicted rows of a measured robotics profile
+    (:func:`sim.robotics.kernels.compare_to_model`), predicted with the device profile
+    it names (``model.profile``) as that profile is now: the rows stored when the
+    kernels were measured went stale whenever the profile was refitted since (its
+    curves, hence every prediction, move). The stored rows where the named profile
+    cannot be loaded (or none is named)."""
+    from hardware_profiles import load_profile
+    from sim.errors import HetsimError
+    from sim.robotics.kernels import compare_to_model
+
     data = json.loads(Path(path).read_text(encoding="utf-8"))
-    rows = data.get("model", {}).get("rows", [])
+    model = data.get("model", {})
+    stored: list[dict[str, Any]] = model.get("rows", [])
+    if not model.get("profile"):
+        return stored
+    try:
+        profile = load_profile(model["profile"])
+    except HetsimError:
+        return stored
+    return compare_to_model(data, profile, data.get("dtype", "fp32"))
+
+
+def load_calibration(path: str | Path = THIS_MACHINE) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """kernel -> (sizes, measured/predicted ratios) from a measured robotics profile
+    (:func:`calibration_rows`: against its device profile as it is now)."""
+    rows = calibration_rows(path)
     out: dict[str, tuple[list[float], list[float]]] = {}
     for r in rows:
         out.setdefault(r["kernel"], ([], []))
