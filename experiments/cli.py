@@ -511,17 +511,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _stdout_gone() -> bool:
     """Whether stdout's reader went away (`hetsim ... | head`): its pipe reports an error
-    (POLLERR: no reader left). Then stdout is pointed at /dev/null, so that Python's
+    (POLLERR or POLLHUP: no reader left; without poll, as on Windows, assumed). Then stdout is pointed at /dev/null, so that Python's
     flush at exit does not fail again, and the command ends quietly, as other
     command-line tools do."""
     try:
         out = sys.stdout.fileno()
     except (OSError, ValueError):  # a stdout without a file descriptor (captured)
         return False
-    poller = select.poll()
-    poller.register(out, select.POLLOUT)
-    if not any(ev & select.POLLERR for _, ev in poller.poll(0)):
-        return False
+    if hasattr(select, "poll"):  # (POLLHUP: what some systems report instead)
+        poller = select.poll()
+        poller.register(out, select.POLLOUT)
+        if not any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poller.poll(0)):
+            return False
     devnull = os.open(os.devnull, os.O_WRONLY)
     try:
         os.dup2(devnull, out)

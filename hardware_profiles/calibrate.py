@@ -522,7 +522,7 @@ def _compute_overhead(g: Sequence[Point], peak: float, mem_bw: float, launch: fl
             for p in g:
                 if p.model != n or p.t_s <= 0:
                     continue
-                cv = curves.get(p.ckind) or curves[""]
+                cv = curves.get(p.ckind, curves[""])
                 x = p.flops / p.nbytes if isinstance(cv, IntensityCurve) else p.flops
                 mem_eff = mem_curve.at(p.nbytes) if mem_curve is not None else 1.0
                 pred = (launch * p.kernels + (c if p.call else 0.0)
@@ -634,7 +634,7 @@ def _point_time(dev: DeviceProfile, p: Point) -> float:
     has_params, reduces, inplace = "p" in flags, "r" in flags, "i" in flags
     mem_eff = dev.mem_eff(p.op, p.nbytes, p.phase, kernels, has_params, reduces, inplace)
     fixed = (fixed_s(dev, p.op, p.phase, kernels, has_params, reduces, p.rows, inplace) if p.flops == 0
-             else dev.call_overhead(p.op, p.phase) if p.call else 0.0)
+             else (dev.call_overhead(p.op, p.phase) if p.call else 0.0))
     return fixed + roofline_s(dev, p.op, p.flops, p.nbytes, p.kernels, "fp32", mem_eff, p.phase,
                               p.ckind.partition("/")[2] or None)
 

@@ -151,3 +151,19 @@ def test_run_until_an_event_already_processed_or_never_triggered() -> None:
     run_until(env, done)  # nothing left to do
     with pytest.raises(RuntimeError, match="No scheduled events left"):
         run_until(env, env.event())
+
+
+def test_a_callback_error_of_a_many_callback_event_carries_no_unrelated_context() -> None:
+    # an event with two callbacks goes through the loop's fallback (the one-callback
+    # unpacking fails first); the second callback's error is raised as it is
+    env = simpy.Environment()
+    ev = env.timeout(1.0)
+
+    def boom(_e: Any) -> None:
+        raise KeyError("boom")
+
+    ev.callbacks.append(lambda _e: None)
+    ev.callbacks.append(boom)
+    with pytest.raises(KeyError, match="boom") as info:
+        run_until(env, env.event())
+    assert info.value.__context__ is None

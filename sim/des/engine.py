@@ -160,9 +160,14 @@ def run_until(env: simpy.Environment, until: simpy.Event) -> None:
         # Equivalent: nothing appends to a list taken off its event (see _Process)
         try:
             (callback,) = callbacks
-        except ValueError:
-            for callback in callbacks:
-                callback(event)
+        except ValueError as many:
+            try:
+                for callback in callbacks:
+                    callback(event)
+            except BaseException as e:
+                if e.__context__ is many:  # the unpacking's error is no part of a callback's
+                    e.__context__ = None
+                raise
         else:
             callback(event)
         if not event._ok and not hasattr(event, "_defused"):

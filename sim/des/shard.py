@@ -29,7 +29,7 @@ class ShardServer:
     """
 
     __slots__ = ("env", "_queue", "_busy", "_settle_pending", "busy_s", "_on_span", "_cb", "_label", "_t0", "_run",
-                 "_start_cb", "_finish_cb", "_finish_cbs", "_end")
+                 "_next_cb", "_finish_cb", "_finish_cbs", "_end")
 
     def __init__(self, env: simpy.Environment, on_span: Callable[[str, float, float], None] | None = None,
                  run: Callable[[float, Callable[[], None]], object] | None = None) -> None:
@@ -57,11 +57,11 @@ class ShardServer:
         # bound once: a task's start and end are events of their own (a bound method is
         # made anew at every attribute access); both are _next, which tells them apart by
         # the event (the end: the end Timer, which a run's on_done passes too)
-        self._start_cb = self._next
+        self._next_cb = self._next
         self._finish_cb = partial(self._next, self._end)
         # the end's callbacks: one list, made once (the event loop only iterates it, and
         # nothing else sees the Timer: ~35 ns a task less than a fresh list)
-        self._finish_cbs: list[Callable[[Any], None]] = [self._start_cb]
+        self._finish_cbs: list[Callable[[Any], None]] = [self._next_cb]
 
     def submit(self, key: int, cost_s: float, label: str, on_done: Callable[[], None] | None) -> None:
         task = (self.env._now, key, cost_s, label, on_done)
@@ -72,7 +72,7 @@ class ShardServer:
             queue.append(task)
         if not self._busy and not self._settle_pending:
             self._settle_pending = True
-            call_later(self.env, 0, self._start_cb)
+            call_later(self.env, 0, self._next_cb)
 
     def _next(self, ev: object) -> None:
         """The end of the task in service (``ev`` is ``_end``) or the settle (another Timer);

@@ -4,8 +4,9 @@ A DES run creates a timeout for nearly every event it processes (a worker's
 compute step, a network settle or wake, a shard task). ``env.timeout(d)``
 costs a class call, ``Timeout.__init__`` (five attribute stores into an
 instance dict) and ``env.schedule``; :class:`Timer` is a slotted object with
-the one attribute SimPy's event loop writes, ``callbacks``, and ``_ok``, which
-it reads (always true, set once), and reads ``_value`` from its class. It is pushed onto ``env._queue`` with the key
+two attributes: ``callbacks``, which SimPy's event loop writes, and ``_ok``
+(always true, set once), which it reads; ``_value`` it reads from the class.
+It is pushed onto ``env._queue`` with the key
 ``env.schedule`` would give a ``Timeout`` (``now + delay``, ``NORMAL``, the next
 event id), so the events, their order and the event count are those of
 ``env.timeout``: only the cost of making one changes (about half).
@@ -42,7 +43,7 @@ class Timer:
 
 
 # A Timer made without the call of __init__ (a Python frame per timer), for the two functions
-# below, which set _ok themselves (callgrind, 64-worker benchmark: ~0.15% of a run's instructions)
+# below, which set _ok themselves (a slot added to Timer.__init__ must be set there too) (callgrind, 64-worker benchmark: ~0.15% of a run's instructions)
 _new_timer = object.__new__
 
 

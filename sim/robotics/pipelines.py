@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -61,7 +62,9 @@ def calibration_rows(path: str | Path = THIS_MACHINE) -> list[dict[str, Any]]:
         return stored
     try:
         profile = load_profile(model["profile"])
-    except HetsimError:
+    except HetsimError as e:
+        warnings.warn(f"{path}: ratios as stored at measurement time (the profile they were "
+                      f"predicted with cannot be loaded: {e})", stacklevel=2)
         return stored
     return compare_to_model(data, profile, data.get("dtype", "fp32"))
 
