@@ -498,18 +498,20 @@ def _compute_overhead(g: Sequence[Point], peak: float, mem_bw: float, launch: fl
         if len(set(full.sources)) < 3:
             continue
         by = {"": _curve_variable(full, variables)}
+        # a kind's curve where _fit_at makes one: MIN_KIND_POINTS passes, one with compute time
         for kd in kinds:
-            kp = _compute_points([p for p in g if p.ckind == kd], peak, mem_bw, launch, c)
-            if len(kp.flops) >= MIN_KIND_POINTS:
+            kg = [p for p in g if p.ckind == kd]
+            kp = _compute_points(kg, peak, mem_bw, launch, c)
+            if len(kg) >= MIN_KIND_POINTS and kp.flops:
                 by[kd] = _curve_variable(kp, variables)
         per = []
         for n in names:
             train = [p for p in g if p.model != n]
             curves: dict[str, EfficiencyCurve | IntensityCurve] = {}
             for kd, var in by.items():
-                tp = _compute_points([p for p in train if not kd or p.ckind == kd], peak, mem_bw,
-                                     launch, c)
-                if len(tp.flops) >= (MIN_KIND_POINTS if kd else 1):
+                sub = [p for p in train if not kd or p.ckind == kd]
+                tp = _compute_points(sub, peak, mem_bw, launch, c)
+                if tp.flops and (not kd or len(sub) >= MIN_KIND_POINTS):
                     curves[kd] = _curve_over(tp, var)
             if "" not in curves:
                 continue
