@@ -134,6 +134,7 @@ def run_all(quick: bool = False, progress: bool = True, repeat: int | None = Non
     (ref_pair,) = ratio_pairs(1, quick, sharing="none")
     ref = ref_pair["des_event_rate_run"]
     out["des_event_rate_run_no_contention"] = ref
+    out["simpy_events_per_s_no_contention"] = ref_pair["simpy_events_per_s"]
     out["ratio_no_contention"] = ref_pair["ratio"]
     sizes = (32, 64, 128) if quick else (128, 256, 512, 1024)
     iters = (2, 4) if quick else (5, 10, 20)

@@ -387,6 +387,12 @@ def _bandwidth_fit(nbytes: np.ndarray, busy: np.ndarray, sources: np.ndarray, me
     return c, r, curve(c, r, np.ones(len(busy), bool))
 
 
+def _eff_curve(x: Sequence[float], effs: Sequence[float], by: str) -> EfficiencyCurve | IntensityCurve:
+    """An efficiency curve over ``by`` (``"flops"`` or ``"intensity"``), fitted to ``(x, effs)``."""
+    k, v = fit_curve(x, effs, bounds=EFF_RANGE)
+    return EfficiencyCurve(flops=k, eff=v) if by == "flops" else IntensityCurve(intensity=k, eff=v)
+
+
 def _best_compute_curve(flops: list[float], intensity: list[float], effs: list[float],
                         sources: list[str], variables: tuple[str, ...] = ("flops", "intensity")
                         ) -> EfficiencyCurve | IntensityCurve:
@@ -399,8 +405,7 @@ def _best_compute_curve(flops: list[float], intensity: list[float], effs: list[f
     names = sorted(set(sources))
 
     def curve(x: np.ndarray, keep: np.ndarray, by: str) -> EfficiencyCurve | IntensityCurve:
-        k, v = fit_curve(x[keep], y[keep], bounds=EFF_RANGE)
-        return EfficiencyCurve(flops=k, eff=v) if by == "flops" else IntensityCurve(intensity=k, eff=v)
+        return _eff_curve(x[keep], y[keep], by)
 
     scores = {}
     candidates = (("flops", np.asarray(flops)), ("intensity", np.asarray(intensity)))
@@ -459,11 +464,6 @@ def _curve_variable(cp: _ComputePoints, variables: tuple[str, ...]) -> str:
     return "intensity" if isinstance(curve, IntensityCurve) else "flops"
 
 
-def _curve_over(cp: _ComputePoints, by: str) -> EfficiencyCurve | IntensityCurve:
-    k, v = fit_curve(cp.intensity if by == "intensity" else cp.flops, cp.eff, bounds=EFF_RANGE)
-    return IntensityCurve(intensity=k, eff=v) if by == "intensity" else EfficiencyCurve(flops=k, eff=v)
-
-
 def _compute_overhead(g: Sequence[Point], peak: float, mem_bw: float, launch: float,
                       variables: tuple[str, ...], candidates: Sequence[float]) -> float:
     """A compute class's fixed seconds per layer call (``call_overhead_s[op]``).
@@ -507,15 +507,16 @@ def _compute_overhead(g: Sequence[Point], peak: float, mem_bw: float, launch: fl
         per = []
         for n in names:
             train = [p for p in g if p.model != n]
+            tp = _compute_points(train, peak, mem_bw, launch, c)
             curves: dict[str, EfficiencyCurve | IntensityCurve] = {}
             for kd, var in by.items():
-                sub = [p for p in train if not kd or p.ckind == kd]
-                tp = _compute_points(sub, peak, mem_bw, launch, c)
-                if tp.flops and (not kd or len(sub) >= MIN_KIND_POINTS):
-                    curves[kd] = _curve_over(tp, var)
+                sub = [p for p in train if p.ckind == kd] if kd else train
+                kp = _compute_points(sub, peak, mem_bw, launch, c) if kd else tp
+                if kp.flops and (not kd or len(sub) >= MIN_KIND_POINTS):
+                    curves[kd] = _eff_curve(kp.intensity if var == "intensity" else kp.flops,
+                                            kp.eff, var)
             if "" not in curves:
                 continue
-            tp = _compute_points(train, peak, mem_bw, launch, c)
             mem_curve = None
             if len(tp.mem_x) >= MIN_KIND_POINTS:
                 mk, mv = fit_curve(tp.mem_x, tp.mem_y, bounds=MEM_EFF_RANGE)
