@@ -16,6 +16,11 @@ The noise floor printed below the table (:func:`noise_floor`): the standard
 error of each per-layer median (from the recorded IQR and repeat count) and
 how far layers of one signature in one run differ from each other.
 
+Where the profile has the drift probe's samples (``raw["drift"]``: the same GEMM
+and copy timed after every step of the run), how far the machine's own speed
+moved while it measured is printed too: a model measured while the machine ran
+slow is predicted from models measured while it ran fast.
+
 With ``--repeat`` a second profile of the same machine is compared with the
 first: the relative difference of every per-layer time and every whole
 iteration (repeatability), next to the spread each profile recorded.
@@ -32,7 +37,8 @@ from typing import Any
 import numpy as np
 
 from hardware_profiles import load_profile_file
-from hardware_profiles.calibrate import fit, predict_layers
+from hardware_profiles.calibrate import drift_of, fit, predict_layers
+from hardware_profiles.profiler import drift_line
 from sim import zoo
 
 LAYER_TARGET = 0.15
@@ -147,7 +153,7 @@ def repeatability(a: Any, b: Any) -> dict[str, Any]:
 
 
 def print_report(rows: list[dict[str, Any]], rep: dict[str, Any] | None,
-                 noise: dict[str, Any] | None = None) -> bool:
+                 noise: dict[str, Any] | None = None, drift: dict[str, Any] | None = None) -> bool:
     print("leave-one-model-out: fit on the other zoo models + single-layer benchmarks, "
           "predict the held-out model (no per-layer tables)")
     refs = {r.get("layer_ref", "charged") for r in rows}
@@ -176,6 +182,8 @@ def print_report(rows: list[dict[str, Any]], rep: dict[str, Any] | None,
             line += (f"; layers of one signature in one run differ by {100 * noise['same_sig_median']:.1f}% "
                      f"(p90 {100 * noise['same_sig_p90']:.1f}%, {noise['same_sig_passes']} passes)")
         print(line)
+    if drift is not None:
+        print(drift_line({f"drift_{k}": v for k, v in drift.items()}))
     if rep is not None:
         print("repeatability (two profiles of this machine): per-layer |diff| median "
               f"{100 * rep['layer_median_abs_diff']:.1f}% (p90 {100 * rep['layer_p90_abs_diff']:.1f}%), "
@@ -196,10 +204,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = loo_rows(prof)
     rep = repeatability(prof, load_profile_file(a.repeat)) if a.repeat else None
     noise = noise_floor(prof.raw or {})
+    drift = drift_of(prof.raw or {})
     if a.json:
-        print(json.dumps({"loo": rows, "noise_floor": noise, "repeatability": rep}, indent=2))
+        print(json.dumps({"loo": rows, "noise_floor": noise, "drift": drift, "repeatability": rep},
+                         indent=2))
         return 0
-    ok = print_report(rows, rep, noise)
+    ok = print_report(rows, rep, noise, drift)
     return 0 if ok else 1
 
 

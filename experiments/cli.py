@@ -323,7 +323,7 @@ def cmd_profile(a: argparse.Namespace) -> int:
 
 def cmd_calibrate(a: argparse.Namespace) -> int:
     from hardware_profiles import calibrate, load_profile_file
-    from hardware_profiles.profiler import write_profile
+    from hardware_profiles.profiler import drift_line, write_profile
 
     prof = load_profile_file(a.profile)
     if not prof.raw or not (prof.raw.get("models") or prof.raw.get("micro")):
@@ -331,6 +331,8 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
                           "profile with hetsim profile)")
     result = calibrate.calibrate(prof)
     print(calibrate.format_residuals(result.residuals))
+    if (result.profile.spread or {}).get("drift_samples"):
+        print(drift_line(result.profile.spread or {}))
     out = a.out or a.profile
     if Path(out).stem != prof.name:
         result = calibrate.CalibrationResult(result.profile.model_copy(update={"name": Path(out).stem}),

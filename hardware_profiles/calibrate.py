@@ -23,7 +23,8 @@ fits, per phase:
   iteration still comes out whole;
 
 * compute efficiency curves, per op class and per compute kind
-  (``conv/spatial``, ``conv/pointwise``: :func:`sim.costmodel.compute_kind`),
+  (``conv/spatial``, ``conv/pointwise``, and ``gemm/rows1`` ... ``gemm/rows4`` for a
+  skinny GEMM: :func:`sim.costmodel.compute_kind`),
   from the passes with FLOPs: each gives ``eff = flops / (peak * (t - launch
   * kernels))``. The curve is over FLOPs per call, or for convolutions over
   FLOPs per call or intensity (FLOPs per byte), whichever predicts a model left
@@ -36,7 +37,8 @@ fits, per phase:
   here, which a curve alone reads as a low efficiency at its intensity, and
   so priced mlp's 16-row GEMMs 10-44% high. Passes whose bytes at ``mem_bw_Bps`` take at
   least half their time are memory-bound: they say little about the compute
-  efficiency and fit the op class's bandwidth curve instead;
+  efficiency and fit the op class's bandwidth curve instead (but for a skinny
+  GEMM, whose curve over FLOPs is its streaming rate: every pass fits it);
 * bandwidth efficiency curves over bytes per call, per op class and per layer
   kind (:func:`hardware_profiles.schema.mem_key`, 4 points or more), from the
   passes without FLOPs (activations, norms, pooling, embedding lookups and
@@ -84,6 +86,7 @@ from hardware_profiles.schema import (
     mem_key,
 )
 from sim.costmodel import (
+    RATE_KINDS,
     compute_kind,
     fixed_s,
     glue_time_s,
@@ -105,6 +108,7 @@ __all__ = [
     "layer_tables",
     "points_from_raw",
     "predict_layers",
+    "drift_of",
     "spread_of",
 ]
 
@@ -125,7 +129,11 @@ MEMORY_BOUND_SHARE = 0.5
 #: 1x1 of equal FLOPs), which intensity tells apart; a GEMM of few rows (a
 #: classifier at batch 1-4) is a matrix-vector product, slower than its FLOPs
 #: say, and its intensity tells that too. Other classes: FLOPs only.
-CURVE_VARIABLES = {"conv": ("flops", "intensity"), "gemm": ("flops", "intensity")}
+#: A compute kind's own entry where it has one; a skinny GEMM's (RATE_KINDS): FLOPs
+#: only, since its intensity is about m / 2 FLOP per byte at every size (a curve over
+#: it a curve over noise).
+CURVE_VARIABLES = {"conv": ("flops", "intensity"), "gemm": ("flops", "intensity"),
+                   **{k: ("flops",) for k in RATE_KINDS}}
 #: Candidate fixed per-call overheads of a bandwidth curve's passes, fractions of
 #: the 10th percentile of their times (less launch overheads); see _bandwidth_fit.
 OVERHEAD_FRACTIONS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
@@ -187,7 +195,7 @@ def _model_points(model: Model, source: str, runs: Iterable[dict[str, Any]], dty
                                                     dense_sparse_grad, weight_grad_only)
                 if flops == 0 and nbytes == 0:
                     continue
-                ck = compute_kind(ly, model.input_bytes_of(i))
+                ck = compute_kind(ly, model.input_bytes_of(i), b)
                 out.append(Point(ly.op, phase, flops, nbytes, kernels, float(t), source, name, b,
                                  mem_key(ly.op, ly.kernels, ly.param_bytes > 0,
                                          ly.activation_bytes < model.input_bytes_of(i), ly.inplace),
@@ -438,13 +446,15 @@ class _ComputePoints:
 
 
 def _compute_points(g: Sequence[Point], peak: float, mem_bw: float, launch: float,
-                    overhead: float) -> _ComputePoints:
+                    overhead: float, kind: str = "") -> _ComputePoints:
+    """``g``'s passes less launches and ``overhead``: memory-bound ones apart as bandwidth
+    points, unless ``kind`` is one of RATE_KINDS (every pass a point of its curve)."""
     out = _ComputePoints([], [], [], [], [], [])
     for p in g:
         busy = p.t_s - launch * p.kernels - (overhead if p.call else 0.0)
         if busy <= 0:
             continue
-        if p.nbytes / mem_bw >= MEMORY_BOUND_SHARE * busy:
+        if kind not in RATE_KINDS and p.nbytes / mem_bw >= MEMORY_BOUND_SHARE * busy:
             # The bytes explain most of the time: the pass says little about the
             # compute efficiency (and would drag the curve down at low
             # intensity), but it measures the class's bandwidth.
@@ -456,6 +466,11 @@ def _compute_points(g: Sequence[Point], peak: float, mem_bw: float, launch: floa
         out.sources.append(p.model)
         out.eff.append(p.flops / (peak * busy))
     return out
+
+
+def _variables(op: str) -> tuple[str, ...]:
+    """What the curve of ``op`` (an op class or ``OP/KIND``) may be a function of."""
+    return CURVE_VARIABLES.get(op, CURVE_VARIABLES.get(op.split("/")[0], ("flops",)))
 
 
 def _curve_variable(cp: _ComputePoints, variables: tuple[str, ...]) -> str:
@@ -501,9 +516,9 @@ def _compute_overhead(g: Sequence[Point], peak: float, mem_bw: float, launch: fl
         # a kind's curve where _fit_at makes one: MIN_KIND_POINTS passes, one with compute time
         for kd in kinds:
             kg = [p for p in g if p.ckind == kd]
-            kp = _compute_points(kg, peak, mem_bw, launch, c)
+            kp = _compute_points(kg, peak, mem_bw, launch, c, kd)
             if len(kg) >= MIN_KIND_POINTS and kp.flops:
-                by[kd] = _curve_variable(kp, variables)
+                by[kd] = _curve_variable(kp, _variables(kd))
         per = []
         for n in names:
             train = [p for p in g if p.model != n]
@@ -511,7 +526,7 @@ def _compute_overhead(g: Sequence[Point], peak: float, mem_bw: float, launch: fl
             curves: dict[str, EfficiencyCurve | IntensityCurve] = {}
             for kd, var in by.items():
                 sub = [p for p in train if p.ckind == kd] if kd else train
-                kp = _compute_points(sub, peak, mem_bw, launch, c) if kd else tp
+                kp = _compute_points(sub, peak, mem_bw, launch, c, kd) if kd else tp
                 if kp.flops and (not kd or len(sub) >= MIN_KIND_POINTS):
                     curves[kd] = _eff_curve(kp.intensity if var == "intensity" else kp.flops,
                                             kp.eff, var)
@@ -528,8 +543,10 @@ def _compute_overhead(g: Sequence[Point], peak: float, mem_bw: float, launch: fl
                 cv = curves.get(p.ckind, curves[""])
                 x = p.flops / p.nbytes if isinstance(cv, IntensityCurve) else p.flops
                 mem_eff = mem_curve.at(p.nbytes) if mem_curve is not None else 1.0
-                pred = (launch * p.kernels + (c if p.call else 0.0)
-                        + max(p.flops / (peak * cv.at(x)), p.nbytes / (mem_bw * mem_eff)))
+                compute = p.flops / (peak * cv.at(x))
+                memory = 0.0 if p.ckind in RATE_KINDS and p.ckind in curves else (
+                    p.nbytes / (mem_bw * mem_eff))
+                pred = launch * p.kernels + (c if p.call else 0.0) + max(compute, memory)
                 errs.append(abs(pred / p.t_s - 1))
             if errs:
                 per.append(float(np.median(errs)))
@@ -560,7 +577,7 @@ def _fit_at(pts: Sequence[Point], peak: float, mem_bw: float, launch: float,
             continue
         if compute:
             cls = op.split("/")[0]
-            variables = CURVE_VARIABLES.get(cls, ("flops",))
+            variables = _variables(op)
             # The op class's entry is what the cost model charges a layer with FLOPs
             # (a layer without FLOPs pays its kind's entry first, the class's as a
             # fallback): chosen here unless the class's passes without FLOPs set it
@@ -570,7 +587,7 @@ def _fit_at(pts: Sequence[Point], peak: float, mem_bw: float, launch: float,
                  else _compute_overhead(g, peak, mem_bw, launch, variables, compute_overheads))
             if "/" not in op:
                 fixed[phase][op] = c
-            cp = _compute_points(g, peak, mem_bw, launch, c)
+            cp = _compute_points(g, peak, mem_bw, launch, c, op if "/" in op else "")
             if len(cp.mem_x) >= MIN_KIND_POINTS and "/" not in op:
                 k, v = fit_curve(cp.mem_x, cp.mem_y, bounds=MEM_EFF_RANGE)
                 mem[phase][op] = BandwidthCurve(bytes=k, eff=v)
@@ -834,7 +851,9 @@ def spread_of(raw: dict[str, Any]) -> dict[str, Any]:
     """Spread of the repeats: relative IQR (IQR / median) summaries.
 
     ``layer_*``: over the zoo models' per-layer times (both phases);
-    ``iteration_*``: over their whole iterations; ``gemm_median``; ``reps``.
+    ``iteration_*``: over their whole iterations; ``gemm_median``; and where the
+    profile has the drift probe's samples (``raw["drift"]``), :func:`drift_of`'s
+    figures, ``drift_*``.
     """
     lay, it = [], []
     for runs in raw.get("models", {}).values():
@@ -852,4 +871,26 @@ def spread_of(raw: dict[str, Any]) -> dict[str, Any]:
         "layer_median": q(lay, 50), "layer_p90": q(lay, 90),
         "iteration_median": q(it, 50), "iteration_max": q(it, 100),
         "gemm_median": q(gemm, 50),
+        **{f"drift_{k}": v for k, v in (drift_of(raw) or {}).items()},
     }
+
+
+def drift_of(raw: dict[str, Any]) -> dict[str, Any] | None:
+    """How far the machine's speed moved while the profile measured, from the drift
+    probe's samples (the same GEMM and copy timed after every step; see
+    :class:`hardware_profiles.profiler._DriftProbe`), or None without them.
+
+    ``samples``; ``gemm_range``, ``copy_range``: (slowest - fastest) / median of
+    the probe's times; ``gemm_iqr``, ``copy_iqr``: their relative IQR over the run.
+    """
+    samples = (raw.get("drift") or {}).get("samples") or []
+    if not samples:
+        return None
+    out: dict[str, Any] = {"samples": len(samples)}
+    for key in ("gemm", "copy"):
+        t = np.array([float(s[f"{key}_s"]) for s in samples])
+        med = float(np.median(t))
+        q1, q3 = np.percentile(t, [25, 75])
+        out[f"{key}_range"] = round(float((t.max() - t.min()) / med), 4)
+        out[f"{key}_iqr"] = round(float((q3 - q1) / med), 4)
+    return out

@@ -34,6 +34,7 @@ import os
 import platform
 import queue as _queue
 import socket
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -112,6 +113,9 @@ class ProfileSpec:
 
 _ALL_MICRO = (
     "linear_256x256", "linear_1024x1024", "linear_4096x1024", "linear_512x4096",
+    # batches 1, 2, 4 (suffix _b1): a skinny GEMM (gemm/rows1, /rows2, /rows4), a kernel
+    # of its own that streams its weights (4-256 MB here: in cache to well past it)
+    "linear_1024x1024_b1", "linear_2048x2048_b1", "linear_4096x4096_b1", "linear_8192x8192_b1",
     "conv_3x64_k7s2_224", "conv_64x64_k3_56", "conv_128x128_k3_28", "conv_256x256_k3_14",
     "conv_512x512_k3_7", "conv_64x256_k1_56", "conv_256x64_k1_56",
     "emb_100000x16", "emb_32000x512_seq128", "embbag_1300000x1_26",
@@ -612,8 +616,11 @@ def _micro_layers(name: str, dev: Any) -> tuple[Any, Callable[[int], Any], tuple
 
     kind, _, rest = name.partition("_")
     if kind == "linear":
-        i, o = (int(x) for x in rest.split("x"))
-        return nn.Linear(i, o), dense(i), (8, 64, 512)
+        dims, _, small = rest.partition("_")
+        i, o = (int(x) for x in dims.split("x"))
+        if small and small != "b1":
+            raise KeyError(name)
+        return nn.Linear(i, o), dense(i), ((1, 2, 4) if small else (8, 64, 512))
     if kind == "conv":
         chans, ks, hw = rest.split("_")
         ci, co = (int(x) for x in chans.split("x"))
@@ -1109,10 +1116,13 @@ def _device_name(dev: Any) -> str:
 
 
 class _Progress:
-    """A tqdm bar over the run's steps (silent when disabled)."""
+    """A tqdm bar over the run's steps (silent when disabled); ``on_step(what)`` is
+    called after each step (the drift probe)."""
 
-    def __init__(self, total: int, enabled: bool) -> None:
+    def __init__(self, total: int, enabled: bool,
+                 on_step: Callable[[str], None] | None = None) -> None:
         self.bar = None
+        self.on_step = on_step
         if enabled:
             from tqdm import tqdm
 
@@ -1122,10 +1132,56 @@ class _Progress:
         if self.bar is not None:
             self.bar.set_postfix_str(what, refresh=False)
             self.bar.update(1)
+        if self.on_step is not None:
+            self.on_step(what)
 
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+
+
+#: The drift probe's fixed work (raw["drift"], :class:`_DriftProbe`): an m = n = k GEMM
+#: and a copy of this many fp32 elements, each timed DRIFT_REPS times after a warm-up.
+DRIFT_GEMM = 256
+DRIFT_COPY_ELEMS = 1 << 21
+DRIFT_REPS = 9
+
+
+class _DriftProbe:
+    """Times the same small GEMM and copy after every step of a profiling run.
+
+    A profile compares layers measured minutes apart; where the machine's own speed
+    moves in between (a shared host: its neighbours' load, the clock frequency), the
+    measurements disagree by that much whatever the cost model does. The probe's
+    samples (``raw["drift"]``) say how far it moved while this profile measured;
+    :func:`hardware_profiles.calibrate.spread_of` summarises them. About 15 ms a
+    sample on a CPU core.
+    """
+
+    def __init__(self, dev: Any, started: float) -> None:
+        import torch
+
+        self.dev, self.started = dev, started
+        self.lhs = torch.randn(DRIFT_GEMM, DRIFT_GEMM, device=dev)
+        self.rhs = torch.randn(DRIFT_GEMM, DRIFT_GEMM, device=dev)
+        self.src = torch.randn(DRIFT_COPY_ELEMS, device=dev)
+        self.dst = torch.empty_like(self.src)
+        self.samples: list[dict[str, Any]] = []
+
+    def sample(self, after: str) -> None:
+        import torch
+
+        gemm = time_callable(functools.partial(torch.mm, self.lhs, self.rhs), self.dev,
+                             DRIFT_REPS, label="drift_mm")[0]
+        copy = time_callable(functools.partial(self.dst.copy_, self.src), self.dev,
+                             DRIFT_REPS, label="drift_copy")[0]
+        self.samples.append({"after": after, "at_s": round(time.perf_counter() - self.started, 2),
+                             "gemm_s": _r(gemm), "copy_s": _r(copy)})
+
+    def record(self) -> dict[str, Any]:
+        return {"gemm": [DRIFT_GEMM] * 3, "copy_elems": DRIFT_COPY_ELEMS, "reps": DRIFT_REPS,
+                "statistic": "median of reps, after each step of the run",
+                "samples": self.samples}
 
 
 def _steady_allocator() -> str:
@@ -1209,7 +1265,8 @@ def time_callable(fn: Callable[[], Any], dev: Any, repeats: int, warmup: int = 1
 
 def measure(device: str = "cpu", quick: bool = False, threads: int | None = None,
             models: Sequence[str] | None = None, network: bool = True,
-            spec: ProfileSpec | None = None, progress: bool = False) -> dict[str, Any]:
+            spec: ProfileSpec | None = None, progress: bool = False,
+            drift: bool = True) -> dict[str, Any]:
     """Run every benchmark and return the raw measurements (JSON-ready).
 
     Args:
@@ -1220,6 +1277,8 @@ def measure(device: str = "cpu", quick: bool = False, threads: int | None = None
         network: run the two-process network benchmark.
         spec: sizes to use instead of :func:`spec_for`.
         progress: show a progress bar on stderr.
+        drift: time the drift probe after every step (:class:`_DriftProbe`,
+            ``raw["drift"]``).
     """
     import torch
 
@@ -1235,12 +1294,13 @@ def measure(device: str = "cpu", quick: bool = False, threads: int | None = None
     dtypes = ["fp32"] + (["bf16", "fp16"] if dev.type == "cuda" else [])
     steps = (len(spec.gemm) * len(dtypes) + 3 + len(spec.micro)
              + sum(len(b) for b in chosen.values()) + int(network) + int(dev.type == "cuda"))
-    bar = _Progress(steps, progress)
+    started = time.perf_counter()
+    probe = _DriftProbe(dev, started) if drift else None
+    bar = _Progress(steps, progress, probe.sample if probe is not None else None)
     timer = _OpTimer(dev, spec)
     raw: dict[str, Any] = {"device": host["device"], "threads": host["threads"], "quick": quick,
                            "clock": host["clock"], "statistic": "median of repeats after warm-up",
                            "host_allocator": host["host_allocator"], "cpus": host["cpus"]}
-    started = time.perf_counter()
     try:
         # GEMM grid
         tdt = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -1297,6 +1357,8 @@ def measure(device: str = "cpu", quick: bool = False, threads: int | None = None
             bar.step("network")
     finally:
         bar.close()
+    if probe is not None:
+        raw["drift"] = probe.record()
     raw["wall_s"] = round(time.perf_counter() - started, 1)
     return raw
 
@@ -1501,7 +1563,15 @@ def run_profile(device: str, out: str | os.PathLike[str], quick: bool = False,
     raw = measure(device, quick=quick, threads=threads, models=models, network=network,
                   spec=spec, progress=progress)
     raw.update(describe_device(check_device(device)))
-    profile = build_profile(raw, path.stem)
+    try:
+        profile = build_profile(raw, path.stem)
+    except Exception:
+        # keep what was measured: the profile unfitted (raw data, per-layer tables),
+        # which `hetsim calibrate` fits once the fault is mended
+        write_profile(build_profile(raw, path.stem, fit=False), path)
+        print(f"hetsim profile: the fit failed; the measurements are kept, unfitted, in {path} "
+              f"(fit them with: hetsim calibrate {path})", file=sys.stderr)
+        raise
     write_profile(profile, path)
     return profile, path
 
@@ -1606,4 +1676,14 @@ def summary(profile: DeviceProfile) -> str:
     if spread:
         lines.append(f"spread (relative IQR of repeats): per layer median {spread.get('layer_median')}, "
                      f"p90 {spread.get('layer_p90')}; whole iteration median {spread.get('iteration_median')}")
+    if spread.get("drift_samples"):
+        lines.append(drift_line(spread))
     return "\n".join(lines)
+
+
+def drift_line(spread: dict[str, Any]) -> str:
+    """One line on the drift probe's figures of a profile's ``spread``."""
+    return (f"drift (the same {DRIFT_GEMM}^3 GEMM and {8 * DRIFT_COPY_ELEMS / 2**20:.0f} MiB copy after each of "
+            f"{spread['drift_samples']} steps): GEMM times relative IQR {100 * spread['drift_gemm_iqr']:.1f}%, "
+            f"range {100 * spread['drift_gemm_range']:.0f}%; copy relative IQR "
+            f"{100 * spread['drift_copy_iqr']:.1f}%, range {100 * spread['drift_copy_range']:.0f}%")

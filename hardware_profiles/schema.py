@@ -396,6 +396,13 @@ class DeviceProfile(_Strict):
             return e.at(flops / nbytes) if nbytes else e.eff[-1]
         return float(e)
 
+    def has_curve(self, key: str, phase: str = "fwd") -> bool:
+        """Whether :meth:`eff` of a ``phase`` pass finds ``key`` (an op class or ``OP/KIND``)
+        itself: in ``efficiency_bwd`` or ``efficiency`` for the backward, in
+        ``efficiency`` for the forward."""
+        tables = (self.efficiency_bwd, self.efficiency) if phase == "bwd" else (self.efficiency,)
+        return any(t and key in t for t in tables)
+
     def mem_eff(self, op: str, nbytes: float, phase: str = "fwd", kernels: int | None = None,
                 has_params: bool = False, reduces: bool = False, inplace: bool = False) -> float:
         """Fraction of ``mem_bw_Bps`` for one call of op class ``op`` moving ``nbytes``.

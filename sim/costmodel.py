@@ -67,6 +67,22 @@ APPLY_PASSES = 3.0
 
 _ACT_SCALE = {"fp32": 1.0, "fp16": 0.5, "bf16": 0.5}
 
+#: The most rows (samples x positions) a GEMM with parameters may make and still be
+#: a kind of its own, ``gemm/rowsN`` (:func:`compute_kind`): a skinny GEMM streams its
+#: weights once per call, and how its time grows with the rows depends on the
+#: machine's kernels (on the AMD EPYC profile 2 rows took twice 1 row's time, on the
+#: Intel Xeon profiles the same time and 4 rows twice it), so each row count gets
+#: its own curve where the profile measured enough calls of it.
+SKINNY_ROWS = 4
+
+#: Compute kinds (``OP/KIND``, :func:`compute_kind`) priced by their own curve alone
+#: where the profile has one: a skinny GEMM streams its weights at every size, so its
+#: curve over FLOPs (which grow with its bytes) is its streaming rate, from a
+#: cache-resident call to one far past the caches, fitted by ``hetsim calibrate`` to
+#: all its passes; a memory term beside it would price the same bytes twice. Without
+#: the kind's curve such a call is priced as any other of its op class.
+RATE_KINDS = frozenset(f"gemm/rows{m}" for m in range(1, SKINNY_ROWS + 1))
+
 
 def _table_time(batch: list[int], times: list[float], b: float) -> float:
     """Piecewise-linear in batch; linear extrapolation through the end segments."""
@@ -95,7 +111,7 @@ def layer_time_s(layer: Layer, phase: str, b: float, dev: DeviceProfile, dtype: 
     if dev.layer_glue_s:
         fixed += glue_time_s(layer, phase, b, dev, dtype, input_bytes)
     return fixed + roofline_s(dev, layer.op, flops, nbytes, kernels, dtype, mem_eff, phase,
-                              compute_kind(layer, input_bytes))
+                              compute_kind(layer, input_bytes, b))
 
 
 def fixed_s(dev: DeviceProfile, op: str, phase: str, kernels: int | None, has_params: bool,
@@ -128,27 +144,37 @@ def glue_time_s(layer: Layer, phase: str, b: float, dev: DeviceProfile, dtype: s
 def roofline_s(dev: DeviceProfile, op: str, flops: float, nbytes: float, kernels: int, dtype: str,
                mem_eff: float = 1.0, phase: str = "fwd", kind: str | None = None) -> float:
     """The cost model's formula for any piece of work (a layer pass, a robotics task):
-    launch overhead per kernel plus the larger of compute and memory time."""
+    launch overhead per kernel plus the larger of compute and memory time (compute time
+    alone for a kind of RATE_KINDS whose own curve the profile has)."""
     compute = (flops / (dev.peak(dtype) * dev.eff(op, flops, phase, nbytes, kind))
                if flops > 0 else 0.0)
+    if kind and f"{op}/{kind}" in RATE_KINDS and dev.has_curve(f"{op}/{kind}", phase):
+        return dev.launch_overhead_s * kernels + compute
     memory = nbytes / (dev.mem_bw_Bps * mem_eff)
     return dev.launch_overhead_s * kernels + max(compute, memory)
 
 
-def compute_kind(layer: Layer, input_bytes: float) -> str | None:
+def compute_kind(layer: Layer, input_bytes: float, b: float | None = None) -> str | None:
     """A finer class than the op class where the layer record tells one: for a
     convolution, ``"spatial"`` (a window of several pixels per output at stride 1,
     e.g. 3x3: Winograd/direct kernels) or ``"pointwise"`` (1x1, or a window no
-    larger than its stride: a GEMM); None otherwise.
+    larger than its stride: a GEMM); for a GEMM with parameters called on ``b``
+    samples that make ``m`` <= SKINNY_ROWS rows (``b`` times its positions, rounded:
+    a classifier's Linear at batch 1-4), ``"rowsM"``: a skinny GEMM, another kernel
+    (matrix-vector products, or a GEMM kernel far below its rate per byte at many
+    rows); None otherwise (and for a GEMM when ``b`` is not given).
 
-    Derived from the per-sample figures of a dense 2-D convolution:
-    positions = fwd_flops / (2 * weights), and window / stride^2 =
-    weights * positions^2 / (output elements * input elements); >= 2 is spatial.
+    Derived from the per-sample figures of a dense layer: positions = fwd_flops /
+    (2 * weights), and for a 2-D convolution window / stride^2 = weights *
+    positions^2 / (output elements * input elements); >= 2 is spatial.
     """
-    if layer.op != "conv" or layer.param_bytes <= 0 or layer.fwd_flops <= 0:
+    if layer.op not in ("conv", "gemm") or layer.param_bytes <= 0 or layer.fwd_flops <= 0:
         return None
     weights = layer.param_bytes / 4.0
     positions = layer.fwd_flops / (2.0 * weights)
+    if layer.op == "gemm":
+        rows = round(b * positions) if b is not None else 0
+        return f"rows{rows}" if 1 <= rows <= SKINNY_ROWS else None
     out_el, in_el = layer.activation_bytes / 4.0, input_bytes / 4.0
     if out_el <= 0 or in_el <= 0:
         return None

@@ -155,6 +155,63 @@ def test_compute_kind_tells_convolution_windows_apart() -> None:
     assert r50["fc"] is None and r50["bn1"] is None
 
 
+def test_compute_kind_tells_a_skinny_gemm_apart() -> None:
+    from sim import zoo
+    from sim.costmodel import RATE_KINDS, SKINNY_ROWS, compute_kind
+
+    assert SKINNY_ROWS == 4
+    assert RATE_KINDS == {"gemm/rows1", "gemm/rows2", "gemm/rows3", "gemm/rows4"}
+    r50, tr = zoo.get("resnet50"), zoo.get("transformer")
+    fc = r50.layers[-1]
+    assert fc.name == "fc"
+    inb = r50.input_bytes_of(len(r50.layers) - 1)
+    # one position per sample: the batch is the row count, a kind of its own up to 4 rows
+    assert [compute_kind(fc, inb, b) for b in (1, 2, 3, 4, 5, 64)] == [
+        "rows1", "rows2", "rows3", "rows4", None, None]
+    assert compute_kind(fc, inb) is None  # batch not given
+    # a transformer's Linear sees every position of the sequence: many rows even at batch 1
+    i, lin = next((i, ly) for i, ly in enumerate(tr.layers) if ly.op == "gemm" and ly.param_bytes)
+    assert lin.fwd_flops / (2 * lin.param_bytes / 4) > SKINNY_ROWS
+    assert compute_kind(lin, tr.input_bytes_of(i), 1) is None
+
+
+def test_a_rate_kind_is_priced_by_its_curve_alone_where_the_profile_has_it() -> None:
+    from sim.costmodel import roofline_s
+
+    flops, nbytes = 2e6, 4e6
+    # without a gemm/rows1 curve: the class's curve and the memory term (4e6 B / 1e9 B/s)
+    dev = bare_profile(efficiency={"gemm": 0.5})
+    assert not dev.has_curve("gemm/rows1")
+    assert roofline_s(dev, "gemm", flops, nbytes, 1, "fp32", kind="rows1") == 1e-6 + 4e6 / 1e9
+    # with one: launch + FLOPs / (1e9 x 1.0), no memory term although it is larger
+    dev = bare_profile(efficiency={"gemm": 0.5, "gemm/rows1": 1.0})
+    assert dev.has_curve("gemm/rows1") and dev.has_curve("gemm/rows1", "bwd")
+    assert roofline_s(dev, "gemm", flops, nbytes, 1, "fp32", kind="rows1") == 1e-6 + 2e6 / 1e9
+    # another row count has no curve of its own: priced as any GEMM
+    assert roofline_s(dev, "gemm", flops, nbytes, 1, "fp32", kind="rows2") == 1e-6 + 4e6 / 1e9
+    # a kind outside RATE_KINDS keeps the memory term
+    dev = bare_profile(efficiency={"conv": 0.5, "conv/pointwise": 1.0})
+    assert roofline_s(dev, "conv", flops, nbytes, 1, "fp32", kind="pointwise") == 1e-6 + 4e6 / 1e9
+
+
+def test_a_rate_kind_keeps_its_memory_bound_passes_as_curve_points() -> None:
+    from hardware_profiles.calibrate import CURVE_VARIABLES, _compute_points, _variables
+
+    # a pass whose bytes take 80% of its busy time: a bandwidth point for a GEMM,
+    # a point of the curve for a skinny GEMM
+    p = Point("gemm", "fwd", 1e6, 8e5, 1, 1e-6 + 1e-3, "a", "fc", 1, "gemm/k1p", "gemm/rows1")
+    gemm = _compute_points([p], 1e9, 1e9, 1e-6, 0.0)
+    assert gemm.flops == [] and gemm.mem_x == [8e5]
+    skinny = _compute_points([p], 1e9, 1e9, 1e-6, 0.0, "gemm/rows1")
+    assert skinny.flops == [1e6] and skinny.mem_x == []
+    assert skinny.eff == [pytest.approx(1e6 / (1e9 * 1e-3))]
+    # its curve is over FLOPs only; the class's may be over either
+    assert _variables("gemm/rows3") == ("flops",)
+    assert _variables("gemm") == ("flops", "intensity") == CURVE_VARIABLES["gemm"]
+    assert _variables("conv/spatial") == ("flops", "intensity")
+    assert _variables("embedding") == ("flops",)
+
+
 def test_efficiency_of_a_compute_kind_falls_back_to_the_op_class() -> None:
     dev = bare_profile(efficiency={"conv": 0.5, "conv/spatial": 1.0},
                 efficiency_bwd={"conv/pointwise": 0.25})
@@ -489,6 +546,64 @@ def test_tiny_profile_end_to_end(tmp_path: Path) -> None:
     assert t.batch == [4, 8]
     assert layer_time_s(mlp.layers[0], "fwd", 4, loaded, "fp32", mlp.input_bytes) == t.fwd_s[0]
     assert path.stat().st_size < 300_000
+    # the drift probe ran after each step: gemm, bandwidth, dispatch, quantization, two
+    # single-layer benchmarks, mlp at 4 and 8
+    drift = loaded.raw["drift"]
+    assert [s["after"] for s in drift["samples"]] == [
+        "gemm fp32 32x32x32", "bandwidth", "dispatch", "quantization", "layer linear_256x256",
+        "layer relu_1m", "mlp b=4", "mlp b=8"]
+    assert all(s["gemm_s"] > 0 and s["copy_s"] > 0 for s in drift["samples"])
+    ats = [s["at_s"] for s in drift["samples"]]
+    assert ats == sorted(ats)
+    assert loaded.spread["drift_samples"] == 8 and loaded.spread["drift_gemm_range"] >= 0
+    assert "drift (the same 256^3 GEMM" in P.summary(loaded)
+
+
+def test_drift_figures_by_hand() -> None:
+    from hardware_profiles.calibrate import drift_of, spread_of
+
+    times = [1.0, 2.0, 3.0, 4.0, 10.0]  # median 3; quartiles 2 and 4
+    raw = {"drift": {"samples": [{"after": f"s{i}", "at_s": float(i), "gemm_s": t,
+                                  "copy_s": 2 * t if i else 6.0} for i, t in enumerate(times)]}}
+    d = drift_of(raw)
+    assert d == {"samples": 5, "gemm_range": 3.0, "gemm_iqr": 0.6667,
+                 # copy: 6, 4, 6, 8, 20: median 6, quartiles 6 and 8
+                 "copy_range": round(16 / 6, 4), "copy_iqr": 0.3333}
+    assert spread_of(raw)["drift_gemm_iqr"] == 0.6667
+    assert drift_of({}) is None and drift_of({"drift": {"samples": []}}) is None
+    assert "drift_samples" not in spread_of({})
+
+
+def test_measure_without_the_drift_probe() -> None:
+    spec = replace(P.spec_for(True), gemm=((32, 32, 32),), copy_elems=(1000,), micro=(),
+                   models={}, min_reps=2, max_reps=2)
+    raw = P.measure("cpu", threads=1, network=False, spec=spec, drift=False)
+    assert "drift" not in raw
+
+
+def test_a_failed_fit_keeps_the_measurements(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    spec = replace(P.spec_for(True), gemm=((32, 32, 32),), copy_elems=(1000,),
+                   micro=("relu_1m",), models={"mlp": (4,)}, min_reps=2, max_reps=2)
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("fit broke")
+
+    monkeypatch.setattr(calibrate_module, "calibrate", broken)
+    with pytest.raises(RuntimeError, match="fit broke"):
+        P.run_profile("cpu", tmp_path / "kept.json", threads=1, network=False, progress=False,
+                      spec=spec)
+    assert "the fit failed; the measurements are kept" in capsys.readouterr().err
+    kept = load_profile_file(tmp_path / "kept.json")
+    assert kept.raw["micro"] and kept.raw["models"]["mlp"]
+    assert set(kept.layers)  # the per-layer tables, unfitted
+
+
+def test_micro_benchmark_names_choose_their_batches() -> None:
+    assert P._micro_layers("linear_1024x1024_b1", "cpu")[2] == (1, 2, 4)
+    assert P._micro_layers("linear_1024x1024", "cpu")[2] == (8, 64, 512)
+    with pytest.raises(KeyError):
+        P._micro_layers("linear_1024x1024_b9", "cpu")
 
 
 @pytest.mark.gpu

@@ -182,3 +182,17 @@ def test_add_micro_refuses_what_would_not_match(tiny_profile: Path, tmp_path: Pa
     assert main(["profile", "--add-micro", ",", "--out", str(tiny_profile)]) == 2
     assert "names no benchmark" in capsys.readouterr().err
     assert "micro_note" not in (load_profile_file(tiny_profile).raw or {})  # nothing written
+
+
+def test_calibrate_prints_the_drift_probe_figures(tiny_profile: Path, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "tiny.json"
+    path.write_bytes(tiny_profile.read_bytes())
+    spread = load_profile_file(path).spread or {}
+    # seven steps, a sample after each: gemm, bandwidth, dispatch, quantization, relu_1m,
+    # mlp at 4 and 8
+    assert spread["drift_samples"] == 7
+    assert main(["calibrate", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert P.drift_line(spread) in out
+    assert "after each of 7 steps" in out
