@@ -102,13 +102,13 @@ __all__ = [
     "CalibrationResult",
     "Point",
     "calibrate",
+    "drift_of",
     "fit",
     "fit_curve",
     "format_residuals",
     "layer_tables",
     "points_from_raw",
     "predict_layers",
-    "drift_of",
     "spread_of",
 ]
 
@@ -126,12 +126,12 @@ MEMORY_BOUND_SHARE = 0.5
 #: What a compute class's efficiency may be a function of; cross-validation
 #: across models picks the variable (FLOPs of a call, or intensity). A
 #: convolution's algorithm follows its shape (Winograd for a 3x3, a GEMM for a
-#: 1x1 of equal FLOPs), which intensity tells apart; a GEMM of few rows (a
-#: classifier at batch 1-4) is a matrix-vector product, slower than its FLOPs
-#: say, and its intensity tells that too. Other classes: FLOPs only.
-#: A compute kind's own entry where it has one; a skinny GEMM's (RATE_KINDS): FLOPs
-#: only, since its intensity is about m / 2 FLOP per byte at every size (a curve over
-#: it a curve over noise).
+#: 1x1 of equal FLOPs), which intensity tells apart; a GEMM of few rows runs
+#: far below the rate of one of equal FLOPs and many rows, and its intensity
+#: tells that too. Other classes: FLOPs only. A compute kind's own entry where it
+#: has one: a skinny GEMM's (RATE_KINDS, 1-4 rows) is over FLOPs only, since its
+#: intensity is about m / 2 FLOP per byte at every size (a curve over it a curve
+#: over noise).
 CURVE_VARIABLES = {"conv": ("flops", "intensity"), "gemm": ("flops", "intensity"),
                    **{k: ("flops",) for k in RATE_KINDS}}
 #: Candidate fixed per-call overheads of a bandwidth curve's passes, fractions of
