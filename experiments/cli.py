@@ -315,7 +315,7 @@ def cmd_profile(a: argparse.Namespace) -> int:
     prof, path = profiler.run_profile(a.device or "cpu", a.out or "hardware_profiles/measured/local.json",
                                       quick=a.quick, threads=a.threads,
                                       models=models, network=not a.no_network,
-                                      progress=not a.quiet)
+                                      progress=not a.quiet, passes=a.passes)
     print(profiler.summary(prof))
     print(f"wrote {path}")
     return 0
@@ -444,6 +444,10 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--threads", type=int, help="torch threads (default: the CPUs available); "
                     "with 1, CPU times are the thread's CPU time")
     pr.add_argument("--models", help="comma-separated zoo models to time (default: all)")
+    pr.add_argument("--passes", type=int, default=1,
+                    help="measure the GEMMs, single-layer benchmarks and zoo models N times over "
+                    "and keep each one's fastest pass (for a machine whose speed drifts; N times "
+                    "as long)")
     pr.add_argument("--no-network", action="store_true", help="skip the two-process network benchmark")
     pr.add_argument("--quiet", action="store_true", help="no progress bar")
     pr.add_argument("--add-micro", metavar="NAMES", help="comma-separated single-layer "

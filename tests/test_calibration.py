@@ -26,7 +26,7 @@ from hardware_profiles.calibrate import (
 )
 from hardware_profiles.schema import BandwidthCurve, EfficiencyCurve, IntensityCurve
 from sim.costmodel import layer_time_s
-from sim.errors import HetsimError
+from sim.errors import ConfigError, HetsimError
 from sim.workload import Layer
 from tests.helpers_profiles import bare_profile
 
@@ -546,12 +546,13 @@ def test_tiny_profile_end_to_end(tmp_path: Path) -> None:
     assert t.batch == [4, 8]
     assert layer_time_s(mlp.layers[0], "fwd", 4, loaded, "fp32", mlp.input_bytes) == t.fwd_s[0]
     assert path.stat().st_size < 300_000
-    # the drift probe ran after each step: gemm, bandwidth, dispatch, quantization, two
-    # single-layer benchmarks, mlp at 4 and 8
+    # the drift probe ran after each step: gemm, bandwidth, dispatch, two single-layer
+    # benchmarks, mlp at 4 and 8, quantization
     drift = loaded.raw["drift"]
     assert [s["after"] for s in drift["samples"]] == [
-        "gemm fp32 32x32x32", "bandwidth", "dispatch", "quantization", "layer linear_256x256",
-        "layer relu_1m", "mlp b=4", "mlp b=8"]
+        "gemm fp32 32x32x32", "bandwidth", "dispatch", "layer linear_256x256",
+        "layer relu_1m", "mlp b=4", "mlp b=8", "quantization"]
+    assert "passes" not in loaded.raw  # one pass
     assert all(s["gemm_s"] > 0 and s["copy_s"] > 0 for s in drift["samples"])
     ats = [s["at_s"] for s in drift["samples"]]
     assert ats == sorted(ats)
@@ -618,3 +619,47 @@ def test_tiny_profile_on_gpu(tmp_path: Path) -> None:
     backend = "nccl" if torch.cuda.device_count() >= 2 else "gloo"
     assert prof.network is not None and prof.network.model_dump()["backend"] == backend
     assert _spawned_children() == []
+
+
+def test_fastest_of_passes_by_hand() -> None:
+    def run(gemm_t: float, copy_t: float, disp: float, micro_iters: list[float],
+            mlp_iters: list[float]) -> dict:
+        return {
+            "gemm": [{"m": 32, "t_s": gemm_t}, {"m": 64, "t_s": 2 * gemm_t}],
+            "bandwidth": [{"op": "copy", "t_s": copy_t}],
+            "dispatch_s": disp, "dispatch_rel_iqr": disp / 10,
+            "micro": [{"name": "relu_1m", "runs": [{"batch": b, "iter_s": t}
+                                                   for b, t in zip((1, 2), micro_iters)]}],
+            "models": {"mlp": [{"batch": b, "iter_s": t, "layers": {"0": [t, t, 0, 0]}}
+                               for b, t in zip((4, 8), mlp_iters)]},
+        }
+
+    a = run(1.0, 5.0, 3.0, [1.0, 1.0], [2.0, 9.0])
+    b = run(0.5, 6.0, 3.0, [0.5, 1.6], [3.0, 8.0])
+    assert P.fastest_of_passes([a]) == a  # one pass: as measured, no record of passes
+    out = P.fastest_of_passes([a, b])
+    assert [r["t_s"] for r in out["gemm"]] == [0.5, 1.0]  # b's rows
+    assert out["bandwidth"] == a["bandwidth"]
+    # equal dispatch: the earlier pass; relu_1m: a sums 2.0, b 2.1
+    assert out["dispatch_s"] == 3.0 and out["dispatch_rel_iqr"] == 0.3
+    assert out["micro"][0] is a["micro"][0]
+    # mlp at 4 from a (2.0 < 3.0), at 8 from b (8.0 < 9.0), each run whole
+    assert out["models"]["mlp"] == [a["models"]["mlp"][0], b["models"]["mlp"][1]]
+    assert out["passes"]["count"] == 2 and out["passes"]["dispatch"] == 0
+    assert out["passes"]["micro"] == {"relu_1m": 0}
+    assert out["passes"]["models"] == {"mlp": [0, 1]}
+
+
+def test_a_profile_of_two_passes(tmp_path: Path) -> None:
+    spec = replace(P.spec_for(True), gemm=((32, 32, 32),), copy_elems=(1000,),
+                   micro=("relu_1m",), models={"mlp": (4,)}, min_reps=2, max_reps=2)
+    raw = P.measure("cpu", threads=1, network=False, spec=spec, passes=2)
+    assert [s["after"] for s in raw["drift"]["samples"]] == [
+        "gemm fp32 32x32x32 (pass 1/2)", "bandwidth (pass 1/2)", "dispatch (pass 1/2)",
+        "layer relu_1m (pass 1/2)", "mlp b=4 (pass 1/2)",
+        "gemm fp32 32x32x32 (pass 2/2)", "bandwidth (pass 2/2)", "dispatch (pass 2/2)",
+        "layer relu_1m (pass 2/2)", "mlp b=4 (pass 2/2)", "quantization"]
+    assert raw["passes"]["count"] == 2 and raw["passes"]["models"]["mlp"][0] in (0, 1)
+    assert [e["name"] for e in raw["micro"]] == ["relu_1m"] and raw["models"]["mlp"][0]["batch"] == 4
+    with pytest.raises(ConfigError, match="--passes"):
+        P.measure("cpu", threads=1, network=False, spec=spec, passes=0)

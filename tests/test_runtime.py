@@ -282,13 +282,20 @@ def _burn(cpu_s: float) -> None:
 def test_cpu_meter_counts_every_thread_by_name() -> None:
     import threading
 
-    from runtime.affinity import CpuMeter
+    from runtime.affinity import CpuMeter, thread_ids
 
     meter = CpuMeter()
     t = threading.Thread(target=_burn, args=(0.2,))
     t.start()
     _burn(0.1)
-    t.join()  # the thread has exited: its CPU stays in the total, not in its name's figure
+    t.join()
+    # join returns once the thread's Python code is done; the OS thread may still be
+    # listed in /proc/self/task for a moment: wait (2 s at most) until it has gone, so
+    # that it has exited: its CPU stays in the total, not in its name's figure
+    deadline = time.monotonic() + 2.0
+    while t.native_id in thread_ids() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert t.native_id not in thread_ids()
     got = meter.read()
     assert got["cpu_s"] >= 0.3
     assert got["wall_s"] >= 0.2  # the two spun side by side at most
