@@ -378,30 +378,31 @@ class DeviceProfile(_Strict):
         where present, else the op class's. An intensity curve reads ``flops /
         nbytes`` (its last value when ``nbytes`` is not given).
         """
-        keys = [f"{op}/{kind}", op] if kind else [op]
-        e = None
-        for table in ((self.efficiency_bwd, self.efficiency) if phase == "bwd"
-                      else (self.efficiency,)):
-            for k in keys:
-                if table and k in table:
-                    e = table[k]
-                    break
-            if e is not None:
-                break
-        if e is None:
+        found = self._eff_entry(op, phase, kind)
+        if found is None:
             return 1.0
+        e = found[1]
         if isinstance(e, EfficiencyCurve):
             return e.at(flops)
         if isinstance(e, IntensityCurve):
             return e.at(flops / nbytes) if nbytes else e.eff[-1]
         return float(e)
 
-    def has_curve(self, key: str, phase: str = "fwd") -> bool:
-        """Whether :meth:`eff` of a ``phase`` pass finds ``key`` (an op class or ``OP/KIND``)
-        itself: in ``efficiency_bwd`` or ``efficiency`` for the backward, in
-        ``efficiency`` for the forward."""
-        tables = (self.efficiency_bwd, self.efficiency) if phase == "bwd" else (self.efficiency,)
-        return any(t and key in t for t in tables)
+    def eff_key(self, op: str, phase: str = "fwd", kind: str | None = None) -> str | None:
+        """The key of the entry :meth:`eff` prices such a pass with (``OP/KIND`` or
+        the op class), None where it finds none (and returns 1.0)."""
+        found = self._eff_entry(op, phase, kind)
+        return found[0] if found is not None else None
+
+    def _eff_entry(self, op: str, phase: str, kind: str | None
+                   ) -> tuple[str, Efficiency] | None:
+        keys = [f"{op}/{kind}", op] if kind else [op]
+        for table in ((self.efficiency_bwd, self.efficiency) if phase == "bwd"
+                      else (self.efficiency,)):
+            for k in keys:
+                if table and k in table:
+                    return k, table[k]
+        return None
 
     def mem_eff(self, op: str, nbytes: float, phase: str = "fwd", kernels: int | None = None,
                 has_params: bool = False, reduces: bool = False, inplace: bool = False) -> float:

@@ -145,10 +145,10 @@ def roofline_s(dev: DeviceProfile, op: str, flops: float, nbytes: float, kernels
                mem_eff: float = 1.0, phase: str = "fwd", kind: str | None = None) -> float:
     """The cost model's formula for any piece of work (a layer pass, a robotics task):
     launch overhead per kernel plus the larger of compute and memory time (compute time
-    alone for a kind of RATE_KINDS whose own curve the profile has)."""
+    alone for a kind of RATE_KINDS priced by its own curve)."""
     compute = (flops / (dev.peak(dtype) * dev.eff(op, flops, phase, nbytes, kind))
                if flops > 0 else 0.0)
-    if kind and f"{op}/{kind}" in RATE_KINDS and dev.has_curve(f"{op}/{kind}", phase):
+    if kind and f"{op}/{kind}" in RATE_KINDS and dev.eff_key(op, phase, kind) == f"{op}/{kind}":
         return dev.launch_overhead_s * kernels + compute
     memory = nbytes / (dev.mem_bw_Bps * mem_eff)
     return dev.launch_overhead_s * kernels + max(compute, memory)

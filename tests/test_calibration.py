@@ -181,14 +181,21 @@ def test_a_rate_kind_is_priced_by_its_curve_alone_where_the_profile_has_it() -> 
     flops, nbytes = 2e6, 4e6
     # without a gemm/rows1 curve: the class's curve and the memory term (4e6 B / 1e9 B/s)
     dev = bare_profile(efficiency={"gemm": 0.5})
-    assert not dev.has_curve("gemm/rows1")
+    assert dev.eff_key("gemm", "fwd", "rows1") == "gemm"
     assert roofline_s(dev, "gemm", flops, nbytes, 1, "fp32", kind="rows1") == 1e-6 + 4e6 / 1e9
     # with one: launch + FLOPs / (1e9 x 1.0), no memory term although it is larger
     dev = bare_profile(efficiency={"gemm": 0.5, "gemm/rows1": 1.0})
-    assert dev.has_curve("gemm/rows1") and dev.has_curve("gemm/rows1", "bwd")
+    assert dev.eff_key("gemm", "fwd", "rows1") == dev.eff_key("gemm", "bwd", "rows1") == "gemm/rows1"
     assert roofline_s(dev, "gemm", flops, nbytes, 1, "fp32", kind="rows1") == 1e-6 + 2e6 / 1e9
     # another row count has no curve of its own: priced as any GEMM
     assert roofline_s(dev, "gemm", flops, nbytes, 1, "fp32", kind="rows2") == 1e-6 + 4e6 / 1e9
+    # a backward whose table has the class but not the kind is priced by the class's
+    # backward curve (as eff prices it), memory term included, though the forward has the kind
+    dev = bare_profile(efficiency={"gemm": 0.5, "gemm/rows1": 1.0}, efficiency_bwd={"gemm": 1.0})
+    assert dev.eff_key("gemm", "bwd", "rows1") == "gemm"
+    # compute 2e6 / 1e9 s, memory 4e6 / 1e9 s: the memory term decides
+    assert roofline_s(dev, "gemm", flops, nbytes, 1, "fp32", phase="bwd", kind="rows1") == 1e-6 + 4e6 / 1e9
+    assert dev.eff_key("elementwise") is None
     # a kind outside RATE_KINDS keeps the memory term
     dev = bare_profile(efficiency={"conv": 0.5, "conv/pointwise": 1.0})
     assert roofline_s(dev, "conv", flops, nbytes, 1, "fp32", kind="pointwise") == 1e-6 + 4e6 / 1e9
