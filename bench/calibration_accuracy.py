@@ -183,7 +183,7 @@ def print_report(rows: list[dict[str, Any]], rep: dict[str, Any] | None,
                      f"(p90 {100 * noise['same_sig_p90']:.1f}%, {noise['same_sig_passes']} passes)")
         print(line)
     if drift is not None:
-        print(drift_line({f"drift_{k}": v for k, v in drift.items()}))
+        print(drift_line(drift))
     if rep is not None:
         print("repeatability (two profiles of this machine): per-layer |diff| median "
               f"{100 * rep['layer_median_abs_diff']:.1f}% (p90 {100 * rep['layer_p90_abs_diff']:.1f}%), "

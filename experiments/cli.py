@@ -331,8 +331,9 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
                           "profile with hetsim profile)")
     result = calibrate.calibrate(prof)
     print(calibrate.format_residuals(result.residuals))
-    if (result.profile.spread or {}).get("drift_samples"):
-        print(drift_line(result.profile.spread or {}))
+    drift = calibrate.drift_of(prof.raw)
+    if drift is not None:
+        print(drift_line(drift))
     out = a.out or a.profile
     if Path(out).stem != prof.name:
         result = calibrate.CalibrationResult(result.profile.model_copy(update={"name": Path(out).stem}),

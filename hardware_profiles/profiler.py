@@ -1726,6 +1726,8 @@ def add_micro(path: str | os.PathLike[str], names: Sequence[str], device: str | 
 
 def summary(profile: DeviceProfile) -> str:
     """A few lines describing a measured profile."""
+    from hardware_profiles import calibrate
+
     src = profile.source.model_dump()
     net = profile.network.model_dump() if profile.network else {}
     spread = profile.spread or {}
@@ -1744,14 +1746,15 @@ def summary(profile: DeviceProfile) -> str:
     if spread:
         lines.append(f"spread (relative IQR of repeats): per layer median {spread.get('layer_median')}, "
                      f"p90 {spread.get('layer_p90')}; whole iteration median {spread.get('iteration_median')}")
-    if spread.get("drift_samples"):
-        lines.append(drift_line(spread))
+    drift = calibrate.drift_of(profile.raw or {})
+    if drift is not None:
+        lines.append(drift_line(drift))
     return "\n".join(lines)
 
 
-def drift_line(spread: dict[str, Any]) -> str:
-    """One line on the drift probe's figures of a profile's ``spread``."""
+def drift_line(drift: dict[str, Any]) -> str:
+    """One line on the drift probe's figures (:func:`hardware_profiles.calibrate.drift_of`)."""
     return (f"drift (the same {DRIFT_GEMM}^3 GEMM and {8 * DRIFT_COPY_ELEMS / 2**20:.0f} MiB copy after each of "
-            f"{spread['drift_samples']} steps): GEMM times relative IQR {100 * spread['drift_gemm_iqr']:.1f}%, "
-            f"range {100 * spread['drift_gemm_range']:.0f}%; copy relative IQR "
-            f"{100 * spread['drift_copy_iqr']:.1f}%, range {100 * spread['drift_copy_range']:.0f}%")
+            f"{drift['samples']} steps): GEMM times relative IQR {100 * drift['gemm_iqr']:.1f}%, "
+            f"range {100 * drift['gemm_range']:.0f}%; copy relative IQR "
+            f"{100 * drift['copy_iqr']:.1f}%, range {100 * drift['copy_range']:.0f}%")

@@ -14,7 +14,7 @@ import pytest
 from experiments.cli import main
 from hardware_profiles import load_profile_file
 from hardware_profiles import profiler as P
-from hardware_profiles.calibrate import _bandwidth_fit, _point_time, points_from_raw
+from hardware_profiles.calibrate import _bandwidth_fit, _point_time, drift_of, points_from_raw
 from hardware_profiles.schema import BandwidthCurve
 from sim.costmodel import layer_time_s, looked_up_rows
 from sim.errors import ConfigError
@@ -194,5 +194,5 @@ def test_calibrate_prints_the_drift_probe_figures(tiny_profile: Path, tmp_path: 
     assert spread["drift_samples"] == 7
     assert main(["calibrate", str(path)]) == 0
     out = capsys.readouterr().out
-    assert P.drift_line(spread) in out
+    assert P.drift_line(drift_of(load_profile_file(path).raw or {}) or {}) in out
     assert "after each of 7 steps" in out
