@@ -285,7 +285,8 @@ def cmd_profile(a: argparse.Namespace) -> int:
     if a.add_micro is not None:
         ignored = [flag for flag, on in (("--suite robotics", a.suite == "robotics"), ("--quick", a.quick),
                                           ("--models", a.models is not None),
-                                          ("--no-network", a.no_network), ("--compare", a.compare is not None))
+                                          ("--no-network", a.no_network), ("--compare", a.compare is not None),
+                                          ("--rounds", a.rounds is not None))
                    if on]
         if ignored:
             raise ConfigError("<command line>", "--add-micro", f"does not combine with {ignored[0]}")
@@ -315,7 +316,7 @@ def cmd_profile(a: argparse.Namespace) -> int:
     prof, path = profiler.run_profile(a.device or "cpu", a.out or "hardware_profiles/measured/local.json",
                                       quick=a.quick, threads=a.threads,
                                       models=models, network=not a.no_network,
-                                      progress=not a.quiet, passes=a.passes)
+                                      progress=not a.quiet, rounds=a.rounds)
     print(profiler.summary(prof))
     print(f"wrote {path}")
     return 0
@@ -445,10 +446,10 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--threads", type=int, help="torch threads (default: the CPUs available); "
                     "with 1, CPU times are the thread's CPU time")
     pr.add_argument("--models", help="comma-separated zoo models to time (default: all)")
-    pr.add_argument("--passes", type=int, default=1,
-                    help="measure the GEMMs, single-layer benchmarks and zoo models N times over "
-                    "and keep each one's fastest pass (for a machine whose speed drifts; N times "
-                    "as long)")
+    pr.add_argument("--rounds", type=int,
+                    help="take every benchmark's repeats in N interleaved rounds, so that each "
+                    "one samples the whole run, and keep a low percentile of them (default 8; "
+                    "--quick 1; 1: back to back, the median)")
     pr.add_argument("--no-network", action="store_true", help="skip the two-process network benchmark")
     pr.add_argument("--quiet", action="store_true", help="no progress bar")
     pr.add_argument("--add-micro", metavar="NAMES", help="comma-separated single-layer "

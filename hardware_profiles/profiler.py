@@ -19,8 +19,13 @@
    :class:`~hardware_profiles.schema.DeviceProfile` with ``source.kind =
    "measured"``, the per-layer tables, the raw measurements and their spread.
 
-Every figure is the median of repeats after warm-up; the spread of a figure is
-its relative inter-quartile range (IQR / median) over the repeats.
+An item's repeats are taken in interleaved rounds (:func:`_run_rounds`; 8 in a
+full run), every round visiting every item, so that each item samples the whole
+run rather than the few seconds its turn would last; each figure is then the
+:data:`ROUNDS_QUANTILE`-th percentile of its samples. With one round (``--quick``,
+``--rounds 1``) the repeats run back to back after a warm-up and each figure is
+their median. The spread of a figure is its relative inter-quartile range (IQR /
+median) over the repeats.
 """
 
 from __future__ import annotations
@@ -96,6 +101,8 @@ class ProfileSpec:
             between min_reps and max_reps from the warm-up's duration.
         net_bytes: message sizes of the network benchmark.
         net_reps: repeats per message size.
+        rounds: how many interleaved rounds the repeats are taken in (see
+            :func:`_run_rounds`); one: every item's repeats back to back.
     """
 
     gemm: tuple[tuple[int, int, int], ...]
@@ -108,6 +115,7 @@ class ProfileSpec:
     net_bytes: tuple[int, ...]
     net_reps: int
     warmup: int = 1
+    rounds: int = 1
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -152,7 +160,7 @@ def spec_for(quick: bool) -> ProfileSpec:
                 "resnet18": (1, 2, 4), "resnet50": (1, 2, 4), "vgg16": (1, 2, 4),
                 "transformer": (1, 2, 4)},
         min_reps=5, max_reps=40, target_s=2.0,
-        net_bytes=(8, 1024, 65_536, 1_048_576, 16_777_216), net_reps=20,
+        net_bytes=(8, 1024, 65_536, 1_048_576, 16_777_216), net_reps=20, rounds=8,
     )
 
 
@@ -282,14 +290,19 @@ class _OpTimer:
         self.dev, self.spec = dev, spec
         self.clock = _Clock(dev)
 
-    def time(self, fn: Callable[[], Any], label: str) -> list[float]:
-        from torch.profiler import ProfilerActivity, profile, record_function
-
+    def reps(self, fn: Callable[[], Any]) -> int:
+        """Warm ``fn`` up (``spec.warmup`` calls) and time one more call, which sets
+        how many repeats it gets (:func:`_reps_for`)."""
         for _ in range(self.spec.warmup):
             fn()
         a = self.clock.mark()
         fn()
-        reps = _reps_for(self.clock.seconds(a, self.clock.mark()), self.spec)
+        return _reps_for(self.clock.seconds(a, self.clock.mark()), self.spec)
+
+    def sample(self, fn: Callable[[], Any], label: str, reps: int) -> list[float]:
+        """``reps`` samples of ``fn``, no warm-up."""
+        from torch.profiler import ProfilerActivity, profile, record_function
+
         if self.clock.kind != "wall":
             out = []
             for _ in range(reps):
@@ -304,6 +317,10 @@ class _OpTimer:
                 with record_function(tag):
                     fn()
         return [e.time_range.elapsed_us() / 1e6 for e in prof.events() if e.name == tag]
+
+    def time(self, fn: Callable[[], Any], label: str) -> list[float]:
+        """Warm-up, then the repeats :meth:`reps` chooses, back to back."""
+        return self.sample(fn, label, self.reps(fn))
 
 
 @contextlib.contextmanager
@@ -538,7 +555,9 @@ def time_model_layers(module: Any, example: Any, dev: Any, spec: ProfileSpec
     """Per-layer forward/backward medians and spreads of one model on one batch.
 
     Also times the whole iteration (forward + loss + backward) without hooks,
-    which is the reference for whole-iteration predictions.
+    which is the reference for whole-iteration predictions. The repeats run back
+    to back; :func:`measure` with several rounds spreads them out instead
+    (:class:`_ModelTimer`).
 
     Returns:
         ``{"layers": {name: [fwd_s, bwd_s, fwd_rel_iqr, bwd_rel_iqr]},
@@ -547,55 +566,119 @@ def time_model_layers(module: Any, example: Any, dev: Any, spec: ProfileSpec
         (its own brackets and the glue charged to it, adding up to the hooked
         iteration); ``own`` the medians of its own brackets alone.
     """
-    import torch
+    t = _ModelTimer(module, example, dev, spec)
+    t.visit(t.start())
+    return t.result()
 
-    args, kwargs = _split(example)
-    clock = _Clock(dev)
 
-    def plain() -> float:
-        module.zero_grad(set_to_none=True)
-        clock.sync()
-        a = clock.mark()
-        out = module(*args, **kwargs)
+def _estimate(xs: Sequence[float], quantile: float | None) -> float:
+    """The figure kept of samples ``xs``: their median, or their ``quantile``-th
+    percentile."""
+    return float(np.median(xs) if quantile is None else np.percentile(xs, quantile))
+
+
+class _ModelTimer:
+    """Samples of one model (or single-layer benchmark) on one batch, taken in visits.
+
+    :meth:`start` warms the model up and sets its repeat count (as
+    :func:`_reps_for`); each :meth:`visit` runs, with the :class:`LayerTimer`'s
+    hooks on, one warm-up iteration (after which the caches hold this model
+    again) and then ``n`` pairs of a hooked iteration (per-layer times) and an
+    iteration without hooks (the whole-iteration reference), interleaved so that
+    slow phases of a noisy host hit both. Gradients are freed after each visit.
+    :meth:`result` summarises every sample so far.
+    """
+
+    def __init__(self, module: Any, example: Any, dev: Any, spec: ProfileSpec) -> None:
+        self.module, self.dev, self.spec = module, dev, spec
+        self.args, self.kwargs = _split(example)
+        self.clock = _Clock(dev)
+        self.fw: dict[str, list[float]] = {}
+        self.bw: dict[str, list[float]] = {}
+        self.ofw: dict[str, list[float]] = {}
+        self.obw: dict[str, list[float]] = {}
+        self.unattr: list[float] = []
+        self.hooked: list[float] = []
+        self.whole: list[float] = []
+
+    def _plain(self) -> float:
+        import torch
+
+        self.module.zero_grad(set_to_none=True)
+        self.clock.sync()
+        a = self.clock.mark()
+        out = self.module(*self.args, **self.kwargs)
         outs = [t for t in _tensors(out) if t.is_floating_point() and t.requires_grad]
         torch.stack([t.float().sum() for t in outs]).sum().backward()
-        b = clock.mark()
-        return clock.seconds(a, b)
+        b = self.clock.mark()
+        return self.clock.seconds(a, b)
 
-    for _ in range(spec.warmup):
-        plain()
-    reps = _reps_for(plain(), spec)
-    fw: dict[str, list[float]] = {}
-    bw: dict[str, list[float]] = {}
-    ofw: dict[str, list[float]] = {}
-    obw: dict[str, list[float]] = {}
-    unattr, hooked, whole = [], [], []
-    with LayerTimer(module, dev) as lt:
-        lt.iteration(args, kwargs)  # warm the hooks
-        for _ in range(reps):
-            f, b, u, tot = lt.iteration(args, kwargs)
-            for k, v in f.items():
-                fw.setdefault(k, []).append(v)
-            for k, v in b.items():
-                bw.setdefault(k, []).append(v)
-            for k, v in lt.own[0].items():
-                ofw.setdefault(k, []).append(v)
-            for k, v in lt.own[1].items():
-                obw.setdefault(k, []).append(v)
-            unattr.append(u)
-            hooked.append(tot)
-            whole.append(plain())  # interleaved, so slow phases of a noisy host hit both
-    layers = {}
-    for k in fw:
-        fm, fi = _median_iqr(fw[k])
-        bm, bi = _median_iqr(bw.get(k, [0.0]))
-        layers[k] = [_r(fm), _r(bm), _r(fi), _r(bi)]
-    own = {k: [_r(float(np.median(ofw[k]))), _r(float(np.median(obw.get(k, [0.0]))))]
-           for k in fw if k in ofw}
-    it, it_iqr = _median_iqr(whole)
-    return {"layers": layers, "own": own, "iter_s": _r(it), "iter_rel_iqr": _r(it_iqr),
-            "hooked_iter_s": _r(float(np.median(hooked))),
-            "glue_s": _r(float(np.median(unattr))), "reps": reps}
+    def start(self) -> int:
+        for _ in range(self.spec.warmup):
+            self._plain()
+        return _reps_for(self._plain(), self.spec)
+
+    def visit(self, n: int) -> None:
+        with LayerTimer(self.module, self.dev) as lt:
+            lt.iteration(self.args, self.kwargs)  # warm the hooks (and the caches)
+            for _ in range(n):
+                f, b, u, tot = lt.iteration(self.args, self.kwargs)
+                for k, v in f.items():
+                    self.fw.setdefault(k, []).append(v)
+                for k, v in b.items():
+                    self.bw.setdefault(k, []).append(v)
+                for k, v in lt.own[0].items():
+                    self.ofw.setdefault(k, []).append(v)
+                for k, v in lt.own[1].items():
+                    self.obw.setdefault(k, []).append(v)
+                self.unattr.append(u)
+                self.hooked.append(tot)
+                self.whole.append(self._plain())
+        self.module.zero_grad(set_to_none=True)
+
+    def result(self, quantile: float | None = None) -> dict[str, Any]:
+        """:func:`time_model_layers`'s record of the samples so far: each figure their
+        median, or with ``quantile`` their percentile of that rank (relative IQRs
+        are IQR / median either way)."""
+        def est(xs: Sequence[float]) -> float:
+            return _estimate(xs, quantile)
+
+        layers = {}
+        for k in self.fw:
+            _, fi = _median_iqr(self.fw[k])
+            bws = self.bw.get(k, [0.0])
+            _, bi = _median_iqr(bws)
+            layers[k] = [_r(est(self.fw[k])), _r(est(bws)), _r(fi), _r(bi)]
+        own = {k: [_r(est(self.ofw[k])), _r(est(self.obw.get(k, [0.0])))]
+               for k in self.fw if k in self.ofw}
+        _, it_iqr = _median_iqr(self.whole)
+        return {"layers": layers, "own": own, "iter_s": _r(est(self.whole)),
+                "iter_rel_iqr": _r(it_iqr), "hooked_iter_s": _r(est(self.hooked)),
+                "glue_s": _r(est(self.unattr)), "reps": len(self.whole)}
+
+
+class _OpItem:
+    """One callable of the GEMM grid, bandwidth or dispatch benchmarks, sampled in
+    visits as :class:`_ModelTimer` samples a model: :meth:`start` warms it up and
+    sets its repeat count; a visit after the first warms it once more."""
+
+    def __init__(self, timer: _OpTimer, fn: Callable[[], Any], label: str) -> None:
+        self.timer, self.fn, self.label = timer, fn, label
+        self.samples: list[float] = []
+        self.visits = 0
+
+    def start(self) -> int:
+        return self.timer.reps(self.fn)
+
+    def visit(self, n: int) -> None:
+        if self.visits:
+            self.fn()
+        self.visits += 1
+        self.samples += self.timer.sample(self.fn, self.label, n)
+
+    def figures(self, quantile: float | None) -> tuple[float, float]:
+        """(the kept time, relative IQR)."""
+        return _r(_estimate(self.samples, quantile)), _r(_median_iqr(self.samples)[1])
 
 
 # -------------------------------------------------------- single-layer modules
@@ -1135,6 +1218,11 @@ class _Progress:
         if self.on_step is not None:
             self.on_step(what)
 
+    def note(self, what: str) -> None:
+        """Say what is happening between steps."""
+        if self.bar is not None:
+            self.bar.set_postfix_str(what)
+
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
@@ -1266,7 +1354,7 @@ def time_callable(fn: Callable[[], Any], dev: Any, repeats: int, warmup: int = 1
 def measure(device: str = "cpu", quick: bool = False, threads: int | None = None,
             models: Sequence[str] | None = None, network: bool = True,
             spec: ProfileSpec | None = None, progress: bool = False,
-            drift: bool = True, passes: int = 1) -> dict[str, Any]:
+            drift: bool = True, rounds: int | None = None) -> dict[str, Any]:
     """Run every benchmark and return the raw measurements (JSON-ready).
 
     Args:
@@ -1279,10 +1367,12 @@ def measure(device: str = "cpu", quick: bool = False, threads: int | None = None
         progress: show a progress bar on stderr.
         drift: time the drift probe after every step (:class:`_DriftProbe`,
             ``raw["drift"]``).
-        passes: measure the GEMM grid, bandwidth, dispatch, single-layer
-            benchmarks and zoo models this many times over and keep the fastest
-            of each (:func:`fastest_of_passes`); the quantization, host-device
-            and network benchmarks run once.
+        rounds: take the repeats of the GEMM grid, bandwidth, dispatch,
+            single-layer benchmarks and zoo models in this many interleaved
+            rounds (:func:`_run_rounds`; default the spec's), each figure then
+            the :data:`ROUNDS_QUANTILE`-th percentile of its samples (the median
+            with one round); the quantization, host-device and network
+            benchmarks run once.
     """
     from sim import zoo
 
@@ -1292,11 +1382,12 @@ def measure(device: str = "cpu", quick: bool = False, threads: int | None = None
     unknown = sorted(set(chosen) - set(zoo.names()))
     if unknown:
         raise ConfigError("<command line>", "--models", f"unknown zoo model {unknown[0]!r}")
-    if passes < 1:
-        raise ConfigError("<command line>", "--passes", f"must be at least 1, got {passes}")
+    rounds = spec.rounds if rounds is None else rounds
+    if rounds < 1:
+        raise ConfigError("<command line>", "--rounds", f"must be at least 1, got {rounds}")
     dev, host = setup_host(device, threads)
     dtypes = ["fp32"] + (["bf16", "fp16"] if dev.type == "cuda" else [])
-    steps = (passes * (len(spec.gemm) * len(dtypes) + 2 + len(spec.micro)
+    steps = (rounds * (len(spec.gemm) * len(dtypes) + 2 + len(spec.micro)
                        + sum(len(b) for b in chosen.values()))
              + 1 + int(network) + int(dev.type == "cuda"))
     started = time.perf_counter()
@@ -1304,14 +1395,11 @@ def measure(device: str = "cpu", quick: bool = False, threads: int | None = None
     bar = _Progress(steps, progress, probe.sample if probe is not None else None)
     timer = _OpTimer(dev, spec)
     raw: dict[str, Any] = {"device": host["device"], "threads": host["threads"], "quick": quick,
-                           "clock": host["clock"], "statistic": "median of repeats after warm-up",
-                           "host_allocator": host["host_allocator"], "cpus": host["cpus"]}
+                           "clock": host["clock"], "statistic": statistic_of(rounds),
+                           "host_allocator": host["host_allocator"], "cpus": host["cpus"],
+                           "rounds": rounds}
     try:
-        runs = []
-        for i in range(passes):
-            tag = f" (pass {i + 1}/{passes})" if passes > 1 else ""
-            runs.append(_measure_pass(dev, spec, timer, dtypes, chosen, bar, tag))
-        raw.update(fastest_of_passes(runs))
+        raw.update(_measure_items(dev, spec, timer, dtypes, chosen, bar, rounds))
         raw["quant"] = quant_bench(timer, 1 << (18 if quick else 20))
         bar.step("quantization")
         if dev.type == "cuda":
@@ -1331,115 +1419,55 @@ def measure(device: str = "cpu", quick: bool = False, threads: int | None = None
     return raw
 
 
-def _measure_pass(dev: Any, spec: ProfileSpec, timer: _OpTimer, dtypes: Sequence[str],
-                  chosen: dict[str, tuple[int, ...]], bar: _Progress, tag: str) -> dict[str, Any]:
-    """One pass of :func:`measure`'s repeated part: the GEMM grid, copy and add
-    bandwidth, dispatch, the single-layer benchmarks and the zoo models (``tag`` is
-    added to each step's label)."""
-    import torch
-
-    from sim import zoo
-
-    out: dict[str, Any] = {}
-    tdt = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-    gemm = []
-    for dt in dtypes:
-        for m, n, k in spec.gemm:
-            lhs = torch.randn(m, k, device=dev, dtype=tdt[dt])
-            rhs = torch.randn(k, n, device=dev, dtype=tdt[dt])
-            med, iqr = _median_iqr(timer.time(functools.partial(torch.mm, lhs, rhs),
-                                              f"mm{m}x{n}x{k}"))
-            gemm.append({"dtype": dt, "m": m, "n": n, "k": k, "flops": 2.0 * m * n * k,
-                         "t_s": _r(med), "rel_iqr": _r(iqr)})
-            bar.step(f"gemm {dt} {m}x{n}x{k}{tag}")
-    out["gemm"] = gemm
-    # bandwidth: copy (read + write), add (2 reads + write); dispatch: 1-element add
-    bw = []
-    for n in spec.copy_elems:
-        x = torch.randn(n, device=dev)
-        y = torch.empty_like(x)
-        med, iqr = _median_iqr(timer.time(functools.partial(y.copy_, x), f"copy{n}"))
-        bw.append({"op": "copy", "elems": n, "bytes": 8.0 * n, "t_s": _r(med), "rel_iqr": _r(iqr)})
-        med, iqr = _median_iqr(timer.time(functools.partial(torch.add, x, x, out=y), f"add{n}"))
-        bw.append({"op": "add", "elems": n, "bytes": 12.0 * n, "t_s": _r(med), "rel_iqr": _r(iqr)})
-    out["bandwidth"] = bw
-    bar.step(f"bandwidth{tag}")
-    one = torch.ones(1, device=dev)
-    med, iqr = _median_iqr(timer.time(functools.partial(one.add, one), "dispatch"))
-    out["dispatch_s"], out["dispatch_rel_iqr"] = _r(med), _r(iqr)
-    bar.step(f"dispatch{tag}")
-    out["micro"] = measure_micro(spec.micro, dev, spec, bar, tag)
-    models = {}
-    for name, batches in chosen.items():
-        runs = []
-        for b in batches:
-            module, example = zoo.torch_module(name, batch_size=b)
-            module = module.to(dev).train()
-            r = time_model_layers(module, _to(example, dev), dev, spec)
-            runs.append({"batch": b, **r})
-            del module, example
-            bar.step(f"{name} b={b}{tag}")
-        models[name] = runs
-    out["models"] = models
-    return out
+#: With several rounds (``hetsim profile --rounds``), the percentile of an item's
+#: pooled samples that is kept: on a host whose speed switches between a fast and a
+#: slow state every few seconds, a median falls in whichever state held most of an
+#: item's samples, a low percentile in the fast one for every item alike.
+ROUNDS_QUANTILE = 20.0
 
 
-def fastest_of_passes(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The raw fields of several passes of :func:`_measure_pass`, the fastest of each kept.
+def _rounds_quantile(rounds: int) -> float | None:
+    return None if rounds == 1 else ROUNDS_QUANTILE
 
-    A machine whose speed moves over minutes (a shared host; see the drift probe)
-    measures each model in whatever state it is in then, and a model measured
-    while it ran slow disagrees with the others by that much. Keeping, per item,
-    the pass that ran it fastest measures every item nearer the machine's
-    unloaded speed. Per item: a GEMM grid or bandwidth row, the smallest
-    ``t_s``; the dispatch, the smallest; a single-layer benchmark, the pass with
-    the smallest sum of its runs' ``iter_s``; a zoo model at one batch size, the
-    run with the smallest ``iter_s`` (kept whole, its layers with it). Ties: the
-    earlier pass. With several passes ``passes`` records their count and which
-    pass each benchmark and model run came from (0-based).
+
+def statistic_of(rounds: int) -> str:
+    """``raw["statistic"]``: what each figure of a profile measured in ``rounds`` is."""
+    if rounds == 1:
+        return "median of repeats after warm-up"
+    return (f"{ROUNDS_QUANTILE:g}th percentile of the repeats, taken in {rounds} interleaved "
+            "rounds (each item warmed up again at each visit)")
+
+
+def _run_rounds(groups: Sequence[tuple[str, Sequence[Any]]], rounds: int,
+                bar: _Progress | None) -> None:
+    """Sample every item (:class:`_OpItem`, :class:`_ModelTimer`) of ``groups`` in
+    ``rounds`` rounds.
+
+    Each round visits the groups in order and every item of a group for its share of
+    the repeats its warm-up sets, ``ceil(reps / rounds)`` (at least 1), so an item's
+    samples are spread over the whole run instead of a few seconds of it. One
+    progress step per group and round (``" (round r/R)"`` appended to its label with
+    several rounds). With one round this is the back-to-back timing of every item.
     """
-    if len(runs) == 1:
-        return dict(runs[0])
-
-    def pick(items: Sequence[Any], key: Callable[[Any], float]) -> int:
-        return min(range(len(items)), key=lambda i: key(items[i]))
-
-    first = runs[0]
-    out: dict[str, Any] = {}
-    for field_ in ("gemm", "bandwidth"):
-        out[field_] = [min((r[field_][j] for r in runs), key=lambda row: row["t_s"])
-                       for j in range(len(first[field_]))]
-    d = pick(runs, lambda r: r["dispatch_s"])
-    out["dispatch_s"], out["dispatch_rel_iqr"] = runs[d]["dispatch_s"], runs[d]["dispatch_rel_iqr"]
-    micro, micro_from = [], {}
-    for j, entry in enumerate(first["micro"]):
-        i = pick([r["micro"][j] for r in runs], lambda e: sum(x["iter_s"] for x in e["runs"]))
-        micro.append(runs[i]["micro"][j])
-        micro_from[entry["name"]] = i
-    models: dict[str, list[dict[str, Any]]] = {}
-    models_from: dict[str, list[int]] = {}
-    for name, mruns in first["models"].items():
-        models[name], models_from[name] = [], []
-        for j in range(len(mruns)):
-            i = pick([r["models"][name][j] for r in runs], lambda x: x["iter_s"])
-            models[name].append(runs[i]["models"][name][j])
-            models_from[name].append(i)
-    out.update(micro=micro, models=models, passes={
-        "count": len(runs), "dispatch": d, "micro": micro_from, "models": models_from,
-        "rule": "per item the fastest pass: GEMM and bandwidth rows by t_s, the dispatch, a "
-                "single-layer benchmark by the sum of its runs' iter_s, a model run by iter_s"})
-    return out
+    share: dict[int, int] = {}
+    for r in range(rounds):
+        tag = f" (round {r + 1}/{rounds})" if rounds > 1 else ""
+        for label, items in groups:
+            for item in items:
+                if r == 0:
+                    share[id(item)] = max(1, math.ceil(item.start() / rounds))
+                item.visit(share[id(item)])
+            if bar is not None:
+                bar.step(label + tag)
 
 
-def measure_micro(names: Sequence[str], dev: Any, spec: ProfileSpec,
-                  bar: _Progress | None = None, tag: str = "") -> list[dict[str, Any]]:
-    """The single-layer benchmarks ``names`` (:func:`_micro_layers`) on ``dev``: one
-    ``raw["micro"]`` entry each, ``{"name", "model" (the extracted one-layer model),
-    "runs": [{"batch", "iter_s", "layers", "own"}]}``, timed by :func:`time_model_layers`
-    with ``spec``'s repeats. The process must be set up first (:func:`setup_host`)."""
+def _micro_timers(names: Sequence[str], dev: Any, spec: ProfileSpec
+                  ) -> list[tuple[str, dict[str, Any], list[tuple[int, _ModelTimer]]]]:
+    """(name, the extracted one-layer model's record, [(batch, timer)]) of each
+    single-layer benchmark ``names`` (:func:`_micro_layers`) on ``dev``."""
     import torch
 
-    micro = []
+    out = []
     for name in names:
         module, make, batches = _micro_layers(name, dev)
         module = module.to(dev).train()
@@ -1447,15 +1475,95 @@ def measure_micro(names: Sequence[str], dev: Any, spec: ProfileSpec,
             torch.manual_seed(0)
             cpu_mod, cpu_make, _ = _micro_layers(name, torch.device("cpu"))
             model, _layer = _single_layer(cpu_mod, cpu_make(batches[0]))
+        out.append((name, model.to_dict(),
+                    [(bs, _ModelTimer(module, make(bs), dev, spec)) for bs in batches]))
+    return out
+
+
+def _micro_entries(timers: Sequence[tuple[str, dict[str, Any], list[tuple[int, _ModelTimer]]]],
+                   quantile: float | None) -> list[dict[str, Any]]:
+    entries = []
+    for name, model, runs in timers:
         rows = []
-        for bs in batches:
-            r = time_model_layers(module, make(bs), dev, spec)
-            rows.append({"batch": bs, "iter_s": r["iter_s"], "layers": r["layers"],
-                         "own": r["own"]})
-        micro.append({"name": name, "model": model.to_dict(), "runs": rows})
-        if bar is not None:
-            bar.step(f"layer {name}{tag}")
-    return micro
+        for bs, t in runs:
+            r = t.result(quantile)
+            rows.append({"batch": bs, "iter_s": r["iter_s"], "layers": r["layers"], "own": r["own"]})
+        entries.append({"name": name, "model": model, "runs": rows})
+    return entries
+
+
+def _measure_items(dev: Any, spec: ProfileSpec, timer: _OpTimer, dtypes: Sequence[str],
+                   chosen: dict[str, tuple[int, ...]], bar: _Progress, rounds: int
+                   ) -> dict[str, Any]:
+    """:func:`measure`'s timed part, in ``rounds`` rounds (:func:`_run_rounds`): the
+    GEMM grid, copy and add bandwidth, dispatch, the single-layer benchmarks and the
+    zoo models. Every model is built first and kept until the last round."""
+    import torch
+
+    from sim import zoo
+
+    tdt = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+    bar.note("building the benchmarks and models")
+    groups: list[tuple[str, Sequence[Any]]] = []
+    gemm = []
+    for dt in dtypes:
+        for m, n, k in spec.gemm:
+            lhs = torch.randn(m, k, device=dev, dtype=tdt[dt])
+            rhs = torch.randn(k, n, device=dev, dtype=tdt[dt])
+            item = _OpItem(timer, functools.partial(torch.mm, lhs, rhs), f"mm{m}x{n}x{k}")
+            gemm.append(({"dtype": dt, "m": m, "n": n, "k": k, "flops": 2.0 * m * n * k}, item))
+            groups.append((f"gemm {dt} {m}x{n}x{k}", [item]))
+    # bandwidth: copy (read + write), add (2 reads + write); dispatch: 1-element add
+    bw = []
+    for n in spec.copy_elems:
+        x = torch.randn(n, device=dev)
+        y = torch.empty_like(x)
+        bw.append(({"op": "copy", "elems": n, "bytes": 8.0 * n},
+                   _OpItem(timer, functools.partial(y.copy_, x), f"copy{n}")))
+        bw.append(({"op": "add", "elems": n, "bytes": 12.0 * n},
+                   _OpItem(timer, functools.partial(torch.add, x, x, out=y), f"add{n}")))
+    groups.append(("bandwidth", [item for _, item in bw]))
+    one = torch.ones(1, device=dev)
+    dispatch = _OpItem(timer, functools.partial(one.add, one), "dispatch")
+    groups.append(("dispatch", [dispatch]))
+    micro = _micro_timers(spec.micro, dev, spec)
+    groups += [(f"layer {name}", [t for _, t in runs]) for name, _, runs in micro]
+    models: list[tuple[str, int, _ModelTimer]] = []
+    for name, batches in chosen.items():
+        for b in batches:
+            module, example = zoo.torch_module(name, batch_size=b)
+            t = _ModelTimer(module.to(dev).train(), _to(example, dev), dev, spec)
+            models.append((name, b, t))
+            groups.append((f"{name} b={b}", [t]))
+    _run_rounds(groups, rounds, bar)
+    q = _rounds_quantile(rounds)
+
+    def row(head: dict[str, Any], item: _OpItem) -> dict[str, Any]:
+        t_s, iqr = item.figures(q)
+        return {**head, "t_s": t_s, "rel_iqr": iqr}
+
+    out: dict[str, Any] = {"gemm": [row(h, it) for h, it in gemm],
+                           "bandwidth": [row(h, it) for h, it in bw]}
+    out["dispatch_s"], out["dispatch_rel_iqr"] = dispatch.figures(q)
+    out["micro"] = _micro_entries(micro, q)
+    by_model: dict[str, list[dict[str, Any]]] = {}
+    for name, b, t in models:
+        by_model.setdefault(name, []).append({"batch": b, **t.result(q)})
+    out["models"] = by_model
+    return out
+
+
+def measure_micro(names: Sequence[str], dev: Any, spec: ProfileSpec,
+                  bar: _Progress | None = None, rounds: int = 1) -> list[dict[str, Any]]:
+    """The single-layer benchmarks ``names`` (:func:`_micro_layers`) on ``dev``: one
+    ``raw["micro"]`` entry each, ``{"name", "model" (the extracted one-layer model),
+    "runs": [{"batch", "iter_s", "layers", "own"}]}``, timed as :func:`measure` times
+    them with ``spec``'s repeats in ``rounds`` rounds. The process must be set up
+    first (:func:`setup_host`)."""
+    timers = _micro_timers(names, dev, spec)
+    _run_rounds([(f"layer {name}", [t for _, t in runs]) for name, _, runs in timers],
+                rounds, bar)
+    return _micro_entries(timers, _rounds_quantile(rounds))
 
 
 def quant_bench(timer: _OpTimer, n: int) -> list[dict[str, Any]]:
@@ -1616,7 +1724,8 @@ def write_profile(profile: DeviceProfile, out: str | os.PathLike[str]) -> Path:
 def run_profile(device: str, out: str | os.PathLike[str], quick: bool = False,
                 threads: int | None = None, models: Sequence[str] | None = None,
                 network: bool = True, progress: bool = True,
-                spec: ProfileSpec | None = None, passes: int = 1) -> tuple[DeviceProfile, Path]:
+                spec: ProfileSpec | None = None, rounds: int | None = None
+                ) -> tuple[DeviceProfile, Path]:
     """``hetsim profile``: measure ``device``, fit, and write the profile to ``out``.
 
     The profile's name is the stem of ``out``. The device and the output path
@@ -1629,7 +1738,7 @@ def run_profile(device: str, out: str | os.PathLike[str], quick: bool = False,
     check_device(device)
     path = check_writable(out)
     raw = measure(device, quick=quick, threads=threads, models=models, network=network,
-                  spec=spec, progress=progress, passes=passes)
+                  spec=spec, progress=progress, rounds=rounds)
     raw.update(describe_device(check_device(device)))
     try:
         profile = build_profile(raw, path.stem)
@@ -1700,7 +1809,7 @@ def add_micro(path: str | os.PathLike[str], names: Sequence[str], device: str | 
     start = _dt.datetime.now(_dt.UTC)
     bar = _Progress(len(todo), progress)
     try:
-        new = measure_micro(todo, dev, spec, bar)
+        new = measure_micro(todo, dev, spec, bar, rounds=int(raw.get("rounds", 1)))
     finally:
         bar.close()
     end = _dt.datetime.now(_dt.UTC)
@@ -1709,7 +1818,8 @@ def add_micro(path: str | os.PathLike[str], names: Sequence[str], device: str | 
     replaced = sorted(set(todo) & set(have))
     line = (f"{', '.join(todo)}: measured {start:%Y-%m-%d %H:%M} - {end:%Y-%m-%d %H:%M} UTC by "
             f"hetsim profile --add-micro ({raw['threads']} thread(s), clock {raw['clock']}, the "
-            f"{'quick' if raw.get('quick') else 'full'} spec's repeats) and merged into this "
+            f"{'quick' if raw.get('quick') else 'full'} spec's repeats in "
+            f"{raw.get('rounds', 1)} round(s)) and merged into this "
             "profile's raw.micro"
             + (f", replacing the earlier {', '.join(replaced)}" if replaced else "")
             + "; the curves re-fitted.")

@@ -559,7 +559,7 @@ def test_tiny_profile_end_to_end(tmp_path: Path) -> None:
     assert [s["after"] for s in drift["samples"]] == [
         "gemm fp32 32x32x32", "bandwidth", "dispatch", "layer linear_256x256",
         "layer relu_1m", "mlp b=4", "mlp b=8", "quantization"]
-    assert "passes" not in loaded.raw  # one pass
+    assert loaded.raw["rounds"] == 1 and loaded.raw["statistic"] == P.statistic_of(1)
     assert all(s["gemm_s"] > 0 and s["copy_s"] > 0 for s in drift["samples"])
     ats = [s["at_s"] for s in drift["samples"]]
     assert ats == sorted(ats)
@@ -628,45 +628,77 @@ def test_tiny_profile_on_gpu(tmp_path: Path) -> None:
     assert _spawned_children() == []
 
 
-def test_fastest_of_passes_by_hand() -> None:
-    def run(gemm_t: float, copy_t: float, disp: float, micro_iters: list[float],
-            mlp_iters: list[float]) -> dict:
-        return {
-            "gemm": [{"m": 32, "t_s": gemm_t}, {"m": 64, "t_s": 2 * gemm_t}],
-            "bandwidth": [{"op": "copy", "t_s": copy_t}],
-            "dispatch_s": disp, "dispatch_rel_iqr": disp / 10,
-            "micro": [{"name": "relu_1m", "runs": [{"batch": b, "iter_s": t}
-                                                   for b, t in zip((1, 2), micro_iters)]}],
-            "models": {"mlp": [{"batch": b, "iter_s": t, "layers": {"0": [t, t, 0, 0]}}
-                               for b, t in zip((4, 8), mlp_iters)]},
-        }
+def test_rounds_spread_each_items_repeats_by_hand() -> None:
+    # two items whose warm-ups ask for 10 and 3 repeats; in 4 rounds they get
+    # ceil(10 / 4) = 3 and ceil(3 / 4) = 1 a visit, visited in group order every round
+    log: list[str] = []
 
-    a = run(1.0, 5.0, 3.0, [1.0, 1.0], [2.0, 9.0])
-    b = run(0.5, 6.0, 3.0, [0.5, 1.6], [3.0, 8.0])
-    assert P.fastest_of_passes([a]) == a  # one pass: as measured, no record of passes
-    out = P.fastest_of_passes([a, b])
-    assert [r["t_s"] for r in out["gemm"]] == [0.5, 1.0]  # b's rows
-    assert out["bandwidth"] == a["bandwidth"]
-    # equal dispatch: the earlier pass; relu_1m: a sums 2.0, b 2.1
-    assert out["dispatch_s"] == 3.0 and out["dispatch_rel_iqr"] == 0.3
-    assert out["micro"][0] is a["micro"][0]
-    # mlp at 4 from a (2.0 < 3.0), at 8 from b (8.0 < 9.0), each run whole
-    assert out["models"]["mlp"] == [a["models"]["mlp"][0], b["models"]["mlp"][1]]
-    assert out["passes"]["count"] == 2 and out["passes"]["dispatch"] == 0
-    assert out["passes"]["micro"] == {"relu_1m": 0}
-    assert out["passes"]["models"] == {"mlp": [0, 1]}
+    class Item:
+        def __init__(self, name: str, reps: int) -> None:
+            self.name, self.reps = name, reps
+
+        def start(self) -> int:
+            log.append(f"start {self.name}")
+            return self.reps
+
+        def visit(self, n: int) -> None:
+            log.append(f"{self.name} x{n}")
+
+    class Bar:
+        def step(self, what: str) -> None:
+            log.append(f"step {what}")
+
+    a, b = Item("a", 10), Item("b", 3)
+    P._run_rounds([("g", [a, b])], 4, Bar())  # type: ignore[arg-type]
+    assert log == (["start a", "a x3", "start b", "b x1", "step g (round 1/4)"]
+                   + [x for r in (2, 3, 4) for x in ("a x3", "b x1", f"step g (round {r}/4)")])
+    log.clear()
+    P._run_rounds([("g", [b])], 1, Bar())  # type: ignore[arg-type]
+    assert log == ["start b", "b x3", "step g"]  # one round: back to back, no tag
 
 
-def test_a_profile_of_two_passes(tmp_path: Path) -> None:
+def test_an_op_item_warms_up_again_at_each_later_visit() -> None:
+    calls = []
+    spec = replace(P.spec_for(True), min_reps=3, max_reps=3, warmup=1)
+    item = P._OpItem(P._OpTimer(torch.device("cpu"), spec), lambda: calls.append(1), "count")
+    assert item.start() == 3 and len(calls) == 2  # warm-up + the call that sets the repeats
+    item.visit(2)
+    assert len(calls) == 4 and len(item.samples) == 2  # the first visit follows start()
+    item.visit(2)
+    assert len(calls) == 7 and len(item.samples) == 4  # one warm call, two samples
+
+
+def test_a_rounds_figure_is_a_low_percentile_of_the_samples() -> None:
+    t = P._ModelTimer(torch.nn.Linear(2, 2), torch.ones(1, 2), torch.device("cpu"),
+                      P.spec_for(True))
+    t.fw, t.bw = {"0": [5.0, 1.0, 4.0, 2.0, 3.0]}, {"0": [10.0, 20.0, 30.0, 40.0, 50.0]}
+    t.ofw, t.obw = {"0": [1.0, 2.0, 3.0, 4.0, 5.0]}, {"0": [1.0, 1.0, 1.0, 1.0, 1.0]}
+    t.whole, t.hooked, t.unattr = [1.0, 2.0, 3.0, 4.0, 5.0], [2.0] * 5, [0.0] * 5
+    # numpy's linear percentile: rank 0.2 * (5 - 1) = 0.8 -> 1 + 0.8 * (2 - 1) = 1.8
+    r = t.result(20.0)
+    assert r["iter_s"] == 1.8 and r["layers"]["0"][:2] == [1.8, 18.0]
+    assert r["own"]["0"] == [1.8, 1.0] and r["reps"] == 5
+    # the relative IQR stays IQR / median: quartiles 2 and 4 of median 3
+    assert r["iter_rel_iqr"] == 0.6667 and r["layers"]["0"][2] == 0.6667
+    m = t.result()
+    assert m["iter_s"] == 3.0 and m["layers"]["0"][:2] == [3.0, 30.0]
+    assert P.statistic_of(1) == "median of repeats after warm-up"
+    assert P.statistic_of(8).startswith("20th percentile of the repeats, taken in 8 interleaved")
+
+
+def test_a_profile_of_two_rounds(tmp_path: Path) -> None:
     spec = replace(P.spec_for(True), gemm=((32, 32, 32),), copy_elems=(1000,),
-                   micro=("relu_1m",), models={"mlp": (4,)}, min_reps=2, max_reps=2)
-    raw = P.measure("cpu", threads=1, network=False, spec=spec, passes=2)
+                   micro=("relu_1m",), models={"mlp": (4,)}, min_reps=3, max_reps=3)
+    raw = P.measure("cpu", threads=1, network=False, spec=spec, rounds=2)
     assert [s["after"] for s in raw["drift"]["samples"]] == [
-        "gemm fp32 32x32x32 (pass 1/2)", "bandwidth (pass 1/2)", "dispatch (pass 1/2)",
-        "layer relu_1m (pass 1/2)", "mlp b=4 (pass 1/2)",
-        "gemm fp32 32x32x32 (pass 2/2)", "bandwidth (pass 2/2)", "dispatch (pass 2/2)",
-        "layer relu_1m (pass 2/2)", "mlp b=4 (pass 2/2)", "quantization"]
-    assert raw["passes"]["count"] == 2 and raw["passes"]["models"]["mlp"][0] in (0, 1)
-    assert [e["name"] for e in raw["micro"]] == ["relu_1m"] and raw["models"]["mlp"][0]["batch"] == 4
-    with pytest.raises(ConfigError, match="--passes"):
-        P.measure("cpu", threads=1, network=False, spec=spec, passes=0)
+        "gemm fp32 32x32x32 (round 1/2)", "bandwidth (round 1/2)", "dispatch (round 1/2)",
+        "layer relu_1m (round 1/2)", "mlp b=4 (round 1/2)",
+        "gemm fp32 32x32x32 (round 2/2)", "bandwidth (round 2/2)", "dispatch (round 2/2)",
+        "layer relu_1m (round 2/2)", "mlp b=4 (round 2/2)", "quantization"]
+    assert raw["rounds"] == 2 and raw["statistic"] == P.statistic_of(2)
+    # 3 repeats in 2 rounds: 2 a visit, 4 samples in all
+    assert raw["models"]["mlp"][0]["reps"] == 4 and raw["models"]["mlp"][0]["batch"] == 4
+    assert [e["name"] for e in raw["micro"]] == ["relu_1m"]
+    assert [r["batch"] for r in raw["micro"][0]["runs"]] == [1, 4]
+    with pytest.raises(ConfigError, match="--rounds"):
+        P.measure("cpu", threads=1, network=False, spec=spec, rounds=0)
