@@ -1806,10 +1806,11 @@ def add_micro(path: str | os.PathLike[str], names: Sequence[str], device: str | 
     if not todo:  # nothing missing: the profile stays as it is
         return prof, []
     spec = spec_for(bool(raw.get("quick")))
+    rounds = int(raw.get("rounds", 1))
     start = _dt.datetime.now(_dt.UTC)
-    bar = _Progress(len(todo), progress)
+    bar = _Progress(len(todo) * rounds, progress)
     try:
-        new = measure_micro(todo, dev, spec, bar, rounds=int(raw.get("rounds", 1)))
+        new = measure_micro(todo, dev, spec, bar, rounds=rounds)
     finally:
         bar.close()
     end = _dt.datetime.now(_dt.UTC)

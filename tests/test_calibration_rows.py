@@ -196,3 +196,23 @@ def test_calibrate_prints_the_drift_probe_figures(tiny_profile: Path, tmp_path: 
     out = capsys.readouterr().out
     assert P.drift_line(drift_of(load_profile_file(path).raw or {}) or {}) in out
     assert "after each of 7 steps" in out
+
+
+def test_add_micro_measures_in_the_profiles_rounds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = replace(P.spec_for(True), gemm=((32, 32, 32),), copy_elems=(1000,),
+                   micro=("relu_1m",), models={"mlp": (4,)}, min_reps=2, max_reps=2)
+    _, path = P.run_profile("cpu", tmp_path / "r2.json", threads=1, network=False,
+                            progress=False, spec=spec, rounds=2)
+    assert (load_profile_file(path).raw or {})["rounds"] == 2
+    seen = []
+    real = P.measure_micro
+
+    def spy(*args: object, **kwargs: object) -> object:
+        seen.append(kwargs.get("rounds"))
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(P, "measure_micro", spy)
+    P.add_micro(path, ["emb_500x16"], progress=False)
+    assert seen == [2]
+    note = (load_profile_file(path).raw or {})["micro_note"]
+    assert "spec's repeats in 2 round(s)) and merged" in note
