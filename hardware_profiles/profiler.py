@@ -550,33 +550,6 @@ def _to(example: Any, dev: Any) -> Any:
     return example.to(dev)
 
 
-def time_model_layers(module: Any, example: Any, dev: Any, spec: ProfileSpec
-                      ) -> dict[str, Any]:
-    """Per-layer forward/backward medians and spreads of one model on one batch.
-
-    Also times the whole iteration (forward + loss + backward) without hooks,
-    which is the reference for whole-iteration predictions. The repeats run back
-    to back; :func:`measure` with several rounds spreads them out instead
-    (:class:`_ModelTimer`).
-
-    Returns:
-        ``{"layers": {name: [fwd_s, bwd_s, fwd_rel_iqr, bwd_rel_iqr]},
-        "own": {name: [fwd_s, bwd_s]}, "iter_s", "iter_rel_iqr", "hooked_iter_s",
-        "glue_s", "reps"}``. ``layers`` holds the times charged to each layer
-        (its own brackets and the glue charged to it, adding up to the hooked
-        iteration); ``own`` the medians of its own brackets alone.
-    """
-    t = _ModelTimer(module, example, dev, spec)
-    t.visit(t.start())
-    return t.result()
-
-
-def _estimate(xs: Sequence[float], quantile: float | None) -> float:
-    """The figure kept of samples ``xs``: their median, or their ``quantile``-th
-    percentile."""
-    return float(np.median(xs) if quantile is None else np.percentile(xs, quantile))
-
-
 class _ModelTimer:
     """Samples of one model (or single-layer benchmark) on one batch, taken in visits.
 
@@ -636,12 +609,22 @@ class _ModelTimer:
                 self.whole.append(self._plain())
         self.module.zero_grad(set_to_none=True)
 
-    def result(self, quantile: float | None = None) -> dict[str, Any]:
-        """:func:`time_model_layers`'s record of the samples so far: each figure their
-        median, or with ``quantile`` their percentile of that rank (relative IQRs
-        are IQR / median either way)."""
+    def result(self, quantile: float = 50.0) -> dict[str, Any]:
+        """Per-layer forward/backward figures and spreads of the samples so far, each
+        figure their ``quantile``-th percentile (default: the median; relative IQRs
+        are IQR / median either way).
+
+        Returns:
+            ``{"layers": {name: [fwd_s, bwd_s, fwd_rel_iqr, bwd_rel_iqr]},
+            "own": {name: [fwd_s, bwd_s]}, "iter_s", "iter_rel_iqr", "hooked_iter_s",
+            "glue_s", "reps"}``. ``layers`` holds the times charged to each layer (its
+            own brackets and the glue charged to it, adding up to the hooked
+            iteration); ``own`` its own brackets alone; ``iter_s`` the iteration
+            timed without hooks, the reference for whole-iteration predictions;
+            ``reps`` the samples taken.
+        """
         def est(xs: Sequence[float]) -> float:
-            return _estimate(xs, quantile)
+            return float(np.percentile(xs, quantile))
 
         layers = {}
         for k in self.fw:
@@ -665,20 +648,18 @@ class _OpItem:
     def __init__(self, timer: _OpTimer, fn: Callable[[], Any], label: str) -> None:
         self.timer, self.fn, self.label = timer, fn, label
         self.samples: list[float] = []
-        self.visits = 0
 
     def start(self) -> int:
         return self.timer.reps(self.fn)
 
     def visit(self, n: int) -> None:
-        if self.visits:
+        if self.samples:  # a later visit: the first follows start()'s warm-up
             self.fn()
-        self.visits += 1
         self.samples += self.timer.sample(self.fn, self.label, n)
 
-    def figures(self, quantile: float | None) -> tuple[float, float]:
-        """(the kept time, relative IQR)."""
-        return _r(_estimate(self.samples, quantile)), _r(_median_iqr(self.samples)[1])
+    def figures(self, quantile: float) -> tuple[float, float]:
+        """(the samples' ``quantile``-th percentile, their relative IQR)."""
+        return _r(float(np.percentile(self.samples, quantile))), _r(_median_iqr(self.samples)[1])
 
 
 # -------------------------------------------------------- single-layer modules
@@ -1426,8 +1407,9 @@ def measure(device: str = "cpu", quick: bool = False, threads: int | None = None
 ROUNDS_QUANTILE = 20.0
 
 
-def _rounds_quantile(rounds: int) -> float | None:
-    return None if rounds == 1 else ROUNDS_QUANTILE
+def _rounds_quantile(rounds: int) -> float:
+    """The percentile of its samples each figure keeps: the median with one round."""
+    return 50.0 if rounds == 1 else ROUNDS_QUANTILE
 
 
 def statistic_of(rounds: int) -> str:
@@ -1481,7 +1463,7 @@ def _micro_timers(names: Sequence[str], dev: Any, spec: ProfileSpec
 
 
 def _micro_entries(timers: Sequence[tuple[str, dict[str, Any], list[tuple[int, _ModelTimer]]]],
-                   quantile: float | None) -> list[dict[str, Any]]:
+                   quantile: float) -> list[dict[str, Any]]:
     entries = []
     for name, model, runs in timers:
         rows = []
@@ -1820,7 +1802,7 @@ def add_micro(path: str | os.PathLike[str], names: Sequence[str], device: str | 
     line = (f"{', '.join(todo)}: measured {start:%Y-%m-%d %H:%M} - {end:%Y-%m-%d %H:%M} UTC by "
             f"hetsim profile --add-micro ({raw['threads']} thread(s), clock {raw['clock']}, the "
             f"{'quick' if raw.get('quick') else 'full'} spec's repeats in "
-            f"{raw.get('rounds', 1)} round(s)) and merged into this "
+            f"{rounds} round(s)) and merged into this "
             "profile's raw.micro"
             + (f", replacing the earlier {', '.join(replaced)}" if replaced else "")
             + "; the curves re-fitted.")
