@@ -35,10 +35,10 @@ fits, per phase:
   (``call_overhead_s[op]``, :func:`_compute_overhead`; not of a bare kernel's,
   :attr:`Point.call`): a 16 KFLOP, 1-output Linear takes 10.6-13 us forward
   here, which a curve alone reads as a low efficiency at its intensity, and
-  so priced mlp's 16-row GEMMs 10-44% high. Passes whose bytes at ``mem_bw_Bps`` take at
-  least half their time are memory-bound: they say little about the compute
-  efficiency and fit the op class's bandwidth curve instead (but for a skinny
-  GEMM, whose curve over FLOPs is its streaming rate: every pass fits it);
+  so priced mlp's 16-row GEMMs 10-44% high. Every pass with FLOPs is a point
+  of its compute curve; those whose bytes at ``mem_bw_Bps`` take at least half
+  their time (memory-bound) fit the op class's bandwidth curve as well
+  (:func:`_compute_points`);
 * bandwidth efficiency curves over bytes per call, per op class and per layer
   kind (:func:`hardware_profiles.schema.mem_key`, 4 points or more), from the
   passes without FLOPs (activations, norms, pooling, embedding lookups and
@@ -446,21 +446,27 @@ class _ComputePoints:
 
 
 def _compute_points(g: Sequence[Point], peak: float, mem_bw: float, launch: float,
-                    overhead: float, kind: str = "") -> _ComputePoints:
-    """``g``'s passes less launches and ``overhead``: memory-bound ones apart as bandwidth
-    points, unless ``kind`` is one of RATE_KINDS (every pass a point of its curve)."""
+                    overhead: float) -> _ComputePoints:
+    """``g``'s passes less launches and ``overhead``: every one a point of the compute
+    curve, and the memory-bound ones a point of the class's bandwidth curve too.
+
+    A memory-bound pass (its bytes at ``mem_bw`` take MEMORY_BOUND_SHARE of its
+    time or more) still measures the compute side: the cost model prices a pass
+    as the larger of its compute and memory time, so a compute curve below such
+    a pass's rate makes the compute side, not the memory side, decide its price.
+    A GEMM of 8-16 rows is one: its backward ran at 0.33 of peak on the Xeon
+    (``linear_1024x1024`` at batch 8), and a curve left without it interpolated
+    0.13 at its intensity, between 1-output heads and GEMMs of a hundred rows,
+    which priced it 91% high.
+    """
     out = _ComputePoints([], [], [], [], [], [])
     for p in g:
         busy = p.t_s - launch * p.kernels - (overhead if p.call else 0.0)
         if busy <= 0:
             continue
-        if kind not in RATE_KINDS and p.nbytes / mem_bw >= MEMORY_BOUND_SHARE * busy:
-            # The bytes explain most of the time: the pass says little about the
-            # compute efficiency (and would drag the curve down at low
-            # intensity), but it measures the class's bandwidth.
+        if p.nbytes / mem_bw >= MEMORY_BOUND_SHARE * busy:
             out.mem_x.append(p.nbytes)
             out.mem_y.append(p.nbytes / (mem_bw * busy))
-            continue
         out.flops.append(p.flops)
         out.intensity.append(p.flops / p.nbytes)
         out.sources.append(p.model)
@@ -516,7 +522,7 @@ def _compute_overhead(g: Sequence[Point], peak: float, mem_bw: float, launch: fl
         # a kind's curve where _fit_at makes one: MIN_KIND_POINTS passes, one with compute time
         for kd in kinds:
             kg = [p for p in g if p.ckind == kd]
-            kp = _compute_points(kg, peak, mem_bw, launch, c, kd)
+            kp = _compute_points(kg, peak, mem_bw, launch, c)
             if len(kg) >= MIN_KIND_POINTS and kp.flops:
                 by[kd] = _curve_variable(kp, _variables(kd))
         per = []
@@ -526,7 +532,7 @@ def _compute_overhead(g: Sequence[Point], peak: float, mem_bw: float, launch: fl
             curves: dict[str, EfficiencyCurve | IntensityCurve] = {}
             for kd, var in by.items():
                 sub = [p for p in train if p.ckind == kd] if kd else train
-                kp = _compute_points(sub, peak, mem_bw, launch, c, kd) if kd else tp
+                kp = _compute_points(sub, peak, mem_bw, launch, c) if kd else tp
                 if kp.flops and (not kd or len(sub) >= MIN_KIND_POINTS):
                     curves[kd] = _eff_curve(kp.intensity if var == "intensity" else kp.flops,
                                             kp.eff, var)
@@ -587,7 +593,7 @@ def _fit_at(pts: Sequence[Point], peak: float, mem_bw: float, launch: float,
                  else _compute_overhead(g, peak, mem_bw, launch, variables, compute_overheads))
             if "/" not in op:
                 fixed[phase][op] = c
-            cp = _compute_points(g, peak, mem_bw, launch, c, op if "/" in op else "")
+            cp = _compute_points(g, peak, mem_bw, launch, c)
             if len(cp.mem_x) >= MIN_KIND_POINTS and "/" not in op:
                 k, v = fit_curve(cp.mem_x, cp.mem_y, bounds=MEM_EFF_RANGE)
                 mem[phase][op] = BandwidthCurve(bytes=k, eff=v)

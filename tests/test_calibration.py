@@ -201,17 +201,24 @@ def test_a_rate_kind_is_priced_by_its_curve_alone_where_the_profile_has_it() -> 
     assert roofline_s(dev, "conv", flops, nbytes, 1, "fp32", kind="pointwise") == 1e-6 + 4e6 / 1e9
 
 
-def test_a_rate_kind_keeps_its_memory_bound_passes_as_curve_points() -> None:
+def test_a_memory_bound_pass_is_a_point_of_both_curves() -> None:
     from hardware_profiles.calibrate import CURVE_VARIABLES, _compute_points, _variables
 
-    # a pass whose bytes take 80% of its busy time: a bandwidth point for a GEMM,
-    # a point of the curve for a skinny GEMM
+    # busy = 1e-3 + 1e-6 - launch 1e-6 = 1e-3 s; its 8e5 bytes at 1e9 B/s take 0.8 ms,
+    # 80% of it: memory-bound, so a bandwidth point (8e5 / (1e9 * 1e-3) = 0.8 of mem_bw)
+    # and a point of the compute curve (1e6 / (1e9 * 1e-3) = 1.0 of peak), skinny or not
     p = Point("gemm", "fwd", 1e6, 8e5, 1, 1e-6 + 1e-3, "a", "fc", 1, "gemm/k1p", "gemm/rows1")
-    gemm = _compute_points([p], 1e9, 1e9, 1e-6, 0.0)
-    assert gemm.flops == [] and gemm.mem_x == [8e5]
-    skinny = _compute_points([p], 1e9, 1e9, 1e-6, 0.0, "gemm/rows1")
-    assert skinny.flops == [1e6] and skinny.mem_x == []
-    assert skinny.eff == [pytest.approx(1e6 / (1e9 * 1e-3))]
+    for q in (p, replace(p, ckind="")):
+        cp = _compute_points([q], 1e9, 1e9, 1e-6, 0.0)
+        assert cp.flops == [1e6] and cp.mem_x == [8e5] and cp.sources == ["a"]
+        assert cp.eff == [pytest.approx(1.0)] and cp.mem_y == [pytest.approx(0.8)]
+        assert cp.intensity == [pytest.approx(1.25)]
+    # 3e5 bytes take 0.3 ms, 30% of it: a compute point only
+    cp = _compute_points([replace(p, nbytes=3e5)], 1e9, 1e9, 1e-6, 0.0)
+    assert cp.flops == [1e6] and cp.mem_x == []
+    # a layer's call pays the overhead (busy 1e-3 - 5e-4), a bare kernel does not
+    cp = _compute_points([p, replace(p, call=False)], 1e9, 1e9, 1e-6, 5e-4)
+    assert cp.eff == [pytest.approx(2.0), pytest.approx(1.0)]
     # its curve is over FLOPs only; the class's may be over either
     assert _variables("gemm/rows3") == ("flops",)
     assert _variables("gemm") == ("flops", "intensity") == CURVE_VARIABLES["gemm"]
