@@ -133,6 +133,8 @@ _ALL_MICRO = (
     "emb_32000x16", "emb_16000x64", "embbag_10000x1_8", "embbag_100000x1_26",
     "embbag_500000x1_8",
     "mha_256h4_seq64", "mha_512h8_seq128", "mha_768h12_seq256",
+    # the same with dropout on the attention weights (another kernel path: attention/k19)
+    "mha_256h4_seq64_drop", "mha_512h8_seq128_drop", "mha_768h12_seq256_drop",
     "relu_1m", "bn2d_64x56", "ln_512_seq128", "maxpool_64x112", "dropout_512_seq128",
 )
 
@@ -702,13 +704,22 @@ def _micro_layers(name: str, dev: Any) -> tuple[Any, Callable[[int], Any], tuple
         rows, dim = (int(x) for x in dims.split("x"))
         return nn.EmbeddingBag(rows, dim, mode="sum"), ids(rows, int(per_s)), (64, 1024)
     if kind == "mha":
-        d, h_seq = rest.split("h")
+        # mha_{d}h{heads}_seq{seq}, with _drop: dropout 0.1 on the attention weights, as
+        # nn.TransformerEncoderLayer's default; in training that runs another kernel
+        # path (softmax, dropout and two bmm: scaled_dot_product_attention's math path)
+        # than the fused attention without dropout
+        shape, _, variant = rest.partition("_drop")
+        if variant:
+            raise KeyError(name)
+        d, h_seq = shape.split("h")
         heads, seq = h_seq.split("_seq")
+        p_drop = 0.1 if rest.endswith("_drop") else 0.0
 
         class SelfAttn(nn.Module):
             def __init__(self) -> None:
                 super().__init__()
-                self.attn = nn.MultiheadAttention(int(d), int(heads), batch_first=True)
+                self.attn = nn.MultiheadAttention(int(d), int(heads), dropout=p_drop,
+                                                  batch_first=True)
 
             def forward(self, x: torch.Tensor) -> torch.Tensor:
                 return self.attn(x, x, x, need_weights=False)[0]

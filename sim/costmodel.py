@@ -46,6 +46,7 @@ quantization. ``quant_s`` and ``dequant_s`` keep the two parts for reporting.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -74,6 +75,12 @@ _ACT_SCALE = {"fp32": 1.0, "fp16": 0.5, "bf16": 0.5}
 #: Intel Xeon profiles the same time and 4 rows twice it), so each row count gets
 #: its own curve where the profile measured enough calls of it.
 SKINNY_ROWS = 4
+
+#: How far an attention layer's FLOPs must exceed its projections' to count the
+#: attention itself (:func:`compute_kind`): the scores and weighted sum add seq / (2 d)
+#: of the projections' (1/8 for the zoo's transformer); without biases the width is
+#: read 0.5 low, which puts a fused layer's ratio below 1.
+ATTENTION_FLOPS_MARGIN = 1e-3
 
 #: Compute kinds (``OP/KIND``, :func:`compute_kind`) priced by their own curve alone
 #: where the profile has one: a skinny GEMM streams its weights at every size, so its
@@ -162,12 +169,26 @@ def compute_kind(layer: Layer, input_bytes: float, b: float | None = None) -> st
     samples that make ``m`` <= SKINNY_ROWS rows (``b`` times its positions, rounded:
     a classifier's Linear at batch 1-4), ``"rowsM"``: a skinny GEMM, another kernel
     (matrix-vector products, or a GEMM kernel far below its rate per byte at many
-    rows); None otherwise (and for a GEMM when ``b`` is not given).
+    rows); for an attention layer with parameters (``nn.MultiheadAttention``),
+    ``"unfused"`` where its record counts the FLOPs of the attention itself (the
+    scores and the weighted sum, beyond the four projections: torch's math path,
+    which training with dropout on the attention weights takes) and ``"fused"``
+    where it counts the projections' alone (a fused scaled-dot-product kernel,
+    whose FLOPs the counter does not see): their efficiencies over the counted
+    FLOPs are of different work; None otherwise (and for a GEMM when ``b`` is
+    not given).
 
     Derived from the per-sample figures of a dense layer: positions = fwd_flops /
     (2 * weights), and for a 2-D convolution window / stride^2 = weights *
-    positions^2 / (output elements * input elements); >= 2 is spatial.
+    positions^2 / (output elements * input elements); >= 2 is spatial. For
+    attention of width ``d`` (weights 4 d^2 + 4 d with biases) the positions are
+    output elements / d and the projections' FLOPs 2 * weights * positions.
     """
+    if layer.op == "attention" and layer.param_bytes > 0 and layer.fwd_flops > 0:
+        weights = layer.param_bytes / 4.0
+        d = (math.sqrt(1.0 + weights) - 1.0) / 2.0
+        projections = 2.0 * weights * (layer.activation_bytes / 4.0) / d
+        return "unfused" if layer.fwd_flops > (1.0 + ATTENTION_FLOPS_MARGIN) * projections else "fused"
     if layer.op not in ("conv", "gemm") or layer.param_bytes <= 0 or layer.fwd_flops <= 0:
         return None
     weights = layer.param_bytes / 4.0

@@ -175,6 +175,46 @@ def test_compute_kind_tells_a_skinny_gemm_apart() -> None:
     assert compute_kind(lin, tr.input_bytes_of(i), 1) is None
 
 
+def test_compute_kind_tells_fused_attention_from_unfused() -> None:
+    from sim import zoo
+    from sim.costmodel import compute_kind
+
+    tr = zoo.get("transformer")
+    i, attn = next((i, ly) for i, ly in enumerate(tr.layers) if ly.op == "attention")
+    # d = 512, seq = 128: weights 4 * 512^2 + 4 * 512 = 1,050,624; the projections'
+    # FLOPs 2 * 1,050,624 * 128 = 268,959,744; the record has 301,989,888 (the scores'
+    # and weighted sum's 2 * 2 * 128^2 * 512 = 33,554,432 beyond the 268,435,456 of
+    # the four matmuls: torch's math path, which the zoo's dropout 0.1 takes)
+    assert attn.param_bytes == 4 * 1_050_624 and attn.activation_bytes == 4 * 128 * 512
+    assert attn.fwd_flops == 268_435_456 + 33_554_432
+    assert compute_kind(attn, tr.input_bytes_of(i), 1) == "unfused"
+    # a fused kernel's record counts the projections alone: 268,435,456 FLOPs
+    fused = replace(attn, fwd_flops=268_435_456.0, bwd_flops=2 * 268_435_456.0)
+    assert compute_kind(fused, tr.input_bytes_of(i), 1) == "fused"
+    # without biases (4 d^2 = 1,048,576 weights) the width reads 0.5 low: still fused
+    assert compute_kind(replace(fused, param_bytes=4 * 1_048_576.0), 0.0) == "fused"
+    assert compute_kind(replace(attn, param_bytes=0.0), 0.0) is None
+
+
+def test_attention_benchmarks_with_dropout_run_the_zoo_transformers_path() -> None:
+    from sim import zoo
+    from sim.costmodel import compute_kind
+
+    tr = zoo.get("transformer")
+    zoo_attn = next(ly for ly in tr.layers if ly.op == "attention")
+    got = {}
+    for name in ("mha_512h8_seq128", "mha_512h8_seq128_drop"):
+        module, example, batches = P._micro_layers(name, "cpu")
+        assert batches == (1, 4)
+        assert module.attn.dropout == (0.1 if name.endswith("_drop") else 0.0)
+        model, layer = P._single_layer(module.train(), example(1))
+        got[name] = (layer.fwd_flops, compute_kind(layer, model.input_bytes_of(0), 1))
+    assert got["mha_512h8_seq128_drop"] == (zoo_attn.fwd_flops, "unfused")
+    assert got["mha_512h8_seq128"] == (268_435_456, "fused")
+    with pytest.raises(KeyError):
+        P._micro_layers("mha_512h8_seq128_dropx", "cpu")
+
+
 def test_a_rate_kind_is_priced_by_its_curve_alone_where_the_profile_has_it() -> None:
     from sim.costmodel import roofline_s
 
