@@ -455,9 +455,9 @@ def _compute_points(g: Sequence[Point], peak: float, mem_bw: float, launch: floa
     as the larger of its compute and memory time, so a compute curve below such
     a pass's rate makes the compute side, not the memory side, decide its price.
     A GEMM of 8-16 rows is one: its backward ran at 0.33 of peak on the Xeon
-    (``linear_1024x1024`` at batch 8), and a curve left without it interpolated
-    0.13 at its intensity, between 1-output heads and GEMMs of a hundred rows,
-    which priced it 91% high.
+    (``linear_1024x1024`` at batch 8, mlp left out), and a curve left without
+    it interpolated 0.18 at its intensity, between 1-output heads and GEMMs of
+    a hundred rows, which priced it 91% high.
     """
     out = _ComputePoints([], [], [], [], [], [])
     for p in g:

@@ -133,7 +133,7 @@ _ALL_MICRO = (
     "emb_32000x16", "emb_16000x64", "embbag_10000x1_8", "embbag_100000x1_26",
     "embbag_500000x1_8",
     "mha_256h4_seq64", "mha_512h8_seq128", "mha_768h12_seq256",
-    # the same with dropout on the attention weights (another kernel path: attention/k19)
+    # the same with dropout on the attention weights (another kernel path: attention/unfused)
     "mha_256h4_seq64_drop", "mha_512h8_seq128_drop", "mha_768h12_seq256_drop",
     "relu_1m", "bn2d_64x56", "ln_512_seq128", "maxpool_64x112", "dropout_512_seq128",
 )
