@@ -86,6 +86,11 @@ def _median_iqr(xs: Sequence[float]) -> tuple[float, float]:
     return med, float((q3 - q1) / med) if med > 0 else 0.0
 
 
+def _figures(xs: Sequence[float], quantile: float) -> tuple[float, float]:
+    """(the samples' ``quantile``-th percentile, their relative IQR), as stored."""
+    return _r(float(np.percentile(xs, quantile))), _r(_median_iqr(xs)[1])
+
+
 # ----------------------------------------------------------------- what to run
 @dataclass(frozen=True)
 class ProfileSpec:
@@ -626,20 +631,17 @@ class _ModelTimer:
             ``reps`` the samples taken.
         """
         def est(xs: Sequence[float]) -> float:
-            return float(np.percentile(xs, quantile))
+            return _figures(xs, quantile)[0]
 
         layers = {}
         for k in self.fw:
-            _, fi = _median_iqr(self.fw[k])
-            bws = self.bw.get(k, [0.0])
-            _, bi = _median_iqr(bws)
-            layers[k] = [_r(est(self.fw[k])), _r(est(bws)), _r(fi), _r(bi)]
-        own = {k: [_r(est(self.ofw[k])), _r(est(self.obw.get(k, [0.0])))]
-               for k in self.fw if k in self.ofw}
-        _, it_iqr = _median_iqr(self.whole)
-        return {"layers": layers, "own": own, "iter_s": _r(est(self.whole)),
-                "iter_rel_iqr": _r(it_iqr), "hooked_iter_s": _r(est(self.hooked)),
-                "glue_s": _r(est(self.unattr)), "reps": len(self.whole)}
+            (fv, fi), (bv, bi) = _figures(self.fw[k], quantile), _figures(self.bw.get(k, [0.0]), quantile)
+            layers[k] = [fv, bv, fi, bi]
+        own = {k: [est(self.ofw[k]), est(self.obw.get(k, [0.0]))] for k in self.fw if k in self.ofw}
+        it, it_iqr = _figures(self.whole, quantile)
+        return {"layers": layers, "own": own, "iter_s": it, "iter_rel_iqr": it_iqr,
+                "hooked_iter_s": est(self.hooked), "glue_s": est(self.unattr),
+                "reps": len(self.whole)}
 
 
 class _OpItem:
@@ -661,7 +663,7 @@ class _OpItem:
 
     def figures(self, quantile: float) -> tuple[float, float]:
         """(the samples' ``quantile``-th percentile, their relative IQR)."""
-        return _r(float(np.percentile(self.samples, quantile))), _r(_median_iqr(self.samples)[1])
+        return _figures(self.samples, quantile)
 
 
 # -------------------------------------------------------- single-layer modules
@@ -708,12 +710,12 @@ def _micro_layers(name: str, dev: Any) -> tuple[Any, Callable[[int], Any], tuple
         # nn.TransformerEncoderLayer's default; in training that runs another kernel
         # path (softmax, dropout and two bmm: scaled_dot_product_attention's math path)
         # than the fused attention without dropout
-        shape, _, variant = rest.partition("_drop")
-        if variant:
+        shape, drop, tail = rest.partition("_drop")
+        if tail:
             raise KeyError(name)
         d, h_seq = shape.split("h")
         heads, seq = h_seq.split("_seq")
-        p_drop = 0.1 if rest.endswith("_drop") else 0.0
+        p_drop = 0.1 if drop else 0.0
 
         class SelfAttn(nn.Module):
             def __init__(self) -> None:

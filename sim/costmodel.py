@@ -184,14 +184,13 @@ def compute_kind(layer: Layer, input_bytes: float, b: float | None = None) -> st
     attention of width ``d`` (weights 4 d^2 + 4 d with biases) the positions are
     output elements / d and the projections' FLOPs 2 * weights * positions.
     """
-    if layer.op == "attention" and layer.param_bytes > 0 and layer.fwd_flops > 0:
-        weights = layer.param_bytes / 4.0
+    if layer.op not in ("conv", "gemm", "attention") or layer.param_bytes <= 0 or layer.fwd_flops <= 0:
+        return None
+    weights = layer.param_bytes / 4.0
+    if layer.op == "attention":
         d = (math.sqrt(1.0 + weights) - 1.0) / 2.0
         projections = 2.0 * weights * (layer.activation_bytes / 4.0) / d
         return "unfused" if layer.fwd_flops > (1.0 + ATTENTION_FLOPS_MARGIN) * projections else "fused"
-    if layer.op not in ("conv", "gemm") or layer.param_bytes <= 0 or layer.fwd_flops <= 0:
-        return None
-    weights = layer.param_bytes / 4.0
     positions = layer.fwd_flops / (2.0 * weights)
     if layer.op == "gemm":
         rows = round(b * positions) if b is not None else 0
