@@ -594,7 +594,9 @@ def _fit_at(pts: Sequence[Point], peak: float, mem_bw: float, launch: float,
             if "/" not in op:
                 fixed[phase][op] = c
             cp = _compute_points(g, peak, mem_bw, launch, c)
-            if len(cp.mem_x) >= MIN_KIND_POINTS and "/" not in op:
+            # (the class's own bandwidth curve, from its passes without operations, stays:
+            # the elementwise class's passes with operations are pools, all compute-bound)
+            if len(cp.mem_x) >= MIN_KIND_POINTS and "/" not in op and op not in mem[phase]:
                 k, v = fit_curve(cp.mem_x, cp.mem_y, bounds=MEM_EFF_RANGE)
                 mem[phase][op] = BandwidthCurve(bytes=k, eff=v)
             if cp.flops:

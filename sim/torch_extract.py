@@ -47,6 +47,7 @@ RNG state are restored afterwards.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -366,10 +367,26 @@ def _layers(calls: list[_Call], batch: int, root: nn.Module) -> list[Layer]:
             sparse=sparse,
             kernels=max(1, c.kernels),
             inplace=leaf and getattr(c.module, "inplace", False) is True,
+            window=_window(c.module) if leaf else 1,
         )
         rows.append((pos, base, layer))
     rows.sort(key=lambda r: r[0])
     return _unique_names([ly for _, _, ly in rows])
+
+
+_POOLS = (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d)
+
+
+def _window(module: nn.Module) -> int:
+    """Input elements per output element of a pooling module (its kernel's area or
+    volume), 1 for any other module (adaptive pools included: their window follows
+    from the input size, and without overlap they read each input once)."""
+    if not isinstance(module, _POOLS):
+        return 1
+    k = module.kernel_size
+    dims = {nn.MaxPool1d: 1, nn.AvgPool1d: 1, nn.MaxPool2d: 2, nn.AvgPool2d: 2}.get(type(module), 3)
+    sizes = [int(x) for x in k] if isinstance(k, tuple | list) else [int(k)] * dims
+    return max(1, math.prod(sizes))
 
 
 def _unique_names(layers: list[Layer]) -> list[Layer]:

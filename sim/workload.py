@@ -56,6 +56,11 @@ class Layer:
             (``nn.ReLU(inplace=True)``): an in-place and an out-of-place pass over
             the same bytes are different kernels and autograd paths, timed apart
             by calibration (its own bandwidth curve, ``elementwise/k1i``).
+        window: input elements each output element is computed from, for a
+            pooling layer (its kernel's area: 9 for ``nn.MaxPool2d(3)``); 1 for
+            any other layer. A pooling pass costs one operation per window element
+            of each output (:func:`sim.costmodel.layer_work`): a 3x3 and a 2x2
+            pool over equal bytes are different amounts of work.
     """
 
     name: str
@@ -67,18 +72,20 @@ class Layer:
     sparse: Sparse | None = None
     kernels: int = 1
     inplace: bool = False
+    window: int = 1
 
     @property
     def signature(self) -> str:
         """The layer's work as a key for measured per-layer tables (with ``:r`` added for a
         layer whose output is smaller than its input: :func:`sim.costmodel.table_key`):
         identical keys cost the same. An in-place layer's ends in ``:i`` (it runs another
-        kernel than an out-of-place one of equal work). The forward kernel count is not in
-        it."""
+        kernel than an out-of-place one of equal work), a pooling layer's in ``:wN`` (its
+        window). The forward kernel count is not in it."""
         sp = f":{self.sparse.rows_per_sample:g}x{self.sparse.row_bytes:g}" if self.sparse else ""
         return (
             f"{self.op}:{self.fwd_flops:.6g}:{self.bwd_flops:.6g}:"
             f"{self.param_bytes:.6g}:{self.activation_bytes:.6g}{sp}{':i' if self.inplace else ''}"
+            f"{f':w{self.window}' if self.window != 1 else ''}"
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -89,6 +96,8 @@ class Layer:
             del d["kernels"]
         if not self.inplace:
             del d["inplace"]
+        if self.window == 1:
+            del d["window"]
         return d
 
 
@@ -145,6 +154,7 @@ class Model:
 
 _LAYER_KEYS = {
     "name", "op", "fwd_flops", "bwd_flops", "param_bytes", "activation_bytes", "sparse", "kernels", "inplace",
+    "window",
 }
 
 
@@ -202,7 +212,11 @@ def model_from_dict(d: Any, source: str = "<model>") -> Model:
         inplace = raw.get("inplace", False)
         if not isinstance(inplace, bool):
             raise ConfigError(source, f"{where}.inplace", "must be true or false")
-        layers.append(Layer(name=name, op=raw["op"], sparse=sparse, kernels=kernels, inplace=inplace, **nums))
+        window = raw.get("window", 1)
+        if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+            raise ConfigError(source, f"{where}.window", "must be a positive integer")
+        layers.append(Layer(name=name, op=raw["op"], sparse=sparse, kernels=kernels, inplace=inplace,
+                            window=window, **nums))
     input_bytes = _nonneg(d.get("input_bytes", 0.0), source, "input_bytes")
     return Model(name=str(d.get("name", Path(source).stem)), layers=tuple(layers), input_bytes=input_bytes)
 

@@ -302,6 +302,32 @@ def test_in_place_layers_have_kinds_curves_and_tables_of_their_own() -> None:
         bare_profile(mem_efficiency={"elementwise/k1ip": 0.5})
 
 
+def test_a_pool_costs_one_operation_per_window_element_and_two_per_output() -> None:
+    from sim.costmodel import layer_work, pool_ops
+
+    # equal bytes (4e3 B in, 1e3 B = 250 elements out a sample), a 3x3 and a 2x2 window
+    p3 = Layer("p3", "elementwise", 0.0, 0.0, 0.0, 1e3, window=9)
+    p2 = replace(p3, name="p2", window=4)
+    relu = replace(p3, name="r", window=1)
+    assert (pool_ops(p3), pool_ops(p2), pool_ops(relu)) == (2750.0, 1500.0, 0.0)
+    # b = 2: (9 + 2) * 250 * 2 operations, 2 * (4e3 + 1e3) bytes; the backward has none
+    assert layer_work(p3, "fwd", 2, "fp32", 4e3) == (5500.0, 1, 1e4)
+    assert layer_work(p2, "fwd", 2, "fp32", 4e3) == (3000.0, 1, 1e4)
+    assert layer_work(p3, "bwd", 2, "fp32", 4e3) == (0.0, 2, 2 * (4e3 + 2e3))
+    # a profile with an elementwise compute curve prices the operations: 1 launch (1e-6) +
+    # 5500 / (1e9 x 0.1) against 1e4 B at 1e9 B/s; the 2x2 pool 3000 / 1e8
+    dev = bare_profile(efficiency={"elementwise": 0.1})
+    assert layer_time_s(p3, "fwd", 2, dev, "fp32", 4e3) == pytest.approx(1e-6 + 5.5e-5)
+    assert layer_time_s(p2, "fwd", 2, dev, "fp32", 4e3) == pytest.approx(1e-6 + 3e-5)
+    # one without (a datasheet profile: efficiency 1) by their bytes, alike
+    bare = bare_profile()
+    assert layer_time_s(p3, "fwd", 2, bare, "fp32", 4e3) == pytest.approx(1e-6 + 1e-5)
+    assert layer_time_s(p2, "fwd", 2, bare, "fp32", 4e3) == pytest.approx(1e-6 + 1e-5)
+    # calibration prices a measured pool pass the same way
+    pt = Point("elementwise", "fwd", 5500.0, 1e4, 1, 1.0, "m", "p3", 2, "elementwise/k1r")
+    assert _point_time(dev, pt) == pytest.approx(1e-6 + 5.5e-5)
+
+
 def test_call_overhead_lookup_and_pricing() -> None:
     # kind entry, else the op class's, else 0; the backward has its own table (no fallback)
     dev = bare_profile(mem_efficiency={"elementwise": 0.5},

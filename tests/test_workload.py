@@ -109,6 +109,18 @@ def test_sequential_mlp_by_hand() -> None:
     assert model.input_bytes == 32
 
 
+def test_a_pooling_window_comes_from_the_module_and_survives_the_file(tmp_path: Path) -> None:
+    m = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.MaxPool2d(3, 2, padding=1), nn.ReLU(),
+                      nn.MaxPool2d(2), nn.AvgPool2d((1, 3)), nn.AdaptiveAvgPool2d(1))
+    model = from_torch(m, torch.randn(2, 3, 12, 12))
+    assert [ly.window for ly in model.layers] == [1, 9, 1, 4, 3, 1]
+    # only a window other than 1 is written; the signature tells equal-byte pools apart
+    assert model.layers[1].to_dict()["window"] == 9 and "window" not in model.layers[2].to_dict()
+    assert model.layers[1].signature.endswith(":w9") and ":w" not in model.layers[2].signature
+    save_model_file(model, tmp_path / "m.yaml")
+    assert load_model_file(tmp_path / "m.yaml") == model
+
+
 def test_inplace_comes_from_the_module_and_survives_the_file(tmp_path: Path) -> None:
     m = nn.Sequential(nn.Linear(8, 4), nn.ReLU(inplace=True), nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4),
                       nn.Dropout(inplace=True))
@@ -314,8 +326,11 @@ _GOOD_LAYER = ("{name: a, op: gemm, fwd_flops: 1, bwd_flops: 2, param_bytes: 3, 
         ("name: x\nlayers: []\n", "layers"),
         ("name: x\nlayers: [{name: a, op: elementwise, fwd_flops: 0, bwd_flops: 0, param_bytes: 0,"
          " activation_bytes: 4, inplace: 1}]\n", "layers[0].inplace"),
+        ("name: x\nlayers: [{name: a, op: elementwise, fwd_flops: 0, bwd_flops: 0, param_bytes: 0,"
+         " activation_bytes: 4, window: 0}]\n", "layers[0].window"),
     ],
-    ids=["malformed", "unknown-top", "unknown-layer", "negative", "bad-op", "missing", "empty", "inplace-not-bool"],
+    ids=["malformed", "unknown-top", "unknown-layer", "negative", "bad-op", "missing", "empty", "inplace-not-bool",
+         "window-zero"],
 )
 def test_load_model_file_errors_name_file_and_field(tmp_path: Path, text: str, field: str) -> None:
     f = tmp_path / "bad.yaml"
