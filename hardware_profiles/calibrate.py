@@ -594,8 +594,8 @@ def _fit_at(pts: Sequence[Point], peak: float, mem_bw: float, launch: float,
             if "/" not in op:
                 fixed[phase][op] = c
             cp = _compute_points(g, peak, mem_bw, launch, c)
-            # (the class's own bandwidth curve, from its passes without operations, stays:
-            # the elementwise class's passes with operations are pools, all compute-bound)
+            # a class's bandwidth curve fitted to its passes without operations stays
+            # (the elementwise class has both kinds: its passes with operations are pools)
             if len(cp.mem_x) >= MIN_KIND_POINTS and "/" not in op and op not in mem[phase]:
                 k, v = fit_curve(cp.mem_x, cp.mem_y, bounds=MEM_EFF_RANGE)
                 mem[phase][op] = BandwidthCurve(bytes=k, eff=v)

@@ -374,19 +374,20 @@ def _layers(calls: list[_Call], batch: int, root: nn.Module) -> list[Layer]:
     return _unique_names([ly for _, _, ly in rows])
 
 
-_POOLS = (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d)
+#: Pooling modules with a fixed window, and the dimensions of their kernel.
+_POOL_DIMS = {nn.MaxPool1d: 1, nn.AvgPool1d: 1, nn.MaxPool2d: 2, nn.AvgPool2d: 2,
+              nn.MaxPool3d: 3, nn.AvgPool3d: 3}
 
 
 def _window(module: nn.Module) -> int:
     """Input elements per output element of a pooling module (its kernel's area or
     volume), 1 for any other module (adaptive pools included: their window follows
     from the input size, and without overlap they read each input once)."""
-    if not isinstance(module, _POOLS):
+    dims = next((d for cls, d in _POOL_DIMS.items() if isinstance(module, cls)), None)
+    if dims is None:
         return 1
-    k = module.kernel_size
-    dims = {nn.MaxPool1d: 1, nn.AvgPool1d: 1, nn.MaxPool2d: 2, nn.AvgPool2d: 2}.get(type(module), 3)
-    sizes = [int(x) for x in k] if isinstance(k, tuple | list) else [int(k)] * dims
-    return max(1, math.prod(sizes))
+    k: Any = module.kernel_size  # int or tuple, as the module was built
+    return math.prod(int(x) for x in k) if isinstance(k, tuple | list) else int(k) ** dims
 
 
 def _unique_names(layers: list[Layer]) -> list[Layer]:

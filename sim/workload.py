@@ -58,9 +58,9 @@ class Layer:
             by calibration (its own bandwidth curve, ``elementwise/k1i``).
         window: input elements each output element is computed from, for a
             pooling layer (its kernel's area: 9 for ``nn.MaxPool2d(3)``); 1 for
-            any other layer. A pooling pass costs one operation per window element
-            of each output (:func:`sim.costmodel.layer_work`): a 3x3 and a 2x2
-            pool over equal bytes are different amounts of work.
+            any other layer. A pooling forward costs ``window + 2`` operations per
+            output element (:func:`sim.costmodel.pool_ops`): a 3x3 and a 2x2 pool
+            over equal bytes are different amounts of work.
     """
 
     name: str

@@ -25,7 +25,7 @@ from hardware_profiles.calibrate import (
     fit_curve,
 )
 from hardware_profiles.schema import BandwidthCurve, EfficiencyCurve, IntensityCurve
-from sim.costmodel import layer_time_s
+from sim.costmodel import layer_time_s, layer_work, pool_ops
 from sim.errors import ConfigError, HetsimError
 from sim.workload import Layer
 from tests.helpers_profiles import bare_profile
@@ -303,8 +303,6 @@ def test_in_place_layers_have_kinds_curves_and_tables_of_their_own() -> None:
 
 
 def test_a_pool_costs_one_operation_per_window_element_and_two_per_output() -> None:
-    from sim.costmodel import layer_work, pool_ops
-
     # equal bytes (4e3 B in, 1e3 B = 250 elements out a sample), a 3x3 and a 2x2 window
     p3 = Layer("p3", "elementwise", 0.0, 0.0, 0.0, 1e3, window=9)
     p2 = replace(p3, name="p2", window=4)
