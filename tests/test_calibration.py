@@ -537,6 +537,23 @@ def test_layer_timer_charges_glue_so_layers_add_up() -> None:
     assert sum(own_f.values()) + sum(own_b.values()) + glue == pytest.approx(total, rel=1e-9)
 
 
+def test_training_loss_hands_the_last_layer_a_contiguous_gradient() -> None:
+    # An MSE against zeros, as the runtime trains with (a sum's gradient would reach the
+    # last layer as a stride-0 expanded view). Two outputs of shapes (3, 2) and (3,), one
+    # needing no gradient: loss = mean(y1^2) + mean(y2^2), dloss/dy1 = 2 y1 / 6.
+    x = torch.arange(6.0).reshape(3, 2).requires_grad_(True)
+    y1, y2 = x * 1.0, (x * 1.0).sum(dim=1)
+    seen: list[torch.Tensor] = []
+    y1.register_hook(seen.append)
+    loss = P.training_loss((y1, y2, torch.ones(3)))
+    assert loss.item() == pytest.approx(sum(v * v for v in range(6)) / 6
+                                        + (1 + 25 + 81) / 3)
+    loss.backward()
+    (g,) = seen
+    assert g.is_contiguous() and 0 not in g.stride()
+    assert torch.allclose(g, 2.0 * x.detach() / 6.0)
+
+
 # ------------------------------------------------------------------ errors
 @pytest.mark.skipif(HAS_GPU, reason="a GPU is present: cuda:0 is available here")
 def test_profile_cuda_without_gpu_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
