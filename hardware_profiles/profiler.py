@@ -446,7 +446,6 @@ class LayerTimer:
             seconds (in no layer's own bracket, charged to a neighbour), whole-
             iteration seconds).
         """
-
         self.calls, self.stack, self.owner = [], [], {}
         self.module.zero_grad(set_to_none=True)
         self.clock.sync()
@@ -541,20 +540,21 @@ def _tensors(obj: Any) -> list[Any]:
 
 
 def training_loss(output: Any) -> Any:
-    """The loss the profiler back-propagates: the mean squared error of every
-    floating-point output that needs a gradient, against zeros, summed over the
-    outputs; the runtime trains with a mean squared error too
-    (:func:`runtime.task.loss_fn`). Its gradient reaches the model's last layer as
-    a contiguous tensor, as a real loss's does. A plain ``sum()``'s gradient is a
+    """The loss the profiler back-propagates: the runtime's training loss
+    (:func:`runtime.task.loss_fn`, a mean squared error) of every floating-point
+    output that needs a gradient, against zeros, summed over the outputs. Its
+    gradient reaches the model's last layer as a contiguous tensor, as a real
+    loss's does. A plain ``sum()``'s gradient is a
     stride-0 expanded view, which made the last layer's backward slower than in
     training (a 1024 -> 10 or 256 -> 1 Linear at batch 16-512, one thread on the
     AMD EPYC: 11-61 us more per backward, 9-25% of forward plus backward).
     """
     import torch
-    from torch.nn.functional import mse_loss
 
-    outs = [t.float() for t in _tensors(output) if t.is_floating_point() and t.requires_grad]
-    return torch.stack([mse_loss(t, torch.zeros_like(t)) for t in outs]).sum()
+    from runtime.task import loss_fn
+
+    outs = [t for t in _tensors(output) if t.is_floating_point() and t.requires_grad]
+    return torch.stack([loss_fn(t, torch.zeros_like(t, dtype=torch.float32)) for t in outs]).sum()
 
 
 def _split(example: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -596,7 +596,6 @@ class _ModelTimer:
         self.whole: list[float] = []
 
     def _plain(self) -> float:
-
         self.module.zero_grad(set_to_none=True)
         self.clock.sync()
         a = self.clock.mark()

@@ -538,9 +538,9 @@ def test_layer_timer_charges_glue_so_layers_add_up() -> None:
 
 
 def test_training_loss_hands_the_last_layer_a_contiguous_gradient() -> None:
-    # An MSE against zeros, as the runtime trains with (a sum's gradient would reach the
-    # last layer as a stride-0 expanded view). Two outputs of shapes (3, 2) and (3,), one
-    # needing no gradient: loss = mean(y1^2) + mean(y2^2), dloss/dy1 = 2 y1 / 6.
+    # The runtime's MSE against zeros (a sum's gradient would reach the last layer as a
+    # stride-0 expanded view). Outputs y1 (3, 2), y2 (3,) and a constant that needs no
+    # gradient (left out): loss = mean(y1^2) + mean(y2^2), dloss/dy1 = 2 y1 / 6.
     x = torch.arange(6.0).reshape(3, 2).requires_grad_(True)
     y1, y2 = x * 1.0, (x * 1.0).sum(dim=1)
     seen: list[torch.Tensor] = []
