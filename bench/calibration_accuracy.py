@@ -1,6 +1,7 @@
 """Calibration accuracy: leave-one-model-out prediction of measured layer times.
 
     python -m bench.calibration_accuracy PROFILE [--repeat PROFILE2] [--json]
+    python -m bench.calibration_accuracy PROFILE --passes MODEL   # its every pass
 
 For each zoo model measured in PROFILE (``hetsim profile``), the efficiency
 curves are fitted on every other model and the single-layer benchmarks
@@ -14,7 +15,11 @@ without hooks. Targets (issue 3, this project's CPU machine): median
 
 The noise floor printed below the table (:func:`noise_floor`): the standard
 error of each per-layer median (from the recorded IQR and repeat count) and
-how far layers of one signature in one run differ from each other.
+how far layers of one signature in one run differ from each other. Per row,
+``twins``: the held-out model's passes whose very work another model or a
+single-layer benchmark measured too, and how far they are from those twins'
+median time (:func:`twin_floor`): what a cost model that sees a pass's work
+alone misses on them even when it reproduces every other measurement.
 
 Where the profile has the drift probe's samples (``raw["drift"]``: the same GEMM
 and copy timed after every step of the run), how far the machine's own speed
@@ -37,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from hardware_profiles import load_profile_file
-from hardware_profiles.calibrate import drift_of, fit, predict_layers
+from hardware_profiles.calibrate import drift_of, fit, points_from_raw, predict_layers
 from hardware_profiles.profiler import drift_line
 from sim import zoo
 
@@ -45,33 +50,51 @@ LAYER_TARGET = 0.15
 ITER_TARGET = 0.10
 
 
-def loo_rows(profile: Any) -> list[dict[str, Any]]:
-    """One row per (held-out model, batch size)."""
+def _passes(fitted: Any, model: Any, run: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every measured pass of one run of ``model`` with the prediction of ``fitted``:
+    a layer's own time where the profile has it, against the prediction without
+    glue; else the time charged to it, against the prediction with the glue."""
+    b = int(run["batch"])
+    own = run.get("own") or {}
+    pf, pb = predict_layers(fitted, model, b, glue=not own)
+    out = []
+    for i, ly in enumerate(model.layers):
+        vals = run["layers"].get(ly.name)
+        if vals is None:
+            continue
+        ref = own.get(ly.name, vals)
+        for phase, pred, meas in (("fwd", pf[i], ref[0]), ("bwd", pb[i], ref[1])):
+            if meas > 0:
+                out.append({"layer": ly.name, "op": ly.op, "phase": phase, "pred_s": float(pred),
+                            "meas_s": float(meas), "err": (float(pred) - meas) / meas})
+    return out
+
+
+def loo_rows(profile: Any, only: str | None = None) -> list[dict[str, Any]]:
+    """One row per (held-out model, batch size); ``only``: that model alone.
+
+    Each row keeps its passes (``passes``: layer, phase, predicted and measured
+    seconds, relative error) and, where other sources measured the same work,
+    the twin floor of :func:`twin_floor` (``twin_passes``, ``twin_median_abs_err``).
+    """
     raw = profile.raw or {}
+    twins = twin_floor(profile)
     rows = []
     for name, runs in raw.get("models", {}).items():
+        if only is not None and name != only:
+            continue
         fitted, _ = fit(profile, exclude=[name])
         model = zoo.get(name)
         for run in runs:
             b = int(run["batch"])
+            passes = _passes(fitted, model, run)
+            errs = [abs(p["err"]) for p in passes]
+            measured_sum = sum(vals[0] + vals[1] for ly in model.layers
+                               if (vals := run["layers"].get(ly.name)) is not None)
             pf, pb = predict_layers(fitted, model, b)
-            # a layer's own time where the profile has it: the prediction without glue
-            # against the layer's own brackets; else both with the glue charged to it
-            own = run.get("own") or {}
-            of, ob = predict_layers(fitted, model, b, glue=False) if own else (pf, pb)
-            errs = []
-            measured_sum = 0.0
-            for i, ly in enumerate(model.layers):
-                vals = run["layers"].get(ly.name)
-                if vals is None:
-                    continue
-                measured_sum += vals[0] + vals[1]
-                ref = own.get(ly.name, vals)
-                for pred, meas in ((of[i], ref[0]), (ob[i], ref[1])):
-                    if meas > 0:
-                        errs.append(abs(pred - meas) / meas)
             whole_pred = float(sum(pf) + sum(pb))
             whole = float(run["iter_s"])
+            tw = twins.get((name, b), {})
             rows.append({
                 "model": name, "batch": b, "layer_passes": len(errs),
                 "layer_median_abs_err": float(np.median(errs)),
@@ -81,9 +104,42 @@ def loo_rows(profile: Any) -> list[dict[str, Any]]:
                 "glue_frac": float(run.get("glue_s", run.get("unattributed_s", 0.0)))
                 / float(run["hooked_iter_s"]),
                 "layers_over_iter": measured_sum / whole,
-                "layer_ref": "own" if own else "charged",
+                "layer_ref": "own" if run.get("own") else "charged",
+                "twin_passes": tw.get("passes", 0),
+                "twin_median_abs_err": tw.get("median_abs_err"),
+                "passes": passes,
             })
     return rows
+
+
+def _work(p: Any) -> tuple[Any, ...]:
+    """What the cost model knows of a measured pass (all it prices it from)."""
+    return (p.op, p.phase, p.kind, p.ckind, p.flops, p.nbytes, p.kernels, p.rows, p.call)
+
+
+def twin_floor(profile: Any) -> dict[tuple[str, int], dict[str, Any]]:
+    """Per (zoo model, batch): its passes whose work (op, kind, phase, FLOPs, bytes,
+    kernels, rows looked up) another source of the profile measured too (a twin in
+    another zoo model or a single-layer benchmark), each against the median of its
+    twins' times: ``{"passes": n, "median_abs_err": median |t / median(twins) - 1|}``.
+
+    The cost model prices a pass from its work alone, so on these passes a fit that
+    reproduced the other sources' measurements exactly would miss by this much.
+    """
+    raw = profile.raw or {}
+    pts = [p for p in points_from_raw(raw, dense_sparse_grad=profile.dense_sparse_grad,
+                                      weight_grad_only=profile.weight_grad_only_bwd) if p.t_s > 0]
+    same: dict[tuple[Any, ...], list[Any]] = {}
+    for p in pts:
+        same.setdefault(_work(p), []).append(p)
+    errs: dict[tuple[str, int], list[float]] = {}
+    for p in pts:
+        if p.model not in raw.get("models", {}):
+            continue
+        others = [q.t_s for q in same[_work(p)] if q.model != p.model]
+        if others:
+            errs.setdefault((p.model, p.batch), []).append(abs(p.t_s / float(np.median(others)) - 1))
+    return {k: {"passes": len(v), "median_abs_err": float(np.median(v))} for k, v in errs.items()}
 
 
 def noise_floor(raw: dict[str, Any]) -> dict[str, Any]:
@@ -162,7 +218,7 @@ def print_report(rows: list[dict[str, Any]], rep: dict[str, Any] | None,
          "charged": "the time charged to each layer (its own brackets and glue)"}[x]
         for x in sorted(refs, reverse=True)))
     print(f"{'model':<12}{'batch':>6}{'passes':>7}{'med |layer err|':>17}{'p90':>8}"
-          f"{'iter pred s':>13}{'iter meas s':>13}{'iter err':>10}{'glue':>7}{'L/it':>7}  ok")
+          f"{'iter pred s':>13}{'iter meas s':>13}{'iter err':>10}{'glue':>7}{'L/it':>7}  ok  twins")
     ok_all = True
     for r in rows:
         ok = r["layer_median_abs_err"] <= LAYER_TARGET and abs(r["iter_err"]) <= ITER_TARGET
@@ -170,11 +226,15 @@ def print_report(rows: list[dict[str, Any]], rep: dict[str, Any] | None,
         print(f"{r['model']:<12}{r['batch']:>6}{r['layer_passes']:>7}"
               f"{100 * r['layer_median_abs_err']:>16.1f}%{100 * r['layer_p90_abs_err']:>7.0f}%"
               f"{r['iter_pred_s']:>13.4g}{r['iter_meas_s']:>13.4g}{100 * r['iter_err']:>+9.1f}%"
-              f"{100 * r['glue_frac']:>6.1f}%{r['layers_over_iter']:>7.2f}  {'yes' if ok else 'NO'}")
+              f"{100 * r['glue_frac']:>6.1f}%{r['layers_over_iter']:>7.2f}  {'yes' if ok else 'NO ':<3}"
+              f"  {_twins(r)}")
     print(f"targets: median |layer err| <= {LAYER_TARGET:.0%}, |iter err| <= {ITER_TARGET:.0%} "
           f"(glue: share of the hooked iteration outside the layers' own brackets, charged to "
           f"neighbouring layers; L/it: measured layer times summed over the iteration timed "
-          f"without hooks)")
+          f"without hooks; twins: the row's passes whose work another model or benchmark of the "
+          f"profile measured too, and their median |error| against those twins' median time: "
+          f"how far a cost model of a layer's work alone is off on them even if it reproduced the "
+          f"other measurements exactly)")
     if noise is not None and noise["se_median"] is not None:
         line = (f"noise floor: standard error of a layer pass's median {100 * noise['se_median']:.1f}% "
                 f"(p90 {100 * noise['se_p90']:.1f}%, from the recorded IQR and repeats)")
@@ -194,13 +254,40 @@ def print_report(rows: list[dict[str, Any]], rep: dict[str, Any] | None,
     return ok_all
 
 
+def _twins(r: dict[str, Any]) -> str:
+    if not r.get("twin_passes"):
+        return "-"
+    return f"{r['twin_passes']}: {100 * r['twin_median_abs_err']:.1f}%"
+
+
+def print_passes(rows: list[dict[str, Any]]) -> None:
+    """Every pass of the rows' held-out model: predicted and measured microseconds."""
+    for r in rows:
+        print(f"{r['model']} at batch {r['batch']} (held out): median |err| "
+              f"{100 * r['layer_median_abs_err']:.1f}% over {r['layer_passes']} passes")
+        print(f"  {'layer':<32}{'op':<13}{'phase':<6}{'pred us':>11}{'meas us':>11}{'err':>9}")
+        for p in r["passes"]:
+            print(f"  {p['layer']:<32}{p['op']:<13}{p['phase']:<6}{1e6 * p['pred_s']:>11.1f}"
+                  f"{1e6 * p['meas_s']:>11.1f}{100 * p['err']:>+8.1f}%")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.calibration_accuracy", description=__doc__)
     ap.add_argument("profile", help="a measured profile (hetsim profile)")
     ap.add_argument("--repeat", help="a second profile of the same machine (repeatability)")
     ap.add_argument("--json", action="store_true", help="print the figures as JSON")
+    ap.add_argument("--passes", metavar="MODEL",
+                    help="hold out this zoo model alone and list its every pass, predicted and measured")
     a = ap.parse_args(argv)
     prof = load_profile_file(a.profile)
+    if a.passes is not None:
+        models = list((prof.raw or {}).get("models", {}))
+        if a.passes not in models:
+            print(f"error: {a.profile}: --passes {a.passes}: the profile measured no such model "
+                  f"(it has: {', '.join(models) or 'none'})", file=sys.stderr)
+            return 2
+        print_passes(loo_rows(prof, only=a.passes))
+        return 0
     rows = loo_rows(prof)
     rep = repeatability(prof, load_profile_file(a.repeat)) if a.repeat else None
     noise = noise_floor(prof.raw or {})
