@@ -3,6 +3,8 @@
     python -m bench.calibration_accuracy PROFILE [--repeat PROFILE2] [--json]
     python -m bench.calibration_accuracy PROFILE --passes MODEL   # its every pass
 
+(``--json``: the figures as JSON, every row with its passes.)
+
 For each zoo model measured in PROFILE (``hetsim profile``), the efficiency
 curves are fitted on every other model and the single-layer benchmarks
 (:func:`hardware_profiles.calibrate.fit` with ``exclude=[model]``), and the
@@ -19,7 +21,7 @@ how far layers of one signature in one run differ from each other. Per row,
 ``twins``: the held-out model's passes whose very work another model or a
 single-layer benchmark measured too, and how far they are from those twins'
 median time (:func:`twin_floor`): what a cost model that sees a pass's work
-alone misses on them even when it reproduces every other measurement.
+alone misses on them even when it predicts each pass's twins' median exactly.
 
 Where the profile has the drift probe's samples (``raw["drift"]``: the same GEMM
 and copy timed after every step of the run), how far the machine's own speed
@@ -118,13 +120,17 @@ def _work(p: Any) -> tuple[Any, ...]:
 
 
 def twin_floor(profile: Any) -> dict[tuple[str, int], dict[str, Any]]:
-    """Per (zoo model, batch): its passes whose work (op, kind, phase, FLOPs, bytes,
-    kernels, rows looked up) another source of the profile measured too (a twin in
-    another zoo model or a single-layer benchmark), each against the median of its
-    twins' times: ``{"passes": n, "median_abs_err": median |t / median(twins) - 1|}``.
+    """Per (zoo model, batch): its passes whose work (op, layer kind, compute kind,
+    phase, FLOPs, bytes, kernels, rows looked up, layer call or bare kernel) another
+    source of the profile measured too (a twin in another zoo model or a single-layer
+    benchmark), each against the median of its twins' times: ``{"passes": n,
+    "median_abs_err": median |t / median(twins) - 1|}``. Times as the fit takes
+    them (:func:`hardware_profiles.calibrate.points_from_raw`): a layer's own time
+    where the profile has it, else the time charged to it.
 
-    The cost model prices a pass from its work alone, so on these passes a fit that
-    reproduced the other sources' measurements exactly would miss by this much.
+    The cost model prices a pass's own time from its work alone, so on these
+    passes a fit that predicted each pass's twins' median exactly would miss by
+    this much.
     """
     raw = profile.raw or {}
     pts = [p for p in points_from_raw(raw, dense_sparse_grad=profile.dense_sparse_grad,
@@ -233,8 +239,8 @@ def print_report(rows: list[dict[str, Any]], rep: dict[str, Any] | None,
           f"neighbouring layers; L/it: measured layer times summed over the iteration timed "
           f"without hooks; twins: the row's passes whose work another model or benchmark of the "
           f"profile measured too, and their median |error| against those twins' median time: "
-          f"how far a cost model of a layer's work alone is off on them even if it reproduced the "
-          f"other measurements exactly)")
+          f"how far a cost model of a layer's work alone is off on them even if it predicted "
+          f"their twins exactly)")
     if noise is not None and noise["se_median"] is not None:
         line = (f"noise floor: standard error of a layer pass's median {100 * noise['se_median']:.1f}% "
                 f"(p90 {100 * noise['se_p90']:.1f}%, from the recorded IQR and repeats)")
@@ -277,16 +283,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--repeat", help="a second profile of the same machine (repeatability)")
     ap.add_argument("--json", action="store_true", help="print the figures as JSON")
     ap.add_argument("--passes", metavar="MODEL",
-                    help="hold out this zoo model alone and list its every pass, predicted and measured")
+                    help="hold out this zoo model alone and list its every pass, predicted and measured "
+                         "(with --json: its rows, passes included)")
     a = ap.parse_args(argv)
     prof = load_profile_file(a.profile)
+    if a.passes is not None and a.repeat:
+        print("error: --passes lists one profile's passes; leave out --repeat", file=sys.stderr)
+        return 2
     if a.passes is not None:
         models = list((prof.raw or {}).get("models", {}))
         if a.passes not in models:
             print(f"error: {a.profile}: --passes {a.passes}: the profile measured no such model "
                   f"(it has: {', '.join(models) or 'none'})", file=sys.stderr)
             return 2
-        print_passes(loo_rows(prof, only=a.passes))
+        rows = loo_rows(prof, only=a.passes)
+        if a.json:
+            print(json.dumps(rows, indent=2))
+        else:
+            print_passes(rows)
         return 0
     rows = loo_rows(prof)
     rep = repeatability(prof, load_profile_file(a.repeat)) if a.repeat else None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import bench.calibration_accuracy as bench_mod
-from bench.calibration_accuracy import noise_floor, twin_floor
+from bench.calibration_accuracy import loo_rows, noise_floor, twin_floor
 from hardware_profiles.calibrate import predict_layers
 from sim import zoo
 from tests.helpers_profiles import bare_profile
@@ -28,56 +28,91 @@ def test_noise_floor_by_hand() -> None:
     assert noise_floor({})["se_median"] is None
 
 
-def _relu_raw(mlp_fwd: tuple[float, float], micro_fwd: float) -> dict:
-    """The zoo's mlp at batch 16 (its ReLUs '1' and '3': 4096 bytes in and out per
-    sample) and a single-layer benchmark of the same ReLU: the same work at batch 16."""
+def _relu_raw(mlp: dict[str, tuple[float, float]], twins: list[tuple[float, float]]) -> dict:
+    """The zoo's mlp at batch 16 with (forward, backward) seconds of its ReLUs '1' and '3'
+    (4096 bytes in and out per sample), and one single-layer benchmark of the same ReLU
+    per entry of ``twins``: at batch 16 the same work (those seconds), at 64 other work."""
     relu = {"name": "micro", "input_bytes": 4096.0,
             "layers": [{"name": "relu", "op": "elementwise", "fwd_flops": 0.0, "bwd_flops": 0.0,
                         "param_bytes": 0.0, "activation_bytes": 4096.0}]}
     return {
         "models": {"mlp": [{"batch": 16, "iter_s": 1e-3, "hooked_iter_s": 1e-3, "layers": {
-            "1": [mlp_fwd[0], 0.0, 0.0, 0.0],
-            "3": [mlp_fwd[1], 0.0, 0.0, 0.0],
-        }}]},
-        "micro": [{"name": "relu_16k", "model": relu, "runs": [
-            {"batch": 16, "iter_s": 1e-4, "layers": {"relu": [micro_fwd, 0.0, 0.0, 0.0]}},
-            # another batch: other work, no twin of the mlp's passes
-            {"batch": 64, "iter_s": 1e-4, "layers": {"relu": [1e-3, 0.0, 0.0, 0.0]}},
-        ]}],
+            k: [f, b, 0.0, 0.0] for k, (f, b) in mlp.items()}}]},
+        "micro": [{"name": f"relu_{i}", "model": relu, "runs": [
+            {"batch": 16, "iter_s": 1e-4, "layers": {"relu": [f, b, 0.0, 0.0]}},
+            {"batch": 64, "iter_s": 1e-4, "layers": {"relu": [1e-3, 1e-3, 0.0, 0.0]}},
+        ]} for i, (f, b) in enumerate(twins)],
     }
 
 
+#: forward twins 8, 9 and 16 us (median 9, mean 11); backward twins 10 us each
+TWINS = [(8e-6, 1e-5), (9e-6, 1e-5), (1.6e-5, 1e-5)]
+
+
 def test_twin_floor_by_hand() -> None:
-    # mlp's forward ReLUs at 10 us and 12 us; the benchmark's, the same work, at 8 us:
-    # |10/8 - 1| = 0.25, |12/8 - 1| = 0.5 -> 2 passes, median 0.375. The two ReLUs
-    # of the mlp are not each other's twins (one model), and zero times are no passes.
-    prof = bare_profile(raw=_relu_raw((1e-5, 1.2e-5), 8e-6))
-    assert twin_floor(prof) == {("mlp", 16): {"passes": 2, "median_abs_err": pytest.approx(0.375)}}
+    # mlp: '1' forward 10 us -> |10/9 - 1| = 1/9; '3' forward 12 us -> 1/3; '1' backward
+    # 20 us -> |20/10 - 1| = 1; '3' backward not measured (0: no pass). Median of the
+    # three: 1/3. The two ReLUs of the mlp are not each other's twins (one model).
+    prof = bare_profile(raw=_relu_raw({"1": (1e-5, 2e-5), "3": (1.2e-5, 0.0)}, TWINS))
+    assert twin_floor(prof) == {("mlp", 16): {"passes": 3, "median_abs_err": pytest.approx(1 / 3)}}
 
 
 def test_twin_floor_without_twins_is_empty() -> None:
-    raw = _relu_raw((1e-5, 1.2e-5), 8e-6)
-    raw["micro"][0]["runs"] = raw["micro"][0]["runs"][1:]  # only batch 64: other work
+    raw = _relu_raw({"1": (1e-5, 2e-5), "3": (1.2e-5, 0.0)}, TWINS)
+    for entry in raw["micro"]:
+        entry["runs"] = entry["runs"][1:]  # only batch 64: other work
     assert twin_floor(bare_profile(raw=raw)) == {}
+    assert twin_floor(bare_profile()) == {}  # no raw measurements at all
 
 
 def test_passes_lists_every_pass_of_the_held_out_model(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     # The fit is replaced by a known profile; every measured pass of the mlp at batch 16
-    # took 1.25 times its prediction: each of its 10 passes is listed at -20.0%.
+    # took 1.25 times its prediction: each of its 10 passes is listed at -20.0%. ctr_dnn
+    # at 32, measured at its predictions, is listed only when asked for; its first ReLU
+    # (32 x 512) does the work of the mlp's two (16 x 1024), as does a benchmark of the
+    # ReLU whose forward took the prediction p. mlp: forward twins (p, p), backward (p):
+    # 4 passes, each |1.25 - 1| = 0.25 off. ctr_dnn's ReLU: forward twins (1.25p, 1.25p,
+    # p) -> median 1.25p, backward (1.25p, 1.25p): 2 passes, each |1 / 1.25 - 1| = 0.2.
     dev = bare_profile(efficiency={"gemm": 0.5})
     monkeypatch.setattr(bench_mod, "fit", lambda profile, exclude: (dev, None))
     m = zoo.get("mlp")
-    f, w = predict_layers(dev, m, 16)
-    run = {"batch": 16, "iter_s": 1.0, "hooked_iter_s": 1.0, "glue_s": 0.0,
-           "layers": {ly.name: [1.25 * f[i], 1.25 * w[i], 0.1, 0.1] for i, ly in enumerate(m.layers)}}
-    prof = dev.model_copy(update={"raw": {"models": {"mlp": [run]}}})
+    f, w = predict_layers(dev, m, 16, glue=False)
+    assert f[1] == f[3]
+    raw = _relu_raw({ly.name: (1.25 * f[i], 1.25 * w[i]) for i, ly in enumerate(m.layers)},
+                    [(f[1], 0.0)])
+    c = zoo.get("ctr_dnn")
+    cf, cw = predict_layers(dev, c, 32)
+    raw["models"]["ctr_dnn"] = [{"batch": 32, "iter_s": 1.0, "hooked_iter_s": 1.0, "layers": {
+        ly.name: [cf[i], cw[i], 0.0, 0.0] for i, ly in enumerate(c.layers)}}]
+    prof = dev.model_copy(update={"raw": raw})
     monkeypatch.setattr(bench_mod, "load_profile_file", lambda path: prof)
+
+    rows = loo_rows(prof)
+    assert [(r["model"], r["batch"], r["twin_passes"]) for r in rows] == [("mlp", 16, 4), ("ctr_dnn", 32, 2)]
+    assert [r["twin_median_abs_err"] for r in rows] == [pytest.approx(0.25), pytest.approx(0.2)]
+    assert rows[1]["layer_median_abs_err"] == pytest.approx(0.0, abs=1e-12)
+
     assert bench_mod.main(["p.json", "--passes", "mlp"]) == 0
     out = capsys.readouterr().out
     assert "mlp at batch 16 (held out): median |err| 20.0% over 10 passes" in out
     assert out.count("-20.0%") == 10
-    # a model the profile did not measure: one line, exit 2
+    assert "ctr_dnn" not in out
+    # the table: the twins column
+    bench_mod.main(["p.json"])
+    table = capsys.readouterr().out.splitlines()
+    assert [ln.split("  ")[-1].strip() for ln in table if ln.startswith(("mlp ", "ctr_dnn "))] == ["4: 25.0%", "2: 20.0%"]
+
+
+def test_passes_errors_are_one_line(capsys: pytest.CaptureFixture[str],
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    prof = bare_profile(raw=_relu_raw({"1": (1e-5, 2e-5)}, TWINS))
+    monkeypatch.setattr(bench_mod, "load_profile_file", lambda path: prof)
+    # a model the profile did not measure
     assert bench_mod.main(["p.json", "--passes", "vgg16"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["error: p.json: --passes vgg16: the profile measured no such model (it has: mlp)"]
+    # one model's passes do not compare two profiles
+    assert bench_mod.main(["p.json", "--passes", "mlp", "--repeat", "q.json"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: --passes lists one profile's passes; leave out --repeat"]
