@@ -2,6 +2,7 @@
 
     python -m bench.calibration_accuracy PROFILE [--repeat PROFILE2] [--json]
     python -m bench.calibration_accuracy PROFILE --passes MODEL   # its every pass
+    python -m bench.calibration_accuracy PROFILE --plot results/calibration.png
 
 (``--json``: the figures as JSON, every row with its passes.)
 
@@ -39,14 +40,17 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from experiments.runner import prepare_out
 from hardware_profiles import load_profile_file
 from hardware_profiles.calibrate import drift_of, fit, points_from_raw, predict_layers
 from hardware_profiles.profiler import drift_line
 from sim import zoo
+from sim.errors import ConfigError
 
 LAYER_TARGET = 0.15
 ITER_TARGET = 0.10
@@ -285,7 +289,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--passes", metavar="MODEL",
                     help="hold out this zoo model alone and list its every pass, predicted and measured "
                          "(with --json: its rows, passes included)")
+    ap.add_argument("--plot", metavar="PNG",
+                    help="also draw the figure: every held-out pass, predicted against measured, "
+                         "and each row's errors against the targets")
     a = ap.parse_args(argv)
+    if a.plot is not None:
+        try:  # before the minute of fitting: a figure that cannot be written fails now
+            if Path(a.plot).suffix != ".png":
+                raise ConfigError(a.plot, "--plot", "a figure file name must end in .png")
+            prepare_out(Path(a.plot).parent, "--plot")
+        except ConfigError as e:
+            print(f"error: {e.line()}", file=sys.stderr)
+            return 2
     prof = load_profile_file(a.profile)
     if a.passes is not None and a.repeat:
         print("error: --passes lists one profile's passes; leave out --repeat", file=sys.stderr)
@@ -311,6 +326,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                          indent=2))
         return 0
     ok = print_report(rows, rep, noise, drift)
+    if a.plot is not None:
+        from experiments.plots import calibration_figure
+
+        name = Path(a.profile).stem
+        print(f"figure: {calibration_figure(rows, a.plot, title=f'{name}: leave-one-model-out accuracy')}")
     return 0 if ok else 1
 
 

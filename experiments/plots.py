@@ -895,6 +895,74 @@ def _fig_gantt(sweep: Sweep) -> Any:
     return "no run has a trace.json with events"
 
 
+# ------------------------------------------------- calibration accuracy (bench)
+#: op classes of the calibration figure, in legend order, with their colours
+_OP_COLOURS = {op: _PALETTE[i] for i, op in enumerate(
+    ("gemm", "conv", "attention", "elementwise", "embedding"))}
+
+
+def calibration_figure(rows: Sequence[dict[str, Any]], out_path: str | Path, title: str = "",
+                       layer_target: float = 0.15, iter_target: float = 0.10) -> Path:
+    """The leave-one-model-out figure of ``bench.calibration_accuracy``: every held-out
+    pass, predicted against measured (log-log; the diagonal and the per-layer target's
+    band), and per row the median |per-layer error| and |iteration error| against their
+    targets (a row missing either in red). ``rows``: :func:`bench.calibration_accuracy.loo_rows`.
+    Writes ``out_path`` (PNG) and returns it."""
+    from matplotlib.lines import Line2D
+
+    fig, axes = plt.subplots(1, 2, figsize=(13.0, 6.4), layout="constrained",
+                             gridspec_kw={"width_ratios": [1.15, 1.0]})
+    ax = axes[0]
+    lo, hi = math.inf, 0.0
+    n = 0
+    for op, colour in _OP_COLOURS.items():
+        for phase, marker in (("fwd", "o"), ("bwd", "^")):
+            pts = [(p["meas_s"], p["pred_s"]) for r in rows for p in r["passes"]
+                   if p["op"] == op and p["phase"] == phase and p["pred_s"] > 0]
+            if not pts:
+                continue
+            x, y = (1e6 * np.array(v) for v in zip(*pts, strict=True))
+            ax.scatter(x, y, s=9, marker=marker, color=colour, alpha=0.55, linewidths=0)
+            lo, hi, n = min(lo, x.min(), y.min()), max(hi, x.max(), y.max()), n + len(pts)
+    if n:
+        line = np.array([lo / 1.5, hi * 1.5])
+        ax.plot(line, line, color="black", lw=0.8)
+        for f in (1 + layer_target, 1 - layer_target):
+            ax.plot(line, f * line, color="black", lw=0.6, ls="--")
+    ax.set(xscale="log", yscale="log", xlabel="measured (us)", ylabel="predicted (us)",
+           title=f"{n} layer passes, each of a held-out model\n(dashed: \u00b1{layer_target:.0%})")
+    _style(ax)
+    handles = [Line2D([], [], color=c, marker="o", ls="", label=op) for op, c in _OP_COLOURS.items()]
+    handles += [Line2D([], [], color="grey", marker=m, ls="", label=ph)
+                for ph, m in (("forward", "o"), ("backward", "^"))]
+    ax.legend(handles=handles, frameon=False, fontsize=8, loc="upper left")
+
+    ax = axes[1]
+    labels = [f"{r['model']} @ {r['batch']}" for r in rows][::-1]
+    layer = [100 * r["layer_median_abs_err"] for r in rows][::-1]
+    whole = [100 * abs(r["iter_err"]) for r in rows][::-1]
+    miss = [r["layer_median_abs_err"] > layer_target or abs(r["iter_err"]) > iter_target
+            for r in rows][::-1]
+    yy = np.arange(len(rows))
+    ax.barh(yy + 0.2, layer, height=0.4, color=["#C44E52" if m else "#4C72B0" for m in miss],
+            label="median |per-layer error|")
+    ax.barh(yy - 0.2, whole, height=0.4, color=["#E8A0A2" if m else "#A6BDDB" for m in miss],
+            label="|iteration error|")
+    ax.axvline(100 * layer_target, color="black", lw=0.8, ls="--")
+    ax.axvline(100 * iter_target, color="black", lw=0.8, ls=":")
+    ax.set_yticks(yy, labels, fontsize=8)
+    ax.set(xlabel="error (%)", title=f"per held-out row\n(red: misses a target; dashed "
+                                     f"{layer_target:.0%}, dotted {iter_target:.0%})")
+    ax.legend(frameon=False, fontsize=8, loc="lower right")
+    _style(ax)
+    if title:
+        _suptitle(fig, title)
+    out = Path(out_path)
+    fig.savefig(out, dpi=_DPI)
+    plt.close(fig)
+    return out
+
+
 # --------------------------------------------------------------- plot_sweep
 def _stem(field: str) -> str:
     return "".join(ch if ch.isalnum() else "_" for ch in field)

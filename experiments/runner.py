@@ -87,8 +87,8 @@ def evaluate(problem: Problem, plan: Plan, evaluator: str, trace: bool = True,
                       f"unknown evaluator {evaluator!r}; use {' or '.join(EVALUATORS)}")
 
 
-def prepare_out(out: str | Path) -> Path:
-    """Create ``out`` (and parents) or fail with a one-line error."""
+def prepare_out(out: str | Path, option: str = "--out") -> Path:
+    """Create ``out`` (and parents) or fail with a one-line error naming ``option``."""
     p = Path(out)
     try:
         p.mkdir(parents=True, exist_ok=True)
@@ -96,7 +96,7 @@ def prepare_out(out: str | Path) -> Path:
         probe.write_text("")
         probe.unlink()
     except OSError as e:
-        raise ConfigError(str(p), "--out", f"cannot write there: {e.strerror or e}") from None
+        raise ConfigError(str(p), option, f"cannot write there: {e.strerror or e}") from None
     return p
 
 

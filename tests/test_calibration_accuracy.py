@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 import bench.calibration_accuracy as bench_mod
@@ -116,3 +118,32 @@ def test_passes_errors_are_one_line(capsys: pytest.CaptureFixture[str],
     assert bench_mod.main(["p.json", "--passes", "mlp", "--repeat", "q.json"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["error: --passes lists one profile's passes; leave out --repeat"]
+
+
+def test_plot_writes_the_figure(tmp_path: Path) -> None:
+    from experiments.plots import calibration_figure
+
+    passes = [{"layer": "0", "op": "gemm", "phase": "fwd", "pred_s": 1e-4, "meas_s": 1.1e-4, "err": -1 / 11},
+              {"layer": "1", "op": "elementwise", "phase": "bwd", "pred_s": 2e-5, "meas_s": 1e-5, "err": 1.0}]
+    rows = [{"model": "mlp", "batch": 16, "layer_median_abs_err": 0.5, "iter_err": 0.02, "passes": passes},
+            {"model": "mlp", "batch": 64, "layer_median_abs_err": 0.05, "iter_err": -0.01, "passes": passes}]
+    out = calibration_figure(rows, tmp_path / "c.png", title="t")
+    assert out == tmp_path / "c.png"
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_path_errors_are_one_line_and_come_first(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    # both fail before the profile is read (a profile that does not exist is not reached)
+    def unread(path: str) -> None:
+        raise AssertionError("the profile was read")
+
+    monkeypatch.setattr(bench_mod, "load_profile_file", unread)
+    assert bench_mod.main(["p.json", "--plot", "fig.svg"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "error: fig.svg: --plot: a figure file name must end in .png"]
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert bench_mod.main(["p.json", "--plot", str(blocker / "fig.png")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {blocker}: --plot: cannot write there")
