@@ -84,7 +84,8 @@ def loo_rows(profile: Any, only: str | None = None) -> list[dict[str, Any]]:
     the twin floor of :func:`twin_floor` (``twin_passes``, ``twin_median_abs_err``).
     """
     raw = profile.raw or {}
-    twins = twin_floor(profile)
+    by_pass = pass_twins(profile)
+    twins = twin_floor(profile, by_pass)
     rows = []
     for name, runs in raw.get("models", {}).items():
         if only is not None and name != only:
@@ -94,6 +95,9 @@ def loo_rows(profile: Any, only: str | None = None) -> list[dict[str, Any]]:
         for run in runs:
             b = int(run["batch"])
             passes = _passes(fitted, model, run)
+            for p in passes:
+                n_tw, t_tw = by_pass.get((name, b, p["layer"], p["phase"]), (0, None))
+                p.update(twins=n_tw, twin_s=t_tw)
             errs = [abs(p["err"]) for p in passes]
             measured_sum = sum(vals[0] + vals[1] for ly in model.layers
                                if (vals := run["layers"].get(ly.name)) is not None)
@@ -123,32 +127,48 @@ def _work(p: Any) -> tuple[Any, ...]:
     return (p.op, p.phase, p.kind, p.ckind, p.flops, p.nbytes, p.kernels, p.rows, p.call)
 
 
-def twin_floor(profile: Any) -> dict[tuple[str, int], dict[str, Any]]:
-    """Per (zoo model, batch): its passes whose work (op, layer kind, compute kind,
-    phase, FLOPs, bytes, kernels, rows looked up, layer call or bare kernel) another
-    source of the profile measured too (a twin in another zoo model or a single-layer
-    benchmark), each against the median of its twins' times: ``{"passes": n,
-    "median_abs_err": median |t / median(twins) - 1|}``. Times as the fit takes
-    them (:func:`hardware_profiles.calibrate.points_from_raw`): a layer's own time
-    where the profile has it, else the time charged to it.
-
-    The cost model prices a pass's own time from its work alone, so on these
-    passes a fit that predicted each pass's twins' median exactly would miss by
-    this much.
-    """
+def pass_twins(profile: Any) -> dict[tuple[str, int, str, str], tuple[int, float]]:
+    """Per pass of a zoo model, ``(model, batch, layer, phase)``: how many passes of the
+    same work (op, layer kind, compute kind, phase, FLOPs, bytes, kernels, rows looked
+    up, layer call or bare kernel) another source of the profile measured (a twin in
+    another zoo model or a single-layer benchmark) and the median of their seconds;
+    passes without twins are absent. Times as the fit takes them
+    (:func:`hardware_profiles.calibrate.points_from_raw`): a layer's own time where
+    the profile has it, else the time charged to it."""
     raw = profile.raw or {}
     pts = [p for p in points_from_raw(raw, dense_sparse_grad=profile.dense_sparse_grad,
                                       weight_grad_only=profile.weight_grad_only_bwd) if p.t_s > 0]
     same: dict[tuple[Any, ...], list[Any]] = {}
     for p in pts:
         same.setdefault(_work(p), []).append(p)
-    errs: dict[tuple[str, int], list[float]] = {}
+    out: dict[tuple[str, int, str, str], tuple[int, float]] = {}
     for p in pts:
         if p.model not in raw.get("models", {}):
             continue
         others = [q.t_s for q in same[_work(p)] if q.model != p.model]
         if others:
-            errs.setdefault((p.model, p.batch), []).append(abs(p.t_s / float(np.median(others)) - 1))
+            out[(p.model, p.batch, p.layer, p.phase)] = (len(others), float(np.median(others)))
+    return out
+
+
+def twin_floor(profile: Any, twins: dict[tuple[str, int, str, str], tuple[int, float]] | None = None
+               ) -> dict[tuple[str, int], dict[str, Any]]:
+    """Per (zoo model, batch): its passes with twins (:func:`pass_twins`; given, or
+    found in ``profile``), each against the median of its twins' times: ``{"passes":
+    n, "median_abs_err": median |t / median(twins) - 1|}``.
+
+    The cost model prices a pass's own time from its work alone, so on these
+    passes a fit that predicted each pass's twins' median exactly would miss by
+    this much.
+    """
+    raw = profile.raw or {}
+    twins = pass_twins(profile) if twins is None else twins
+    errs: dict[tuple[str, int], list[float]] = {}
+    for p in points_from_raw(raw, dense_sparse_grad=profile.dense_sparse_grad,
+                             weight_grad_only=profile.weight_grad_only_bwd):
+        tw = twins.get((p.model, p.batch, p.layer, p.phase))
+        if tw is not None and p.t_s > 0:
+            errs.setdefault((p.model, p.batch), []).append(abs(p.t_s / tw[1] - 1))
     return {k: {"passes": len(v), "median_abs_err": float(np.median(v))} for k, v in errs.items()}
 
 
@@ -275,10 +295,15 @@ def print_passes(rows: list[dict[str, Any]]) -> None:
     for r in rows:
         print(f"{r['model']} at batch {r['batch']} (held out): median |err| "
               f"{100 * r['layer_median_abs_err']:.1f}% over {r['layer_passes']} passes")
-        print(f"  {'layer':<32}{'op':<13}{'phase':<6}{'pred us':>11}{'meas us':>11}{'err':>9}")
+        print(f"  {'layer':<32}{'op':<13}{'phase':<6}{'pred us':>11}{'meas us':>11}{'err':>9}"
+              f"{'twins':>7}{'twin us':>10}")
         for p in r["passes"]:
+            tw = (f"{p['twins']:>7}{1e6 * p['twin_s']:>10.1f}" if p.get("twin_s") is not None
+                  else f"{'-':>7}{'-':>10}")
             print(f"  {p['layer']:<32}{p['op']:<13}{p['phase']:<6}{1e6 * p['pred_s']:>11.1f}"
-                  f"{1e6 * p['meas_s']:>11.1f}{100 * p['err']:>+8.1f}%")
+                  f"{1e6 * p['meas_s']:>11.1f}{100 * p['err']:>+8.1f}%{tw}")
+        print("  (twins: passes of the same work another model or benchmark measured; twin us: "
+              "their median)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

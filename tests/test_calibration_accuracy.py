@@ -93,6 +93,12 @@ def test_passes_lists_every_pass_of_the_held_out_model(
     rows = loo_rows(prof)
     assert [(r["model"], r["batch"], r["twin_passes"]) for r in rows] == [("mlp", 16, 4), ("ctr_dnn", 32, 2)]
     assert [r["twin_median_abs_err"] for r in rows] == [pytest.approx(0.25), pytest.approx(0.2)]
+    # per pass: the forward ReLU's twins are the benchmark's and ctr_dnn's (median p), the
+    # backward's ctr_dnn's alone (the benchmark's backward is 0: no pass); GEMMs have none
+    twins = {(p["layer"], p["phase"]): (p["twins"], p["twin_s"]) for p in rows[0]["passes"]}
+    assert twins[("1", "fwd")] == (2, pytest.approx(f[1]))
+    assert twins[("3", "bwd")] == (1, pytest.approx(w[3]))
+    assert twins[("0", "fwd")] == (0, None)
     assert rows[1]["layer_median_abs_err"] == pytest.approx(0.0, abs=1e-12)
 
     assert bench_mod.main(["p.json", "--passes", "mlp"]) == 0
