@@ -85,7 +85,7 @@ def loo_rows(profile: Any, only: str | None = None) -> list[dict[str, Any]]:
     """
     raw = profile.raw or {}
     by_pass = pass_twins(profile)
-    twins = twin_floor(profile, by_pass)
+    twins = _twin_rows(by_pass)
     rows = []
     for name, runs in raw.get("models", {}).items():
         if only is not None and name != only:
@@ -96,7 +96,7 @@ def loo_rows(profile: Any, only: str | None = None) -> list[dict[str, Any]]:
             b = int(run["batch"])
             passes = _passes(fitted, model, run)
             for p in passes:
-                n_tw, t_tw = by_pass.get((name, b, p["layer"], p["phase"]), (0, None))
+                _t, n_tw, t_tw = by_pass.get((name, b, p["layer"], p["phase"]), (0.0, 0, None))
                 p.update(twins=n_tw, twin_s=t_tw)
             errs = [abs(p["err"]) for p in passes]
             measured_sum = sum(vals[0] + vals[1] for ly in model.layers
@@ -127,12 +127,12 @@ def _work(p: Any) -> tuple[Any, ...]:
     return (p.op, p.phase, p.kind, p.ckind, p.flops, p.nbytes, p.kernels, p.rows, p.call)
 
 
-def pass_twins(profile: Any) -> dict[tuple[str, int, str, str], tuple[int, float]]:
-    """Per pass of a zoo model, ``(model, batch, layer, phase)``: how many passes of the
-    same work (op, layer kind, compute kind, phase, FLOPs, bytes, kernels, rows looked
-    up, layer call or bare kernel) another source of the profile measured (a twin in
-    another zoo model or a single-layer benchmark) and the median of their seconds;
-    passes without twins are absent. Times as the fit takes them
+def pass_twins(profile: Any) -> dict[tuple[str, int, str, str], tuple[float, int, float]]:
+    """Per pass of a zoo model, ``(model, batch, layer, phase)``: its seconds, how many
+    passes of the same work (op, layer kind, compute kind, phase, FLOPs, bytes,
+    kernels, rows looked up, layer call or bare kernel) another source of the profile
+    measured (a twin in another zoo model or a single-layer benchmark) and the median
+    of their seconds; passes without twins are absent. Times as the fit takes them
     (:func:`hardware_profiles.calibrate.points_from_raw`): a layer's own time where
     the profile has it, else the time charged to it."""
     raw = profile.raw or {}
@@ -141,34 +141,33 @@ def pass_twins(profile: Any) -> dict[tuple[str, int, str, str], tuple[int, float
     same: dict[tuple[Any, ...], list[Any]] = {}
     for p in pts:
         same.setdefault(_work(p), []).append(p)
-    out: dict[tuple[str, int, str, str], tuple[int, float]] = {}
+    out: dict[tuple[str, int, str, str], tuple[float, int, float]] = {}
     for p in pts:
         if p.model not in raw.get("models", {}):
             continue
         others = [q.t_s for q in same[_work(p)] if q.model != p.model]
         if others:
-            out[(p.model, p.batch, p.layer, p.phase)] = (len(others), float(np.median(others)))
+            out[(p.model, p.batch, p.layer, p.phase)] = (p.t_s, len(others), float(np.median(others)))
     return out
 
 
-def twin_floor(profile: Any, twins: dict[tuple[str, int, str, str], tuple[int, float]] | None = None
-               ) -> dict[tuple[str, int], dict[str, Any]]:
-    """Per (zoo model, batch): its passes with twins (:func:`pass_twins`; given, or
-    found in ``profile``), each against the median of its twins' times: ``{"passes":
-    n, "median_abs_err": median |t / median(twins) - 1|}``.
+def twin_floor(profile: Any) -> dict[tuple[str, int], dict[str, Any]]:
+    """Per (zoo model, batch): its passes with twins (:func:`pass_twins`), each against
+    the median of its twins' times: ``{"passes": n, "median_abs_err": median
+    |t / median(twins) - 1|}``.
 
     The cost model prices a pass's own time from its work alone, so on these
     passes a fit that predicted each pass's twins' median exactly would miss by
     this much.
     """
-    raw = profile.raw or {}
-    twins = pass_twins(profile) if twins is None else twins
+    return _twin_rows(pass_twins(profile))
+
+
+def _twin_rows(by_pass: dict[tuple[str, int, str, str], tuple[float, int, float]]
+               ) -> dict[tuple[str, int], dict[str, Any]]:
     errs: dict[tuple[str, int], list[float]] = {}
-    for p in points_from_raw(raw, dense_sparse_grad=profile.dense_sparse_grad,
-                             weight_grad_only=profile.weight_grad_only_bwd):
-        tw = twins.get((p.model, p.batch, p.layer, p.phase))
-        if tw is not None and p.t_s > 0:
-            errs.setdefault((p.model, p.batch), []).append(abs(p.t_s / tw[1] - 1))
+    for (model, batch, _layer, _phase), (t, _n, twin) in by_pass.items():
+        errs.setdefault((model, batch), []).append(abs(t / twin - 1))
     return {k: {"passes": len(v), "median_abs_err": float(np.median(v))} for k, v in errs.items()}
 
 
@@ -326,10 +325,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ConfigError as e:
             print(f"error: {e.line()}", file=sys.stderr)
             return 2
-    prof = load_profile_file(a.profile)
     if a.passes is not None and a.repeat:
         print("error: --passes lists one profile's passes; leave out --repeat", file=sys.stderr)
         return 2
+    prof = load_profile_file(a.profile)
     if a.passes is not None:
         models = list((prof.raw or {}).get("models", {}))
         if a.passes not in models:
