@@ -209,9 +209,18 @@ def noise_floor(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def repeatability(a: Any, b: Any) -> dict[str, Any]:
-    """Relative differences between two profiles' per-layer times and iterations."""
+    """Relative differences between two profiles' per-layer times and iterations.
+
+    Over all rows: every layer pass's charged time (``layers``) and every whole
+    iteration. Per row (``rows``: one per model and batch both measured), what its
+    leave-one-out error is taken against: each layer's own time where both runs
+    have it (``own``), else the charged one; ``layer_median_abs_diff`` the median
+    of ``|t_b / t_a - 1|`` over the row's passes, ``iter_diff`` the signed
+    ``iter_b / iter_a - 1``. A row whose own measurement moves this much between
+    two profiles of one machine cannot be predicted closer than that by anything.
+    """
     ra, rb = a.raw or {}, b.raw or {}
-    layer, whole = [], []
+    layer, whole, rows = [], [], []
     for name, runs in ra.get("models", {}).items():
         other = {int(r["batch"]): r for r in rb.get("models", {}).get(name, [])}
         for run in runs:
@@ -226,6 +235,14 @@ def repeatability(a: Any, b: Any) -> dict[str, Any]:
                 for x, y in ((v[0], w[0]), (v[1], w[1])):
                     if x > 0:
                         layer.append(abs(y - x) / x)
+            both_own = bool(run.get("own")) and bool(o.get("own"))
+            ta, tb = (run["own"], o["own"]) if both_own else (run["layers"], o["layers"])
+            diffs = [abs(y / x - 1) for k, v in ta.items() if (w := tb.get(k)) is not None
+                     for x, y in ((v[0], w[0]), (v[1], w[1])) if x > 0 and y > 0]
+            rows.append({"model": name, "batch": int(run["batch"]), "passes": len(diffs),
+                         "layer_ref": "own" if both_own else "charged",
+                         "layer_median_abs_diff": float(np.median(diffs)) if diffs else None,
+                         "iter_diff": o["iter_s"] / run["iter_s"] - 1})
     return {
         "layer_passes": len(layer),
         "layer_median_abs_diff": float(np.median(layer)) if layer else None,
@@ -234,6 +251,7 @@ def repeatability(a: Any, b: Any) -> dict[str, Any]:
         "iter_median_abs_diff": float(np.median(whole)) if whole else None,
         "iter_max_abs_diff": float(np.max(whole)) if whole else None,
         "spread_a": a.spread, "spread_b": b.spread,
+        "rows": rows,
     }
 
 
@@ -247,7 +265,9 @@ def print_report(rows: list[dict[str, Any]], rep: dict[str, Any] | None,
          "charged": "the time charged to each layer (its own brackets and glue)"}[x]
         for x in sorted(refs, reverse=True)))
     print(f"{'model':<12}{'batch':>6}{'passes':>7}{'med |layer err|':>17}{'p90':>8}"
-          f"{'iter pred s':>13}{'iter meas s':>13}{'iter err':>10}{'glue':>7}{'L/it':>7}  ok  twins")
+          f"{'iter pred s':>13}{'iter meas s':>13}{'iter err':>10}{'glue':>7}{'L/it':>7}  ok"
+          + ("  repeat layer / iter" if rep is not None else "") + "  twins")
+    again = {(x["model"], x["batch"]): x for x in (rep or {}).get("rows", [])}
     ok_all = True
     for r in rows:
         ok = r["layer_median_abs_err"] <= LAYER_TARGET and abs(r["iter_err"]) <= ITER_TARGET
@@ -256,14 +276,19 @@ def print_report(rows: list[dict[str, Any]], rep: dict[str, Any] | None,
               f"{100 * r['layer_median_abs_err']:>16.1f}%{100 * r['layer_p90_abs_err']:>7.0f}%"
               f"{r['iter_pred_s']:>13.4g}{r['iter_meas_s']:>13.4g}{100 * r['iter_err']:>+9.1f}%"
               f"{100 * r['glue_frac']:>6.1f}%{r['layers_over_iter']:>7.2f}  {'yes' if ok else 'NO ':<3}"
-              f"  {_twins(r)}")
+              + (f"  {_again(again.get((r['model'], r['batch']))):<20}" if rep is not None else "")
+              + f"  {_twins(r)}")
     print(f"targets: median |layer err| <= {LAYER_TARGET:.0%}, |iter err| <= {ITER_TARGET:.0%} "
           f"(glue: share of the hooked iteration outside the layers' own brackets, charged to "
           f"neighbouring layers; L/it: measured layer times summed over the iteration timed "
           f"without hooks; twins: the row's passes whose work another model or benchmark of the "
           f"profile measured too, and their median |error| against those twins' median time: "
           f"how far a cost model of a layer's work alone is off on them even if it predicted "
-          f"their twins exactly)")
+          f"their twins exactly"
+          + ("; repeat: the same row in the second profile, median |per-layer difference| "
+             "(against the same per-layer reference where both profiles have it) and the "
+             "iteration's difference: how far the measurement itself moves" if rep is not None
+             else "") + ")")
     if noise is not None and noise["se_median"] is not None:
         line = (f"noise floor: standard error of a layer pass's median {100 * noise['se_median']:.1f}% "
                 f"(p90 {100 * noise['se_p90']:.1f}%, from the recorded IQR and repeats)")
@@ -281,6 +306,12 @@ def print_report(rows: list[dict[str, Any]], rep: dict[str, Any] | None,
         print(f"recorded spread (relative IQR of repeats): first {json.dumps(rep['spread_a'])}")
         print(f"                                           second {json.dumps(rep['spread_b'])}")
     return ok_all
+
+
+def _again(x: dict[str, Any] | None) -> str:
+    if x is None or x["layer_median_abs_diff"] is None:
+        return "-"
+    return f"{100 * x['layer_median_abs_diff']:5.1f}% / {100 * x['iter_diff']:+5.1f}%"
 
 
 def _twins(r: dict[str, Any]) -> str:

@@ -153,3 +153,45 @@ def test_plot_path_errors_are_one_line_and_come_first(
     assert bench_mod.main(["p.json", "--plot", str(blocker / "fig.png")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"error: {blocker}: --plot: cannot write there")
+
+
+def _runs(layers: dict[str, list[float]], own: dict[str, list[float]] | None, iter_s: float) -> dict:
+    run = {"batch": 16, "iter_s": iter_s, "hooked_iter_s": iter_s,
+           "layers": {k: [*v, 0.0, 0.0] for k, v in layers.items()}}
+    if own is not None:
+        run["own"] = own
+    return {"models": {"mlp": [run]}}
+
+
+def test_repeatability_overall_and_per_row_by_hand() -> None:
+    a = _runs({"1": [1e-5, 2e-5], "3": [1e-5, 1e-5]}, {"1": [0.8e-5, 1.6e-5], "3": [1e-5, 1e-5]}, 1e-3)
+    a["models"]["mlp"].append({**a["models"]["mlp"][0], "batch": 64})  # the second profile lacks it
+    b = _runs({"1": [1.2e-5, 2e-5], "3": [1e-5, 0.5e-5]}, {"1": [1e-5, 2e-5], "3": [1.1e-5, 1e-5]}, 1.1e-3)
+    rep = bench_mod.repeatability(bare_profile(raw=a), bare_profile(raw=b))
+    # overall, charged times: 0.2, 0, 0, 0.5 -> median 0.1; one iteration 10% apart
+    assert rep["layer_passes"] == 4 and rep["layer_median_abs_diff"] == pytest.approx(0.1)
+    assert rep["iterations"] == 1 and rep["iter_median_abs_diff"] == pytest.approx(0.1)
+    # the row, own times: 1.0/0.8, 2.0/1.6, 1.1/1.0, 1.0/1.0 -> 0.25, 0.25, 0.1, 0 -> median 0.175
+    assert rep["rows"] == [{"model": "mlp", "batch": 16, "passes": 4, "layer_ref": "own",
+                            "layer_median_abs_diff": pytest.approx(0.175), "iter_diff": pytest.approx(0.1)}]
+    # without own times in one of them, the charged ones: 0.2, 0, 0, 0.5 -> 0.1
+    del b["models"]["mlp"][0]["own"]
+    row = bench_mod.repeatability(bare_profile(raw=a), bare_profile(raw=b))["rows"][0]
+    assert row["layer_ref"] == "charged" and row["layer_median_abs_diff"] == pytest.approx(0.1)
+
+
+def test_the_table_shows_each_rows_repeat(capsys: pytest.CaptureFixture[str]) -> None:
+    row = {"model": "mlp", "batch": 16, "layer_passes": 4, "layer_median_abs_err": 0.2,
+           "layer_p90_abs_err": 0.3, "iter_pred_s": 1e-3, "iter_meas_s": 1e-3, "iter_err": 0.0,
+           "glue_frac": 0.0, "layers_over_iter": 1.0, "layer_ref": "own", "twin_passes": 0}
+    rep = {"layer_median_abs_diff": 0.1, "layer_p90_abs_diff": 0.2, "iter_median_abs_diff": 0.1,
+           "iter_max_abs_diff": 0.1, "spread_a": None, "spread_b": None,
+           "rows": [{"model": "mlp", "batch": 16, "passes": 4, "layer_ref": "own",
+                     "layer_median_abs_diff": 0.175, "iter_diff": -0.1}]}
+    assert bench_mod.print_report([row], rep) is False  # 20% per layer: a miss
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2].split()[-6:] == ["ok", "repeat", "layer", "/", "iter", "twins"]
+    assert lines[3].split()[-5:] == ["NO", "17.5%", "/", "-10.0%", "-"]
+    bench_mod.print_report([row], None)  # without a second profile: no repeat column
+    plain = capsys.readouterr().out.splitlines()
+    assert "repeat" not in plain[2] and plain[3].split()[-2:] == ["NO", "-"]

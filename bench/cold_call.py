@@ -1,0 +1,114 @@
+"""How much a small layer call costs right after a pass that streamed a lot of memory
+(`python -m bench.cold_call`). Not a test: figures depend on the machine.
+
+The cost model prices a pass from its own work (ARCHITECTURE.md: ``time(layer,
+phase, b, d)``), so two passes of identical work cost the same whatever ran
+before them. On a CPU they do not: a pass that streams more bytes than the
+caches hold evicts the framework's code and data and the next call's own
+tensors, and the next call runs cold. This benchmark measures that: each case
+streams ``moved`` bytes (a ``copy_`` between two buffers of half that size,
+not timed), then times one call of a small op (the cold time), then the same
+call again at once (the warm time). Ops: an in-place ReLU over 16 KB, an
+``nn.Linear(64, 64)`` forward on 8 rows with autograd recording, an
+``nn.Embedding(10000, 16)`` lookup of 32 rows.
+
+Times are the calling thread's CPU time (torch on one thread), so another
+process holding the core does not count; median of ``--reps`` cases. It is
+the evidence behind the README's "Context, measured" (Calibration): a layer
+after a large one runs slower than the same layer measured alone, by an
+amount no per-layer cost model sees.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from tqdm import tqdm
+
+MOVED_MB = (2, 16, 64, 256, 512)
+
+
+def small_ops() -> dict[str, Callable[[], Any]]:
+    """The timed calls, by name."""
+    import torch
+
+    relu = torch.nn.ReLU(inplace=True)
+    z = torch.randn(4096)
+    lin = torch.nn.Linear(64, 64)
+    x = torch.randn(8, 64, requires_grad=True)
+    emb = torch.nn.Embedding(10_000, 16)
+    ids = torch.randint(0, 10_000, (32,))
+    return {"relu_16KB": lambda: relu(z), "linear_64x64_b8": lambda: lin(x),
+            "embedding_10000x16_32rows": lambda: emb(ids)}
+
+
+def measure(moved_mb: Sequence[float], reps: int, progress: bool = True) -> list[dict[str, Any]]:
+    """One row per (bytes moved before, op): median cold and warm seconds of ``reps`` cases."""
+    import torch
+
+    torch.set_num_threads(1)
+    ops = small_ops()
+    half = int(max(moved_mb) * 2**20 / 2 / 4)  # fp32 elements of each buffer at the largest size
+    src, dst = torch.randn(half), torch.empty(half)
+    rows = []
+    for mb in tqdm(moved_mb, desc="bytes moved", disable=not progress):
+        n = int(mb * 2**20 / 2 / 4)
+        a, b = src[:n], dst[:n]
+        for name, op in ops.items():
+            cold, warm = [], []
+            for _ in range(reps):
+                b.copy_(a)
+                t0 = time.thread_time()
+                op()
+                t1 = time.thread_time()
+                op()
+                t2 = time.thread_time()
+                cold.append(t1 - t0)
+                warm.append(t2 - t1)
+            c, w = statistics.median(cold), statistics.median(warm)
+            rows.append({"moved_bytes": int(mb * 2**20), "op": name, "cold_s": c, "warm_s": w,
+                         "ratio": c / w if w > 0 else None})
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--moved-mb", default=",".join(str(x) for x in MOVED_MB),
+                    help="comma-separated MiB streamed before each timed call "
+                         f"(default {','.join(str(x) for x in MOVED_MB)})")
+    ap.add_argument("--reps", type=int, default=15, help="cases per size and op (default 15)")
+    ap.add_argument("--json", action="store_true", help="print the rows as JSON")
+    a = ap.parse_args(argv)
+    try:
+        sizes = [float(x) for x in a.moved_mb.split(",") if x.strip()]
+    except ValueError:
+        print(f"error: --moved-mb: not a list of numbers: {a.moved_mb!r}", file=sys.stderr)
+        return 2
+    if not sizes or min(sizes) <= 0:
+        print("error: --moved-mb: give one or more sizes above 0", file=sys.stderr)
+        return 2
+    if a.reps < 1:
+        print("error: --reps: must be at least 1", file=sys.stderr)
+        return 2
+    rows = measure(sizes, a.reps, progress=not a.json)
+    if a.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    print(f"{'moved MiB':>10}  {'op':<27}{'cold us':>9}{'warm us':>9}{'cold/warm':>11}")
+    for r in rows:
+        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.1f}x"
+        print(f"{r['moved_bytes'] / 2**20:>10g}  {r['op']:<27}{1e6 * r['cold_s']:>9.1f}"
+              f"{1e6 * r['warm_s']:>9.1f}{ratio:>11}")
+    print("(cold: the call right after streaming that many bytes; warm: the same call again at "
+          "once; median of the cases; CPU time of this thread)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,40 @@
+"""bench.cold_call: one row per size and op, in order, its ratio its own cold over warm;
+bad arguments are one line and exit 2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench import cold_call
+
+
+def test_rows_cover_every_size_and_op_in_order(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cold_call.main(["--moved-mb", "1,2", "--reps", "3", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    ops = ["relu_16KB", "linear_64x64_b8", "embedding_10000x16_32rows"]
+    assert [(r["moved_bytes"], r["op"]) for r in rows] == [(1 << 20, o) for o in ops] + [(2 << 20, o) for o in ops]
+    for r in rows:
+        assert r["cold_s"] > 0 and r["warm_s"] > 0
+        assert r["ratio"] == r["cold_s"] / r["warm_s"]
+
+
+def test_the_table_names_each_op_once_per_size(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cold_call.main(["--moved-mb", "0.5", "--reps", "1"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split() == ["moved", "MiB", "op", "cold", "us", "warm", "us", "cold/warm"]
+    assert [line.split()[:2] for line in out[1:4]] == [["0.5", "relu_16KB"], ["0.5", "linear_64x64_b8"],
+                                                       ["0.5", "embedding_10000x16_32rows"]]
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--moved-mb", "x"], "error: --moved-mb: not a list of numbers: 'x'"),
+    (["--moved-mb", "0"], "error: --moved-mb: give one or more sizes above 0"),
+    (["--moved-mb", ","], "error: --moved-mb: give one or more sizes above 0"),
+    (["--reps", "0"], "error: --reps: must be at least 1"),
+])
+def test_bad_arguments_are_one_line(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cold_call.main(args) == 2
+    captured = capsys.readouterr()
+    assert captured.err.strip() == message and captured.out == ""
