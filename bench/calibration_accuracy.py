@@ -31,7 +31,8 @@ slow is predicted from models measured while it ran fast.
 
 With ``--repeat`` a second profile of the same machine is compared with the
 first: the relative difference of every per-layer time and every whole
-iteration (repeatability), next to the spread each profile recorded.
+iteration (repeatability), next to the spread each profile recorded, and per
+row (the table's ``repeat`` column) how far that row's own measurement moved.
 """
 
 from __future__ import annotations
