@@ -32,7 +32,8 @@ slow is predicted from models measured while it ran fast.
 With ``--repeat`` a second profile of the same machine is compared with the
 first: the relative difference of every per-layer time and every whole
 iteration (repeatability), next to the spread each profile recorded, and per
-row (the table's ``repeat`` column) how far that row's own measurement moved.
+row (the table's ``repeat`` column) how far that row's measurement moved between
+the two profiles.
 """
 
 from __future__ import annotations
@@ -212,13 +213,16 @@ def noise_floor(raw: dict[str, Any]) -> dict[str, Any]:
 def repeatability(a: Any, b: Any) -> dict[str, Any]:
     """Relative differences between two profiles' per-layer times and iterations.
 
-    Over all rows: every layer pass's charged time (``layers``) and every whole
-    iteration. Per row (``rows``: one per model and batch both measured), what its
-    leave-one-out error is taken against: each layer's own time where both runs
-    have it (``own``), else the charged one; ``layer_median_abs_diff`` the median
-    of ``|t_b / t_a - 1|`` over the row's passes, ``iter_diff`` the signed
-    ``iter_b / iter_a - 1``. A row whose own measurement moves this much between
-    two profiles of one machine cannot be predicted closer than that by anything.
+    Overall: every layer pass's charged time (``layers``) and every whole
+    iteration. ``rows``: one per model and batch both profiles measured, with
+    ``model``, ``batch``, ``passes`` (layer passes both measured, time > 0),
+    ``layer_ref`` (``"own"``, ``"charged"`` or ``"own and charged"``: each layer is
+    compared on its own time where both runs have one, as the leave-one-out
+    error takes it, else on its charged time), ``layer_median_abs_diff`` (the
+    median of ``|t_b / t_a - 1|`` over those passes; None without any) and
+    ``iter_diff`` (``iter_b / iter_a - 1``). A row whose measurement moves this
+    much between two profiles of one machine cannot be expected to be predicted
+    closer than that.
     """
     ra, rb = a.raw or {}, b.raw or {}
     layer, whole, rows = [], [], []
@@ -236,12 +240,19 @@ def repeatability(a: Any, b: Any) -> dict[str, Any]:
                 for x, y in ((v[0], w[0]), (v[1], w[1])):
                     if x > 0:
                         layer.append(abs(y - x) / x)
-            both_own = bool(run.get("own")) and bool(o.get("own"))
-            ta, tb = (run["own"], o["own"]) if both_own else (run["layers"], o["layers"])
-            diffs = [abs(y / x - 1) for k, v in ta.items() if (w := tb.get(k)) is not None
-                     for x, y in ((v[0], w[0]), (v[1], w[1])) if x > 0 and y > 0]
+            own_a, own_b = run.get("own") or {}, o.get("own") or {}
+            diffs, refs = [], set()
+            for k, v in run["layers"].items():
+                if k not in o["layers"]:
+                    continue
+                mine = k in own_a and k in own_b
+                ta, tb = (own_a[k], own_b[k]) if mine else (v, o["layers"][k])
+                for x, y in ((ta[0], tb[0]), (ta[1], tb[1])):
+                    if x > 0 and y > 0:
+                        diffs.append(abs(y / x - 1))
+                        refs.add("own" if mine else "charged")
             rows.append({"model": name, "batch": int(run["batch"]), "passes": len(diffs),
-                         "layer_ref": "own" if both_own else "charged",
+                         "layer_ref": " and ".join(sorted(refs, reverse=True)) or None,
                          "layer_median_abs_diff": float(np.median(diffs)) if diffs else None,
                          "iter_diff": o["iter_s"] / run["iter_s"] - 1})
     return {
@@ -267,7 +278,7 @@ def print_report(rows: list[dict[str, Any]], rep: dict[str, Any] | None,
         for x in sorted(refs, reverse=True)))
     print(f"{'model':<12}{'batch':>6}{'passes':>7}{'med |layer err|':>17}{'p90':>8}"
           f"{'iter pred s':>13}{'iter meas s':>13}{'iter err':>10}{'glue':>7}{'L/it':>7}  ok"
-          + ("  repeat layer / iter" if rep is not None else "") + "  twins")
+          + (f"  {'repeat layer / iter':<20}" if rep is not None else "") + "  twins")
     again = {(x["model"], x["batch"]): x for x in (rep or {}).get("rows", [])}
     ok_all = True
     for r in rows:
@@ -310,9 +321,12 @@ def print_report(rows: list[dict[str, Any]], rep: dict[str, Any] | None,
 
 
 def _again(x: dict[str, Any] | None) -> str:
-    if x is None or x["layer_median_abs_diff"] is None:
+    """The ``repeat`` cell of a row: its median |per-layer difference| and its
+    iteration's difference between the two profiles ("-" for what is missing)."""
+    if x is None:
         return "-"
-    return f"{100 * x['layer_median_abs_diff']:5.1f}% / {100 * x['iter_diff']:+5.1f}%"
+    layer = "-" if x["layer_median_abs_diff"] is None else f"{100 * x['layer_median_abs_diff']:5.1f}%"
+    return f"{layer:>6} / {100 * x['iter_diff']:+5.1f}%"
 
 
 def _twins(r: dict[str, Any]) -> str:

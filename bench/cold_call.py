@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import time
@@ -49,11 +50,20 @@ def small_ops() -> dict[str, Callable[[], Any]]:
 
 
 def measure(moved_mb: Sequence[float], reps: int, progress: bool = True) -> list[dict[str, Any]]:
-    """One row per (bytes moved before, op): median cold and warm seconds of ``reps`` cases."""
+    """Time every op of :func:`small_ops` after streaming each of ``moved_mb`` MiB.
+
+    Returns:
+        One row per size (in the order given) and op: ``moved_bytes`` (MiB * 2**20,
+        read and written by the copy), ``op``, ``cold_s`` and ``warm_s`` (medians of
+        ``reps`` cases, seconds of the thread's CPU time) and ``ratio`` (``cold_s /
+        warm_s``; None if the warm time is 0).
+    """
     import torch
 
     torch.set_num_threads(1)
     ops = small_ops()
+    for op in ops.values():  # first calls pay one-time costs (allocation, dispatch caches)
+        op()
     half = int(max(moved_mb) * 2**20 / 2 / 4)  # fp32 elements of each buffer at the largest size
     src, dst = torch.randn(half), torch.empty(half)
     rows = []
@@ -78,11 +88,11 @@ def measure(moved_mb: Sequence[float], reps: int, progress: bool = True) -> list
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.cold_call", description=__doc__.splitlines()[0])
     ap.add_argument("--moved-mb", default=",".join(str(x) for x in MOVED_MB),
                     help="comma-separated MiB streamed before each timed call "
                          f"(default {','.join(str(x) for x in MOVED_MB)})")
-    ap.add_argument("--reps", type=int, default=15, help="cases per size and op (default 15)")
+    ap.add_argument("--reps", default="15", help="cases per size and op (default 15)")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON")
     a = ap.parse_args(argv)
     try:
@@ -90,13 +100,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError:
         print(f"error: --moved-mb: not a list of numbers: {a.moved_mb!r}", file=sys.stderr)
         return 2
-    if not sizes or min(sizes) <= 0:
-        print("error: --moved-mb: give one or more sizes above 0", file=sys.stderr)
+    if not sizes or not all(math.isfinite(x) and x > 0 for x in sizes):
+        print("error: --moved-mb: give one or more finite sizes above 0", file=sys.stderr)
         return 2
-    if a.reps < 1:
-        print("error: --reps: must be at least 1", file=sys.stderr)
+    reps = int(a.reps) if a.reps.strip().isdigit() else 0
+    if reps < 1:
+        print(f"error: --reps: must be a whole number of at least 1, got {a.reps!r}", file=sys.stderr)
         return 2
-    rows = measure(sizes, a.reps, progress=not a.json)
+    try:
+        rows = measure(sizes, reps, progress=not a.json)
+    except (RuntimeError, MemoryError) as e:  # buffers of max(--moved-mb) / 2 MiB each
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        print(f"error: --moved-mb: cannot stream {max(sizes):g} MiB here: {first}", file=sys.stderr)
+        return 2
     if a.json:
         print(json.dumps(rows, indent=1))
         return 0

@@ -174,10 +174,20 @@ def test_repeatability_overall_and_per_row_by_hand() -> None:
     # the row, own times: 1.0/0.8, 2.0/1.6, 1.1/1.0, 1.0/1.0 -> 0.25, 0.25, 0.1, 0 -> median 0.175
     assert rep["rows"] == [{"model": "mlp", "batch": 16, "passes": 4, "layer_ref": "own",
                             "layer_median_abs_diff": pytest.approx(0.175), "iter_diff": pytest.approx(0.1)}]
-    # without own times in one of them, the charged ones: 0.2, 0, 0, 0.5 -> 0.1
-    del b["models"]["mlp"][0]["own"]
+    # layer '1' own in both, '3' own in the first only: '1' on own times (0.25, 0.25),
+    # '3' on charged ones (0, 0.5); a layer the second profile lacks ('5') is no pass
+    a["models"]["mlp"][0]["layers"]["5"] = [1e-5, 1e-5, 0.0, 0.0]
+    del b["models"]["mlp"][0]["own"]["3"]
     row = bench_mod.repeatability(bare_profile(raw=a), bare_profile(raw=b))["rows"][0]
-    assert row["layer_ref"] == "charged" and row["layer_median_abs_diff"] == pytest.approx(0.1)
+    assert row["layer_ref"] == "own and charged" and row["passes"] == 4
+    assert row["layer_median_abs_diff"] == pytest.approx(0.25)
+    # without own times in the second profile, the charged ones: 0.2, 0, 0, 0.5 -> 0.1;
+    # a pass timed 0 in the second (not measured) is no pass
+    del b["models"]["mlp"][0]["own"]
+    b["models"]["mlp"][0]["layers"]["3"][1] = 0.0
+    row = bench_mod.repeatability(bare_profile(raw=a), bare_profile(raw=b))["rows"][0]
+    assert row["layer_ref"] == "charged" and row["passes"] == 3
+    assert row["layer_median_abs_diff"] == pytest.approx(0.0)
 
 
 def test_the_table_shows_each_rows_repeat(capsys: pytest.CaptureFixture[str]) -> None:
