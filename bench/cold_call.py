@@ -1,22 +1,23 @@
 """How much a small layer call costs right after a pass that streamed a lot of memory
 (`python -m bench.cold_call`). Not a test: figures depend on the machine.
 
-The cost model prices a pass from its own work (ARCHITECTURE.md: ``time(layer,
-phase, b, d)``), so two passes of identical work cost the same whatever ran
-before them. On a CPU they do not: a pass that streams more bytes than the
-caches hold evicts the framework's code and data and the next call's own
-tensors, and the next call runs cold. This benchmark measures that: each case
-streams ``moved`` bytes (a ``copy_`` between two buffers of half that size,
-not timed), then times one call of a small op (the cold time), then the same
-call again at once (the warm time). Ops: an in-place ReLU over 16 KB, an
+A pass that streams more bytes than the caches hold evicts the framework's
+code and data and the next call's own tensors, and the next call runs cold:
+two passes of identical work do not cost the same whatever ran before them.
+This benchmark shows it: each case streams ``moved`` bytes (a ``copy_``
+between two buffers of half that size, not timed), then times one call of a
+small op (the cold time), then the same call again at once (the warm time).
+It is the profiler's cold-call benchmark
+(:func:`hardware_profiles.profiler.cold_bench`: ``hetsim profile`` stores it in
+``raw.cold`` and ``hetsim calibrate`` turns it into the profile's
+``cold_call_s``, which the cost model adds to a pass after passes that moved
+that much), at sizes of your choosing. Ops: an in-place ReLU over 16 KiB, an
 ``nn.Linear(64, 64)`` forward on 8 rows with autograd recording, an
 ``nn.Embedding(10000, 16)`` lookup of 32 rows.
 
 Times are the calling thread's CPU time (torch on one thread), so another
-process holding the core does not count; median of ``--reps`` cases. It is
-the evidence behind the README's "Context, measured" (Calibration): a layer
-after a large one runs slower than the same layer measured alone, by an
-amount no per-layer cost model sees.
+process holding the core does not count; median of ``--reps`` cases (README,
+Calibration: "Cold calls").
 """
 
 from __future__ import annotations
@@ -24,10 +25,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import sys
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from tqdm import tqdm
@@ -35,54 +34,40 @@ from tqdm import tqdm
 MOVED_MB = (2, 16, 64, 256, 512)
 
 
-def small_ops() -> dict[str, Callable[[], Any]]:
-    """The timed calls, by name."""
-    import torch
-
-    relu = torch.nn.ReLU(inplace=True)
-    z = torch.randn(4096)
-    lin = torch.nn.Linear(64, 64)
-    x = torch.randn(8, 64, requires_grad=True)
-    emb = torch.nn.Embedding(10_000, 16)
-    ids = torch.randint(0, 10_000, (32,))
-    return {"relu_16KB": lambda: relu(z), "linear_64x64_b8": lambda: lin(x),
-            "embedding_10000x16_32rows": lambda: emb(ids)}
-
-
 def measure(moved_mb: Sequence[float], reps: int, progress: bool = True) -> list[dict[str, Any]]:
-    """Time every op of :func:`small_ops` after streaming each of ``moved_mb`` MiB.
+    """Time every call of the profiler's cold-call benchmark
+    (:func:`hardware_profiles.profiler.cold_bench`) after streaming each of
+    ``moved_mb`` MiB, on one CPU thread.
 
     Returns:
-        One row per size (in the order given) and op: ``moved_bytes`` (MiB * 2**20,
-        read and written by the copy), ``op``, ``cold_s`` and ``warm_s`` (medians of
-        ``reps`` cases, seconds of the thread's CPU time) and ``ratio`` (``cold_s /
-        warm_s``; None if the warm time is 0).
+        One row per size (in the order given) and call: ``moved_bytes`` (MiB * 2**20,
+        read and written by the copy), ``op`` (``relu``, ``linear``, ``embedding``:
+        :func:`~hardware_profiles.profiler.cold_calls`), ``cold_s`` and ``warm_s``
+        (medians of ``reps`` cases, seconds of the thread's CPU time) and ``ratio``
+        (``cold_s / warm_s``; None if the warm time is 0).
     """
     import torch
 
+    from hardware_profiles.profiler import cold_bench
+
     torch.set_num_threads(1)
-    ops = small_ops()
-    for op in ops.values():  # first calls pay one-time costs (allocation, dispatch caches)
-        op()
-    half = int(max(moved_mb) * 2**20 / 2 / 4)  # fp32 elements of each buffer at the largest size
-    src, dst = torch.randn(half), torch.empty(half)
+    bars: list[Any] = []  # drawn after the first size: a size too large fails before any bar
+
+    def step() -> None:
+        if not bars:
+            bars.append(tqdm(total=len(moved_mb), desc="bytes moved", disable=not progress))
+        bars[0].update(1)
+
+    try:
+        raw = cold_bench(torch.device("cpu"), moved_mb, reps, progress=step)
+    finally:
+        for bar in bars:
+            bar.close()
     rows = []
-    for mb in tqdm(moved_mb, desc="bytes moved", disable=not progress):
-        n = int(mb * 2**20 / 2 / 4)
-        a, b = src[:n], dst[:n]
-        for name, op in ops.items():
-            cold, warm = [], []
-            for _ in range(reps):
-                b.copy_(a)
-                t0 = time.thread_time()
-                op()
-                t1 = time.thread_time()
-                op()
-                t2 = time.thread_time()
-                cold.append(t1 - t0)
-                warm.append(t2 - t1)
-            c, w = statistics.median(cold), statistics.median(warm)
-            rows.append({"moved_bytes": int(mb * 2**20), "op": name, "cold_s": c, "warm_s": w,
+    for i, nb in enumerate(raw["moved_bytes"]):
+        for name in raw["cold_s"]:
+            c, w = raw["cold_s"][name][i], raw["warm_s"][name][i]
+            rows.append({"moved_bytes": nb, "op": name, "cold_s": c, "warm_s": w,
                          "ratio": c / w if w > 0 else None})
     return rows
 

@@ -453,7 +453,8 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--no-network", action="store_true", help="skip the two-process network benchmark")
     pr.add_argument("--quiet", action="store_true", help="no progress bar")
     pr.add_argument("--add-micro", metavar="NAMES", help="comma-separated single-layer "
-                    "benchmarks of the grid ('missing': those the profile lacks) to measure "
+                    "benchmarks of the grid, or 'cold' (the cold-call benchmark of a CPU "
+                    "profile) ('missing': those the profile lacks) to measure "
                     "alone, with the settings of the measured profile --out, on the machine "
                     "that measured it; merged into its raw data, which is then re-fitted")
     pr.set_defaults(fn=cmd_profile)

@@ -79,6 +79,7 @@ from scipy.optimize import nnls
 
 from hardware_profiles.schema import (
     BandwidthCurve,
+    ColdCurve,
     DeviceProfile,
     EfficiencyCurve,
     IntensityCurve,
@@ -94,7 +95,9 @@ from sim.costmodel import (
     layer_work,
     looked_up_rows,
     roofline_s,
+    streamed_before,
     table_key,
+    window_sums,
 )
 from sim.workload import Model, model_from_dict
 
@@ -102,6 +105,7 @@ __all__ = [
     "CalibrationResult",
     "Point",
     "calibrate",
+    "cold_curves",
     "drift_of",
     "fit",
     "fit_curve",
@@ -149,6 +153,16 @@ COMPUTE_OVERHEAD_DISPATCHES = (0, 2, 4, 8, 16, 32)
 OVERHEAD_TIE = 0.02
 #: Candidate launch overheads, multiples of the measured dispatch time.
 LAUNCH_MULTIPLES = (0.5, 1.0, 1.5, 2.0, 3.0)
+#: Candidate cold windows: how many passes before a pass count for its cold-call
+#: seconds (``cold_window``); the fit keeps the one with the smallest median error.
+COLD_WINDOWS = (1, 2, 3, 5, 8)
+#: A measured pass keeps at least this share of its time when its cold-call seconds
+#: are taken off for the curves' fit (the benchmark's small call is not every layer).
+COLD_FLOOR = 0.3
+#: The cold-call benchmark's calls stand for these op classes (``raw["cold"]`` names
+#: the call of each): a compute class's call is a Linear's.
+COLD_OPS = {"elementwise": "relu", "gemm": "linear", "conv": "linear", "attention": "linear",
+            "embedding": "embedding"}
 
 
 @dataclass(frozen=True)
@@ -168,6 +182,8 @@ class Point:
     ckind: str = ""  # OP/KIND of sim.costmodel.compute_kind, '' when it has none
     rows: float = 0.0  # rows a sparse layer looks up (sim.costmodel.looked_up_rows), else 0
     call: bool = True  # a layer's call (pays a compute class's call overhead); False: a bare kernel
+    # bytes the 1, 2, ... max(COLD_WINDOWS) passes before this one moved (execution order)
+    before: tuple[float, ...] = ()
 
 
 def _zoo_model(name: str) -> Model:
@@ -183,6 +199,10 @@ def _model_points(model: Model, source: str, runs: Iterable[dict[str, Any]], dty
     for run in runs:
         b = int(run["batch"])
         own = run.get("own") or {}
+        work = {ph: [layer_work(ly, ph, b, dtype, model.input_bytes_of(i), dense_sparse_grad,
+                                weight_grad_only)[2] for i, ly in enumerate(model.layers)]
+                for ph in PHASES}
+        sums = [window_sums(work["fwd"], work["bwd"], w) for w in range(1, max(COLD_WINDOWS) + 1)]
         for name, vals in run["layers"].items():
             i = index.get(name)
             if i is None:
@@ -196,10 +216,12 @@ def _model_points(model: Model, source: str, runs: Iterable[dict[str, Any]], dty
                 if flops == 0 and nbytes == 0:
                     continue
                 ck = compute_kind(ly, model.input_bytes_of(i), b)
+                side = 0 if phase == "fwd" else 1
                 out.append(Point(ly.op, phase, flops, nbytes, kernels, float(t), source, name, b,
                                  mem_key(ly.op, ly.kernels, ly.param_bytes > 0,
                                          ly.activation_bytes < model.input_bytes_of(i), ly.inplace),
-                                 f"{ly.op}/{ck}" if ck else "", looked_up_rows(ly, b)))
+                                 f"{ly.op}/{ck}" if ck else "", looked_up_rows(ly, b),
+                                 before=tuple(float(x[side][i]) for x in sums)))
     return out
 
 
@@ -225,8 +247,10 @@ def points_from_raw(raw: dict[str, Any], exclude: Sequence[str] = (), dtype: str
                 continue
             m, n, k = row["m"], row["n"], row["k"]
             # a bare torch.mm, not a layer's call: no module, bias or autograd to pay for
-            pts.append(Point("gemm", "fwd", float(row["flops"]), 4.0 * (m * k + k * n + m * n), 1,
-                             float(row["t_s"]), "micro:gemm", f"mm{m}x{n}x{k}", m, call=False))
+            nb = 4.0 * (m * k + k * n + m * n)  # timed back to back: itself before itself
+            pts.append(Point("gemm", "fwd", float(row["flops"]), nb, 1, float(row["t_s"]),
+                             "micro:gemm", f"mm{m}x{n}x{k}", m, call=False,
+                             before=tuple(nb * w for w in range(1, max(COLD_WINDOWS) + 1))))
     for name, runs in raw.get("models", {}).items():
         if name in exclude:
             continue
@@ -334,6 +358,8 @@ class FitResult:
     glue: dict[str, tuple[float, float]] | None = None
     row_cost: dict[str, float] = field(default_factory=dict)
     row_cost_bwd: dict[str, float] = field(default_factory=dict)
+    cold: dict[str, ColdCurve] | None = None
+    cold_window: int | None = None
 
 
 def _bandwidth_fit(nbytes: np.ndarray, busy: np.ndarray, sources: np.ndarray, mem_bw: float,
@@ -640,6 +666,8 @@ def _with_fit(profile: DeviceProfile, f: FitResult, keep_tables: bool) -> Device
         row_cost_s=f.row_cost if any(f.row_cost.values()) else None,
         row_cost_bwd_s=f.row_cost_bwd if any(f.row_cost_bwd.values()) else None,
         layer_glue_s=f.glue,
+        cold_call_s={op: c.model_dump() for op, c in f.cold.items()} if f.cold else None,
+        cold_window=f.cold_window if f.cold else None,
     )
     if not keep_tables:
         data.pop("layers", None)
@@ -663,6 +691,8 @@ def _point_time(dev: DeviceProfile, p: Point) -> float:
     mem_eff = dev.mem_eff(p.op, p.nbytes, p.phase, kernels, has_params, reduces, inplace)
     fixed = (fixed_s(dev, p.op, p.phase, kernels, has_params, reduces, p.rows, inplace) if p.flops == 0
              else (dev.call_overhead(p.op, p.phase) if p.call else 0.0))
+    if dev.cold_call_s and p.before:
+        fixed += dev.cold_s(p.op, p.before[(dev.cold_window or 1) - 1])
     return fixed + roofline_s(dev, p.op, p.flops, p.nbytes, p.kernels, "fp32", mem_eff, p.phase,
                               p.ckind.partition("/")[2] or None)
 
@@ -686,15 +716,31 @@ def fit(profile: DeviceProfile, exclude: Sequence[str] = (), micro: bool = True
                                       weight_grad_only=profile.weight_grad_only_bwd) if p.t_s > 0]
     peak, mem_bw = profile.peak("fp32"), profile.mem_bw_Bps
     dispatch = float(raw.get("dispatch_s") or profile.launch_overhead_s or 1e-6)
+    overheads = [dispatch * k for k in COMPUTE_OVERHEAD_DISPATCHES]
     best: tuple[float, DeviceProfile, FitResult] | None = None
     for m in LAUNCH_MULTIPLES:
-        f = _fit_at(pts, peak, mem_bw, dispatch * m,
-                    compute_overheads=[dispatch * k for k in COMPUTE_OVERHEAD_DISPATCHES])
+        f = _fit_at(pts, peak, mem_bw, dispatch * m, compute_overheads=overheads)
         prof = _with_fit(profile, f, keep_tables=False)
         err = float(np.median(np.abs(_rel_errors(prof, pts))))
         if best is None or err < best[0]:
             best = (err, prof, f)
     assert best is not None
+    cold = cold_curves(raw)
+    if cold:
+        # the curves are fitted to the passes less their cold-call seconds, at the launch
+        # overhead chosen without them; the window with the smallest median error of the
+        # passes as measured (cold seconds included) is kept, if it beats none at all
+        launch = best[2].launch_overhead_s
+        for w in COLD_WINDOWS:
+            probe = profile.model_copy(update={"cold_call_s": cold, "cold_window": w})
+            warm = [replace(p, t_s=max(p.t_s - probe.cold_s(p.op, p.before[w - 1]), COLD_FLOOR * p.t_s))
+                    if p.before else p for p in pts]
+            f = replace(_fit_at(warm, peak, mem_bw, launch, compute_overheads=overheads),
+                        points=tuple(pts), cold=cold, cold_window=w)
+            prof = _with_fit(profile, f, keep_tables=False)
+            err = float(np.median(np.abs(_rel_errors(prof, pts))))
+            if err < best[0]:
+                best = (err, prof, f)
     glue = fit_glue(raw, exclude)
     if glue is None:
         return best[1], best[2]
@@ -813,13 +859,41 @@ def format_residuals(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def cold_curves(raw: dict[str, Any]) -> dict[str, ColdCurve] | None:
+    """The cold-call seconds per op class from ``raw["cold"]`` (the profiler's cold-call
+    benchmark), or None without it.
+
+    Per call of the benchmark (:data:`COLD_OPS`: a ReLU for elementwise layers, a
+    Linear for the compute classes, an embedding lookup for lookups): at each size,
+    its time right after the copy less its time again at once (0 where smaller),
+    then never falling as the bytes grow (the running maximum: more bytes moved
+    flush no less).
+    """
+    c = raw.get("cold")
+    if not c:
+        return None
+    sizes = [float(x) for x in c["moved_bytes"]]
+    out = {}
+    for op, call in COLD_OPS.items():
+        if call not in c["cold_s"]:
+            continue
+        extra = np.maximum(np.asarray(c["cold_s"][call], float) - np.asarray(c["warm_s"][call], float), 0.0)
+        out[op] = ColdCurve(bytes=sizes, s=[min(float(x), 0.01) for x in np.maximum.accumulate(extra)])
+    return out or None
+
+
 # --------------------------------------------------------------- predictions
 def predict_layers(profile: DeviceProfile, model: Model, batch: int, dtype: str = "fp32",
                    glue: bool = True) -> tuple[list[float], list[float]]:
     """Cost-model forward and backward seconds of each layer of ``model``; with
     ``glue=False`` without the glue charged to it (``layer_glue_s``): its own time."""
+    n = len(model.layers)
+    streamed = (streamed_before(model, profile, dtype, batch) if profile.cold_call_s
+                else (np.zeros(n), np.zeros(n)))
+
     def one(ly: Any, phase: str, i: int) -> float:
-        t = layer_time_s(ly, phase, batch, profile, dtype, model.input_bytes_of(i))
+        t = layer_time_s(ly, phase, batch, profile, dtype, model.input_bytes_of(i),
+                         float(streamed[0 if phase == "fwd" else 1][i]))
         return t if glue else t - glue_time_s(ly, phase, batch, profile, dtype, model.input_bytes_of(i))
 
     return ([one(ly, "fwd", i) for i, ly in enumerate(model.layers)],

@@ -39,6 +39,7 @@ import os
 import platform
 import queue as _queue
 import socket
+import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -1393,7 +1394,7 @@ def measure(device: str = "cpu", quick: bool = False, threads: int | None = None
     dtypes = ["fp32"] + (["bf16", "fp16"] if dev.type == "cuda" else [])
     steps = (rounds * (len(spec.gemm) * len(dtypes) + 2 + len(spec.micro)
                        + sum(len(b) for b in chosen.values()))
-             + 1 + int(network) + int(dev.type == "cuda"))
+             + 1 + int(network) + int(dev.type == "cuda") + int(dev.type == "cpu"))
     started = time.perf_counter()
     probe = _DriftProbe(dev, started) if drift else None
     bar = _Progress(steps, progress, probe.sample if probe is not None else None)
@@ -1406,6 +1407,9 @@ def measure(device: str = "cpu", quick: bool = False, threads: int | None = None
         raw.update(_measure_items(dev, spec, timer, dtypes, chosen, bar, rounds))
         raw["quant"] = quant_bench(timer, 1 << (18 if quick else 20))
         bar.step("quantization")
+        if dev.type == "cpu":  # a GPU's passes do not flush the host's caches
+            raw["cold"] = cold_bench(dev)
+            bar.step("cold calls")
         if dev.type == "cuda":
             raw["host_device"] = _host_device(timer, dev)
             bar.step("host-device copies")
@@ -1569,6 +1573,78 @@ def measure_micro(names: Sequence[str], dev: Any, spec: ProfileSpec,
     _run_rounds([(f"layer {name}", [t for _, t in runs]) for name, _, runs in timers],
                 rounds, bar)
     return _micro_entries(timers, _rounds_quantile(rounds))
+
+
+#: Bytes (MiB, read and written by one copy) the cold-call benchmark moves before
+#: each timed call: from what the caches hold to well past them.
+COLD_MOVED_MIB = (0.25, 1, 4, 16, 64, 256)
+#: Cases per size and call of the cold-call benchmark (the median is kept).
+COLD_REPS = 15
+
+
+def cold_calls(dev: Any) -> dict[str, Callable[[], Any]]:
+    """The cold-call benchmark's small calls, by name: an in-place ReLU over 16 KiB
+    (``relu``), an ``nn.Linear(64, 64)`` on 8 rows with autograd recording
+    (``linear``), an ``nn.Embedding(10000, 16)`` lookup of 32 rows (``embedding``)."""
+    import torch
+
+    relu = torch.nn.ReLU(inplace=True)
+    z = torch.randn(4096, device=dev)
+    lin = torch.nn.Linear(64, 64).to(dev)
+    x = torch.randn(8, 64, device=dev, requires_grad=True)
+    emb = torch.nn.Embedding(10_000, 16).to(dev)
+    ids = torch.randint(0, 10_000, (32,), device=dev)
+    return {"relu": lambda: relu(z), "linear": lambda: lin(x), "embedding": lambda: emb(ids)}
+
+
+def cold_bench(dev: Any, moved_mib: Sequence[float] = COLD_MOVED_MIB, reps: int = COLD_REPS,
+               progress: Callable[[], None] | None = None) -> dict[str, Any]:
+    """What a small call costs right after a pass that streamed a lot of memory.
+
+    For each size, ``reps`` times: a ``copy_`` between two buffers that reads and
+    writes ``moved_mib`` MiB (not timed), then one call of each of
+    :func:`cold_calls` timed (cold), then the same call again at once (warm).
+    Timed with the profile's clock (on one CPU thread its CPU time). A pass that
+    streams more than the caches hold evicts the framework's code and data and
+    the next call's tensors; the cost model adds the difference to the pass after
+    passes that moved that much (``cold_call_s``). ``progress``: called after
+    each size.
+
+    Returns:
+        ``{"moved_bytes": [...], "cold_s": {call: [...]}, "warm_s": {call: [...]},
+        "reps": reps, "statistic": ...}``, one median per size.
+    """
+    import torch
+
+    calls = cold_calls(dev)
+    for call in calls.values():  # first calls pay one-time costs
+        call()
+    clock = _Clock(dev)
+    half = int(max(moved_mib) * 2**20 / 2 / 4)  # fp32 elements of each buffer at the largest size
+    src, dst = torch.randn(half, device=dev), torch.empty(half, device=dev)
+    cold: dict[str, list[float]] = {k: [] for k in calls}
+    warm: dict[str, list[float]] = {k: [] for k in calls}
+    for mib in moved_mib:
+        n = int(mib * 2**20 / 2 / 4)
+        a, b = src[:n], dst[:n]
+        for name, call in calls.items():
+            c, w = [], []
+            for _ in range(reps):
+                b.copy_(a)
+                clock.sync()
+                t0 = clock.mark()
+                call()
+                t1 = clock.mark()
+                call()
+                t2 = clock.mark()
+                c.append(clock.seconds(t0, t1))
+                w.append(clock.seconds(t1, t2))
+            cold[name].append(_r(statistics.median(c)))
+            warm[name].append(_r(statistics.median(w)))
+        if progress is not None:
+            progress()
+    return {"moved_bytes": [int(m * 2**20) for m in moved_mib], "cold_s": cold, "warm_s": warm,
+            "reps": reps, "statistic": "median of reps; cold: right after the copy, warm: again at once"}
 
 
 def quant_bench(timer: _OpTimer, n: int) -> list[dict[str, Any]]:
@@ -1763,10 +1839,12 @@ def add_micro(path: str | os.PathLike[str], names: Sequence[str], device: str | 
               ) -> tuple[DeviceProfile, list[dict[str, Any]]]:
     """Measure single-layer benchmarks into a measured profile, refit it, write it back.
 
-    Times ``names`` (single-layer benchmarks of the grid, :data:`_ALL_MICRO`;
-    ``["missing"]``: those the profile's ``raw.micro`` lacks) as :func:`measure`
-    does, with the profile's own settings: its device, torch threads (hence
-    clock) and repeat counts (``raw.quick``), on the host that measured it.
+    Times ``names`` (single-layer benchmarks of the grid, :data:`_ALL_MICRO`, and
+    ``"cold"``, the cold-call benchmark :func:`cold_bench` of a CPU profile, which
+    goes to ``raw.cold``; ``["missing"]``: those the profile lacks) as
+    :func:`measure` does, with the profile's own settings: its device, torch
+    threads (hence clock) and repeat counts (``raw.quick``), on the host that
+    measured it.
     Each entry replaces the one of its name in ``raw.micro`` or is added after
     them; ``raw.micro_note`` gets a line saying which entries were measured when
     (UTC), ``source.note`` a pointer to it. The curves are then re-fitted
@@ -1774,7 +1852,8 @@ def add_micro(path: str | os.PathLike[str], names: Sequence[str], device: str | 
     tables); ``peak_flops`` and ``mem_bw_Bps`` stay as measured with the profile.
 
     Returns:
-        (the written profile, the new entries); with nothing to measure, (the
+        (the written profile, the new entries: ``raw.micro``'s, and for ``"cold"``
+        ``raw.cold`` with ``"name": "cold"``); with nothing to measure, (the
         profile as loaded, []), and nothing is written.
 
     Raises:
@@ -1791,10 +1870,14 @@ def add_micro(path: str | os.PathLike[str], names: Sequence[str], device: str | 
     if prof.source.kind != "measured" or "micro" not in raw:
         raise ConfigError(shown, "raw.micro", "no single-layer benchmarks to add to (make the "
                           "profile with hetsim profile)")
-    have = [e["name"] for e in raw["micro"]]
-    todo = ([n for n in _ALL_MICRO if n not in have] if list(names) == ["missing"]
-            else list(dict.fromkeys(names)))
-    unknown = [n for n in todo if n not in _ALL_MICRO]
+    have = [e["name"] for e in raw["micro"]] + (["cold"] if "cold" in raw else [])
+    on_cpu = str(raw["device"]).startswith("cpu")
+    todo = ([n for n in (*_ALL_MICRO, *(["cold"] if on_cpu else [])) if n not in have]
+            if list(names) == ["missing"] else list(dict.fromkeys(names)))
+    if "cold" in todo and not on_cpu:
+        raise ConfigError("<command line>", "--add-micro", "'cold' is a CPU benchmark (a GPU's "
+                          "passes do not flush the host's caches)")
+    unknown = [n for n in todo if n not in _ALL_MICRO and n != "cold"]
     if unknown:
         raise ConfigError("<command line>", "--add-micro", f"{unknown[0]!r} is not a single-layer "
                           "benchmark of the grid")
@@ -1812,21 +1895,26 @@ def add_micro(path: str | os.PathLike[str], names: Sequence[str], device: str | 
         return prof, []
     spec = spec_for(bool(raw.get("quick")))
     rounds = int(raw.get("rounds", 1))
+    layers = [n for n in todo if n != "cold"]
     start = _dt.datetime.now(_dt.UTC)
-    bar = _Progress(len(todo) * rounds, progress)
+    bar = _Progress(len(layers) * rounds + int("cold" in todo), progress)
     try:
-        new = measure_micro(todo, dev, spec, bar, rounds=rounds)
+        new = measure_micro(layers, dev, spec, bar, rounds=rounds) if layers else []
+        if "cold" in todo:
+            raw["cold"] = cold_bench(dev)
+            bar.step("cold calls")
+            new = [*new, {"name": "cold", **raw["cold"]}]
     finally:
         bar.close()
     end = _dt.datetime.now(_dt.UTC)
-    by_name = {e["name"]: e for e in new}
+    by_name = {e["name"]: e for e in new if e["name"] != "cold"}
     merged = [by_name.pop(e["name"], e) for e in raw["micro"]] + list(by_name.values())
     replaced = sorted(set(todo) & set(have))
     line = (f"{', '.join(todo)}: measured {start:%Y-%m-%d %H:%M} - {end:%Y-%m-%d %H:%M} UTC by "
             f"hetsim profile --add-micro ({raw['threads']} thread(s), clock {raw['clock']}, the "
             f"{'quick' if raw.get('quick') else 'full'} spec's repeats in "
             f"{rounds} round(s)) and merged into this "
-            "profile's raw.micro"
+            "profile's raw.micro" + (" (cold: raw.cold)" if "cold" in todo else "")
             + (f", replacing the earlier {', '.join(replaced)}" if replaced else "")
             + "; the curves re-fitted.")
     raw.update(micro=merged, micro_note="\n".join(x for x in (raw.get("micro_note"), line) if x))

@@ -165,6 +165,30 @@ def error_field(loc: Sequence[int | str]) -> str:
     return ".".join(parts)
 
 
+class ColdCurve(_Strict):
+    """Extra seconds a call pays right after passes that moved ``bytes``: the cold-call
+    benchmark of ``hetsim profile`` (a small call timed right after a copy, less the
+    same call timed again at once). Piecewise linear in log10(bytes), clamped at both
+    ends; its first point is a size the caches hold (about 0 s)."""
+
+    bytes: list[float] = Field(description="bytes the passes before the call moved, increasing")
+    s: list[float] = Field(description="extra seconds of the call at each point, in [0, 0.01]")
+
+    @model_validator(mode="after")
+    def _check(self) -> ColdCurve:
+        if len(self.bytes) != len(self.s) or not self.bytes:
+            raise ValueError("bytes and s must be non-empty lists of equal length")
+        if any(f <= 0 for f in self.bytes) or any(b <= a for a, b in pairwise(self.bytes)):
+            raise ValueError("bytes must be positive and strictly increasing")
+        if any(not 0 <= x <= 0.01 for x in self.s):
+            raise ValueError("s values must lie in [0, 0.01]")
+        return self
+
+    def at(self, nbytes: float) -> float:
+        """Extra seconds after passes that moved ``nbytes``."""
+        return _log_interp(self.bytes, self.s, max(nbytes, 1e-300))
+
+
 class LayerTable(_Strict):
     """Measured forward/backward seconds of one layer signature at several batch sizes."""
 
@@ -296,6 +320,13 @@ class DeviceProfile(_Strict):
         "no layer (module calls, residual adds, concatenations, gradient accumulation, the loss) "
         "that falls between layers and that the curves, fitted to the layers' own times, leave "
         "out (missing: none)")
+    cold_call_s: dict[str, ColdCurve] | None = Field(
+        default=None, description="per op class: extra seconds of a layer's pass priced by the "
+        "curves after the passes before it (the profile's cold_window of them, in execution order) "
+        "moved that many bytes: caches they flushed (missing: 0)")
+    cold_window: int | None = Field(
+        default=None, ge=1, le=64, description="how many passes before a pass count for "
+        "cold_call_s (hetsim calibrate chooses it; missing with cold_call_s: 1)")
     dense_sparse_grad: bool = Field(
         default=False, description="the backward of a sparse (embedding) layer writes a dense "
         "gradient of its whole table (torch's nn.Embedding default): adds param_bytes to its bytes")
@@ -348,6 +379,14 @@ class DeviceProfile(_Strict):
             if k not in OP_CLASSES and not _MEM_KEY_RE.match(k):
                 raise ValueError(f"unknown key {k!r}: an op class ({', '.join(OP_CLASSES)}) "
                                  "or OP/kN[p][r][i] (N kernels, p: parameters, r: reducing, i: in place)")
+        return v
+
+    @field_validator("cold_call_s")
+    @classmethod
+    def _cold_ops(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        for k in v or {}:
+            if k not in OP_CLASSES:
+                raise ValueError(f"unknown op class {k!r} (known: {', '.join(OP_CLASSES)})")
         return v
 
     @field_validator("efficiency", "efficiency_bwd")
@@ -454,6 +493,12 @@ class DeviceProfile(_Strict):
         """
         return _per_kind(self.call_overhead_bwd_s if phase == "bwd" else self.call_overhead_s,
                          op, kernels, has_params, reduces, inplace)
+
+    def cold_s(self, op: str, streamed_bytes: float) -> float:
+        """Extra seconds of a pass of op class ``op`` after passes that moved
+        ``streamed_bytes`` (``cold_call_s``; 0 where the profile has none for ``op``)."""
+        curve = (self.cold_call_s or {}).get(op)
+        return 0.0 if curve is None or streamed_bytes <= 0 else curve.at(streamed_bytes)
 
     def row_cost(self, op: str, phase: str = "fwd", kernels: int | None = None,
                  has_params: bool = False, reduces: bool = False, inplace: bool = False) -> float:

@@ -47,6 +47,7 @@ quantization. ``quant_s`` and ``dequant_s`` keep the two parts for reporting.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -102,8 +103,14 @@ def _table_time(batch: list[int], times: list[float], b: float) -> float:
 
 
 def layer_time_s(layer: Layer, phase: str, b: float, dev: DeviceProfile, dtype: str,
-                 input_bytes: float) -> float:
-    """Seconds for one layer's forward ('fwd') or backward ('bwd') pass on ``b`` samples."""
+                 input_bytes: float, streamed_bytes: float = 0.0) -> float:
+    """Seconds for one layer's forward ('fwd') or backward ('bwd') pass on ``b`` samples.
+
+    ``streamed_bytes``: what the passes before it moved (:func:`streamed_before`); a
+    pass priced by the curves pays the profile's cold-call seconds for them
+    (:meth:`DeviceProfile.cold_s`; 0 without ``cold_call_s``). A measured table
+    holds them already.
+    """
     if b <= 0:
         return 0.0
     if dev.layers and (key := table_key(layer, input_bytes)) in dev.layers:
@@ -117,6 +124,8 @@ def layer_time_s(layer: Layer, phase: str, b: float, dev: DeviceProfile, dtype: 
                      layer.inplace) if flops == 0 else dev.call_overhead(layer.op, phase))
     if dev.layer_glue_s:
         fixed += glue_time_s(layer, phase, b, dev, dtype, input_bytes)
+    if dev.cold_call_s:
+        fixed += dev.cold_s(layer.op, streamed_bytes)
     return fixed + roofline_s(dev, layer.op, flops, nbytes, kernels, dtype, mem_eff, phase,
                               compute_kind(layer, input_bytes, b))
 
@@ -289,10 +298,36 @@ def _touched_param_bytes(layer: Layer, b: float) -> float:
     return min(layer.param_bytes, looked_up_rows(layer, b) * layer.sparse.row_bytes)
 
 
+def window_sums(fwd_bytes: Sequence[float], bwd_bytes: Sequence[float], window: int
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """What the ``window`` passes before each pass moved, in an iteration's execution
+    order (forward of layers 0 .. n-1, then backward of n-1 .. 0, one iteration after
+    another: the first forward follows the last backward): ``(before each forward,
+    before each backward)``, given each pass's bytes."""
+    n = len(fwd_bytes)
+    order = np.concatenate([np.asarray(fwd_bytes, float), np.asarray(bwd_bytes, float)[::-1]])
+    before = np.zeros(2 * n)
+    for d in range(1, window + 1):
+        before += np.roll(order, d)
+    return before[:n], before[n:][::-1]
+
+
+def streamed_before(model: Model, dev: DeviceProfile, dtype: str, b: float
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """Bytes the ``dev.cold_window`` passes (1 if unset) before each layer's forward and
+    backward pass moved (:func:`layer_work`, :func:`window_sums`)."""
+    work = [[layer_work(ly, ph, b, dtype, model.input_bytes_of(i), dev.dense_sparse_grad,
+                        dev.weight_grad_only_bwd)[2] for i, ly in enumerate(model.layers)]
+            for ph in ("fwd", "bwd")]
+    return window_sums(work[0], work[1], dev.cold_window or 1)
+
+
 def _layer_times(model: Model, dev: DeviceProfile, dtype: str, b: int) -> tuple[np.ndarray, np.ndarray]:
-    fwd = np.array([layer_time_s(ly, "fwd", b, dev, dtype, model.input_bytes_of(i))
+    n = len(model.layers)
+    sf, sb = streamed_before(model, dev, dtype, b) if dev.cold_call_s else (np.zeros(n), np.zeros(n))
+    fwd = np.array([layer_time_s(ly, "fwd", b, dev, dtype, model.input_bytes_of(i), float(sf[i]))
                     for i, ly in enumerate(model.layers)])
-    bwd = np.array([layer_time_s(ly, "bwd", b, dev, dtype, model.input_bytes_of(i))
+    bwd = np.array([layer_time_s(ly, "bwd", b, dev, dtype, model.input_bytes_of(i), float(sb[i]))
                     for i, ly in enumerate(model.layers)])
     fwd.flags.writeable = False
     bwd.flags.writeable = False

@@ -4,6 +4,7 @@ to a measured profile (``hetsim profile --add-micro``)."""
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -14,7 +15,15 @@ import pytest
 from experiments.cli import main
 from hardware_profiles import load_profile_file
 from hardware_profiles import profiler as P
-from hardware_profiles.calibrate import _bandwidth_fit, _point_time, drift_of, points_from_raw
+from hardware_profiles.calibrate import (
+    COLD_WINDOWS,
+    _bandwidth_fit,
+    _point_time,
+    _rel_errors,
+    drift_of,
+    fit,
+    points_from_raw,
+)
 from hardware_profiles.schema import BandwidthCurve
 from sim.costmodel import layer_time_s, looked_up_rows
 from sim.errors import ConfigError
@@ -189,13 +198,13 @@ def test_calibrate_prints_the_drift_probe_figures(tiny_profile: Path, tmp_path: 
     path = tmp_path / "tiny.json"
     path.write_bytes(tiny_profile.read_bytes())
     spread = load_profile_file(path).spread or {}
-    # seven steps, a sample after each: gemm, bandwidth, dispatch, quantization, relu_1m,
-    # mlp at 4 and 8
-    assert spread["drift_samples"] == 7
+    # eight steps, a sample after each: gemm, bandwidth, dispatch, relu_1m, mlp at 4 and 8,
+    # quantization, cold calls
+    assert spread["drift_samples"] == 8
     assert main(["calibrate", str(path)]) == 0
     out = capsys.readouterr().out
     assert P.drift_line(drift_of(load_profile_file(path).raw or {}) or {}) in out
-    assert "after each of 7 steps" in out
+    assert "after each of 8 steps" in out
 
 
 def test_add_micro_measures_in_the_profiles_rounds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -216,3 +225,56 @@ def test_add_micro_measures_in_the_profiles_rounds(tmp_path: Path, monkeypatch: 
     assert seen == [2]
     note = (load_profile_file(path).raw or {})["micro_note"]
     assert "spec's repeats in 2 round(s)) and merged" in note
+
+
+# ------------------------------------------------ cold calls
+def test_profile_measures_cold_calls_and_the_fit_chooses_a_window(tiny_profile: Path) -> None:
+    prof = load_profile_file(tiny_profile)
+    cold = (prof.raw or {})["cold"]
+    assert cold["moved_bytes"] == [int(m * 2**20) for m in P.COLD_MOVED_MIB]
+    assert set(cold["cold_s"]) == set(cold["warm_s"]) == {"relu", "linear", "embedding"}
+    assert all(len(v) == len(P.COLD_MOVED_MIB) and min(v) > 0 for v in cold["cold_s"].values())
+    # the fit keeps a cold window only where it prices the measured passes better (the
+    # median |error| over them, cold seconds included) than no cold term at all
+    fitted, f = fit(prof)
+    no_cold = prof.model_copy(update={"raw": {k: v for k, v in (prof.raw or {}).items() if k != "cold"}})
+    plain, g = fit(no_cold)
+    assert plain.cold_call_s is None and plain.cold_window is None
+    assert [p.t_s for p in f.points] == [p.t_s for p in g.points]  # the times as measured
+    err = float(np.median(np.abs(_rel_errors(fitted, f.points))))
+    err_plain = float(np.median(np.abs(_rel_errors(plain, g.points))))
+    assert (fitted.cold_window is None) == (fitted.cold_call_s is None)
+    if fitted.cold_window is None:
+        assert err == err_plain
+        assert fitted.model_dump(exclude={"raw"}) == plain.model_dump(exclude={"raw"})
+    else:
+        assert fitted.cold_window in COLD_WINDOWS and err < err_plain
+        assert set(fitted.cold_call_s or {}) == {"elementwise", "gemm", "conv", "attention", "embedding"}
+    # the profile as written was fitted the same way
+    assert (prof.cold_window, prof.cold_call_s) == (fitted.cold_window, fitted.cold_call_s)
+
+
+def test_add_micro_cold_measures_the_benchmark_into_raw_cold(tiny_profile: Path, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(P, "_ALL_MICRO", ("relu_1m",))  # a grid of the one the profile has
+    path = tmp_path / "tiny.json"
+    data = json.loads(tiny_profile.read_text())
+    del data["raw"]["cold"]
+    path.write_text(json.dumps(data))
+    prof, new = P.add_micro(path, ["missing"], progress=False)  # 'missing' includes it on a CPU
+    assert [e["name"] for e in new] == ["cold"]
+    raw = load_profile_file(path).raw or {}
+    assert raw["cold"]["moved_bytes"] == [int(m * 2**20) for m in P.COLD_MOVED_MIB]
+    assert raw["micro_note"].splitlines()[-1].startswith("cold: measured 20")
+    assert "merged into this profile's raw.micro (cold: raw.cold)" in raw["micro_note"]
+    assert [e["name"] for e in raw["micro"]] == [e["name"] for e in data["raw"]["micro"]]
+    assert prof.cold_window is None or prof.cold_window in COLD_WINDOWS
+    capsys.readouterr()
+    assert main(["profile", "--add-micro", "cold", "--out", str(path), "--quiet"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["measured cold; re-fitted", f"wrote {path}"]
+    # a GPU profile's passes do not flush the host's caches: refused
+    data["raw"]["device"] = "cuda:0"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match="'cold' is a CPU benchmark"):
+        P.add_micro(path, ["cold"], progress=False)

@@ -1,0 +1,101 @@
+"""The cold-call term: what a pass pays after passes that moved many bytes.
+
+The window of passes before each pass in execution order, the profile's cold curve,
+the cost model adding it to passes priced by the curves (not to measured tables), the
+curves built from the profiler's benchmark, and the fit choosing a window.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from hardware_profiles.calibrate import Point, _point_time, cold_curves
+from sim.costmodel import layer_time_s, layer_times, layer_work, window_sums
+from tests.helpers_eval import dense, model
+from tests.helpers_profiles import bare_profile
+
+#: 0 s up to 1 MB moved, 100 us from 100 MB on; 50 us at 10 MB (log-linear)
+CURVE = {"bytes": [1e6, 1e8], "s": [0.0, 1e-4]}
+
+
+def test_window_sums_follow_the_iteration_by_hand() -> None:
+    # order: f0=1, f1=2, f2=3, b2=30, b1=20, b0=10, then f0 again
+    f, b = window_sums([1, 2, 3], [10, 20, 30], 1)
+    assert f.tolist() == [10, 1, 2] and b.tolist() == [20, 30, 3]
+    f, b = window_sums([1, 2, 3], [10, 20, 30], 2)
+    assert f.tolist() == [30, 11, 3] and b.tolist() == [50, 33, 5]
+    # a window longer than the iteration wraps around it
+    f, _ = window_sums([1.0], [10.0], 3)  # before f0: b0, f0, b0
+    assert f.tolist() == [21.0]
+
+
+def test_cold_curve_interpolates_in_log_bytes_and_clamps() -> None:
+    dev = bare_profile(cold_call_s={"elementwise": CURVE}, cold_window=2)
+    assert dev.cold_s("elementwise", 1e7) == pytest.approx(5e-5)
+    assert dev.cold_s("elementwise", 1e5) == 0.0 and dev.cold_s("elementwise", 1e9) == pytest.approx(1e-4)
+    assert dev.cold_s("elementwise", 0.0) == 0.0
+    assert dev.cold_s("gemm", 1e7) == 0.0  # no curve for the class: nothing
+    assert bare_profile().cold_s("elementwise", 1e7) == 0.0
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ({"elementwise": {"bytes": [1e6], "s": [0.0, 1e-4]}}, "non-empty lists of equal length"),
+    ({"elementwise": {"bytes": [1e8, 1e6], "s": [0.0, 1e-4]}}, "positive and strictly increasing"),
+    ({"elementwise": {"bytes": [1e6, 1e8], "s": [0.0, 0.5]}}, r"in \[0, 0.01\]"),
+    ({"matmul": CURVE}, "unknown op class 'matmul'"),
+])
+def test_cold_curve_validation(value: dict, message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        bare_profile(cold_call_s=value)
+    with pytest.raises(ValidationError, match="greater than or equal to 1"):
+        bare_profile(cold_call_s={"elementwise": CURVE}, cold_window=0)
+
+
+def test_a_pass_priced_by_the_curves_pays_the_cold_seconds_a_table_does_not() -> None:
+    dev = bare_profile(cold_call_s={"gemm": CURVE})
+    ly = dense("fc", 4e3, fwd_flops=1e6, activation_bytes=40.0)
+    base = layer_time_s(ly, "fwd", 10, dev, "fp32", 40.0)
+    assert layer_time_s(ly, "fwd", 10, dev, "fp32", 40.0, streamed_bytes=1e7) == pytest.approx(base + 5e-5)
+    table = {"layers": {ly.signature: {"batch": [10], "fwd_s": [1e-3], "bwd_s": [2e-3]}}}
+    tabled = bare_profile(cold_call_s={"gemm": CURVE}, **table)
+    assert layer_time_s(ly, "fwd", 10, tabled, "fp32", 40.0, streamed_bytes=1e7) == pytest.approx(1e-3)
+
+
+def test_layer_times_add_the_window_of_each_pass() -> None:
+    # three layers; window 2: layer 0's forward follows the backward of layers 0 and 1
+    m = model(dense("a", 4e6, fwd_flops=1e6, bwd_flops=2e6, activation_bytes=4e3),
+              dense("b", 8e6, fwd_flops=1e6, bwd_flops=2e6, activation_bytes=4e3),
+              dense("c", 2e6, fwd_flops=1e6, bwd_flops=2e6, activation_bytes=4e3), input_bytes=4e3)
+    cold = bare_profile(cold_call_s={"gemm": CURVE}, cold_window=2)
+    warm = bare_profile()
+    fc, bc = layer_times(m, cold, "fp32", 4)
+    fw, bw = layer_times(m, warm, "fp32", 4)
+    nbytes = {(i, ph): layer_work(ly, ph, 4, "fp32", m.input_bytes_of(i))[2]
+              for i, ly in enumerate(m.layers) for ph in ("fwd", "bwd")}
+    assert fc[0] - fw[0] == pytest.approx(cold.cold_s("gemm", nbytes[0, "bwd"] + nbytes[1, "bwd"]))
+    assert fc[2] - fw[2] == pytest.approx(cold.cold_s("gemm", nbytes[1, "fwd"] + nbytes[0, "fwd"]))
+    assert bc[2] - bw[2] == pytest.approx(cold.cold_s("gemm", nbytes[2, "fwd"] + nbytes[1, "fwd"]))
+    assert bc[0] - bw[0] == pytest.approx(cold.cold_s("gemm", nbytes[1, "bwd"] + nbytes[2, "bwd"]))
+    assert all(x > 0 for x in np.concatenate([fc - fw, bc - bw]))
+
+
+def test_cold_curves_from_the_benchmark_by_hand() -> None:
+    raw = {"cold": {"moved_bytes": [1e5, 1e6, 1e7],
+                    "cold_s": {"relu": [2e-6, 5e-6, 4e-6], "linear": [1e-5, 3e-5, 9e-5]},
+                    "warm_s": {"relu": [3e-6, 3e-6, 3e-6], "linear": [1e-5, 1e-5, 1e-5]}}}
+    c = cold_curves(raw)
+    assert c is not None and set(c) == {"elementwise", "gemm", "conv", "attention"}  # no embedding call
+    # relu: 2 - 3 < 0 -> 0; 2 us; 1 us, which the running maximum keeps at 2
+    assert c["elementwise"].bytes == [1e5, 1e6, 1e7]
+    assert c["elementwise"].s == pytest.approx([0.0, 2e-6, 2e-6])
+    assert c["conv"].s == pytest.approx([0.0, 2e-5, 8e-5]) and c["conv"] == c["gemm"] == c["attention"]
+    assert cold_curves({}) is None
+
+
+def test_a_point_is_priced_with_its_window() -> None:
+    dev = bare_profile(cold_call_s={"elementwise": CURVE}, cold_window=2)
+    p = Point("elementwise", "fwd", 0.0, 1e3, 1, 1e-5, "m", "relu", 1, kind="elementwise/k1",
+              before=(1e6, 1e7, 1e8))
+    assert _point_time(dev, p) - _point_time(bare_profile(), p) == pytest.approx(5e-5)
