@@ -642,16 +642,16 @@ def test_tiny_profile_end_to_end(tmp_path: Path) -> None:
     assert layer_time_s(mlp.layers[0], "fwd", 4, loaded, "fp32", mlp.input_bytes) == t.fwd_s[0]
     assert path.stat().st_size < 300_000
     # the drift probe ran after each step: gemm, bandwidth, dispatch, two single-layer
-    # benchmarks, mlp at 4 and 8, quantization
+    # benchmarks, mlp at 4 and 8, quantization, the cold calls (a CPU run)
     drift = loaded.raw["drift"]
     assert [s["after"] for s in drift["samples"]] == [
         "gemm fp32 32x32x32", "bandwidth", "dispatch", "layer linear_256x256",
-        "layer relu_1m", "mlp b=4", "mlp b=8", "quantization"]
+        "layer relu_1m", "mlp b=4", "mlp b=8", "quantization", "cold calls"]
     assert loaded.raw["rounds"] == 1 and loaded.raw["statistic"] == P.statistic_of(1)
     assert all(s["gemm_s"] > 0 and s["copy_s"] > 0 for s in drift["samples"])
     ats = [s["at_s"] for s in drift["samples"]]
     assert ats == sorted(ats)
-    assert loaded.spread["drift_samples"] == 8 and loaded.spread["drift_gemm_range"] >= 0
+    assert loaded.spread["drift_samples"] == 9 and loaded.spread["drift_gemm_range"] >= 0
     assert "drift (the same 256^3 GEMM" in P.summary(loaded)
 
 
@@ -782,7 +782,7 @@ def test_a_profile_of_two_rounds(tmp_path: Path) -> None:
         "gemm fp32 32x32x32 (round 1/2)", "bandwidth (round 1/2)", "dispatch (round 1/2)",
         "layer relu_1m (round 1/2)", "mlp b=4 (round 1/2)",
         "gemm fp32 32x32x32 (round 2/2)", "bandwidth (round 2/2)", "dispatch (round 2/2)",
-        "layer relu_1m (round 2/2)", "mlp b=4 (round 2/2)", "quantization"]
+        "layer relu_1m (round 2/2)", "mlp b=4 (round 2/2)", "quantization", "cold calls"]
     assert raw["rounds"] == 2 and raw["statistic"] == P.statistic_of(2)
     # 3 repeats in 2 rounds: 2 a visit, 4 samples in all
     assert raw["models"]["mlp"][0]["reps"] == 4 and raw["models"]["mlp"][0]["batch"] == 4
