@@ -1953,6 +1953,11 @@ def summary(profile: DeviceProfile) -> str:
     drift = calibrate.drift_of(profile.raw or {})
     if drift is not None:
         lines.append(drift_line(drift))
+    if profile.cold_call_s:
+        at = 16 * 2**20
+        lines.append(f"cold calls (window {profile.cold_window or 1} passes): after 16 MiB moved, "
+                     + ", ".join(f"{op} +{profile.cold_s(op, at) * 1e6:.1f} us"
+                                 for op in ("elementwise", "gemm", "embedding") if op in profile.cold_call_s))
     return "\n".join(lines)
 
 

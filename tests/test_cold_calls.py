@@ -99,3 +99,12 @@ def test_a_point_is_priced_with_its_window() -> None:
     p = Point("elementwise", "fwd", 0.0, 1e3, 1, 1e-5, "m", "relu", 1, kind="elementwise/k1",
               before=(1e6, 1e7, 1e8))
     assert _point_time(dev, p) - _point_time(bare_profile(), p) == pytest.approx(5e-5)
+
+
+def test_the_profile_summary_states_the_cold_calls() -> None:
+    from hardware_profiles.profiler import summary
+
+    dev = bare_profile(cold_call_s={"elementwise": CURVE}, cold_window=3)
+    # 16 MiB = 16777216 bytes: log10 7.2248, 0.6124 of the way from 1e6 (0 s) to 1e8 (100 us)
+    assert summary(dev).splitlines()[-1] == "cold calls (window 3 passes): after 16 MiB moved, elementwise +61.2 us"
+    assert "cold calls" not in summary(bare_profile())
