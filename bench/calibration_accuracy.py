@@ -374,7 +374,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.passes is not None and a.repeat:
         print("error: --passes lists one profile's passes; leave out --repeat", file=sys.stderr)
         return 2
-    prof = load_profile_file(a.profile)
+    try:  # a file that is no profile: one line, before the minutes of fitting
+        prof = load_profile_file(a.profile)
+        again = load_profile_file(a.repeat) if a.repeat else None
+    except ConfigError as e:
+        print(f"error: {e.line()}", file=sys.stderr)
+        return 2
     if a.passes is not None:
         models = list((prof.raw or {}).get("models", {}))
         if a.passes not in models:
@@ -388,7 +393,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print_passes(rows)
         return 0
     rows = loo_rows(prof)
-    rep = repeatability(prof, load_profile_file(a.repeat)) if a.repeat else None
+    rep = repeatability(prof, again) if again is not None else None
     noise = noise_floor(prof.raw or {})
     drift = drift_of(prof.raw or {})
     if a.json:

@@ -205,3 +205,13 @@ def test_the_table_shows_each_rows_repeat(capsys: pytest.CaptureFixture[str]) ->
     bench_mod.print_report([row], None)  # without a second profile: no repeat column
     plain = capsys.readouterr().out.splitlines()
     assert "repeat" not in plain[2] and plain[3].split()[-2:] == ["NO", "-"]
+
+
+def test_a_file_that_is_no_profile_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "p.json"
+    bad.write_text("{}")
+    good = Path(__file__).resolve().parents[1] / "hardware_profiles" / "measured" / "this_machine.json"
+    for argv in ([str(bad)], [str(good), "--repeat", str(bad)]):
+        assert bench_mod.main(argv) == 2
+        err = capsys.readouterr().err.splitlines()
+        assert len(err) == 1 and err[0].startswith(f"error: {bad}")
