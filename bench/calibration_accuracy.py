@@ -125,7 +125,9 @@ def loo_rows(profile: Any, only: str | None = None) -> list[dict[str, Any]]:
 
 
 def _work(p: Any) -> tuple[Any, ...]:
-    """What the cost model knows of a measured pass (all it prices it from)."""
+    """What the cost model knows of a measured pass's own work: all it prices it from,
+    but for a profile with cold calls the bytes the passes before it moved (context,
+    which twins do not share)."""
     return (p.op, p.phase, p.kind, p.ckind, p.flops, p.nbytes, p.kernels, p.rows, p.call)
 
 
@@ -158,9 +160,10 @@ def twin_floor(profile: Any) -> dict[tuple[str, int], dict[str, Any]]:
     the median of its twins' times: ``{"passes": n, "median_abs_err": median
     |t / median(twins) - 1|}``.
 
-    The cost model prices a pass's own time from its work alone, so on these
-    passes a fit that predicted each pass's twins' median exactly would miss by
-    this much.
+    Without cold calls the cost model prices a pass's own time from its work alone,
+    so on these passes a fit that predicted each pass's twins' median exactly would
+    miss by this much; with them, passes of equal work after different passes are
+    priced apart, and this is how far their context alone moves them.
     """
     return _twin_rows(pass_twins(profile))
 

@@ -330,6 +330,10 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
     if not prof.raw or not (prof.raw.get("models") or prof.raw.get("micro")):
         raise ConfigError(a.profile, "raw", "no raw layer measurements to fit (make the "
                           "profile with hetsim profile)")
+    try:
+        calibrate.cold_curves(prof.raw)
+    except ValueError as e:
+        raise ConfigError(a.profile, "raw.cold", str(e).removeprefix("raw.cold").lstrip(".: ")) from None
     result = calibrate.calibrate(prof)
     print(calibrate.format_residuals(result.residuals))
     drift = calibrate.drift_of(prof.raw)

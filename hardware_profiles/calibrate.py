@@ -3,6 +3,7 @@
 The cost model (``sim/costmodel.py``) prices one pass of a layer as
 
     t = launch_overhead_s * kernels + call_overhead[phase](key)  (+ row_cost * rows, lookups)
+      (+ cold_call_s[op](bytes the cold_window passes before it moved), where raw.cold is)
       + max(flops / (peak * eff[phase](key, size)), bytes / (mem_bw * mem_eff[phase](key, bytes)))
 
 Calibration takes every measured layer pass of a profile's ``raw`` data (the
@@ -53,6 +54,13 @@ fits, per phase:
   their sum cannot follow), chosen among fractions of the passes' 10th-percentile
   time (for ``r``: of their smallest time per row looked up) as the pair that
   predicts a source left out of the curve's fit best (:func:`_bandwidth_fit`).
+
+Where ``raw`` has the cold-call benchmark (``raw["cold"]``, :func:`cold_curves`),
+every measured pass is fitted less its cold-call seconds (at least
+:data:`COLD_FLOOR` of its time kept), for each window of :data:`COLD_WINDOWS`
+passes before it, at the launch overhead chosen without them; the window whose
+profile prices the passes as measured with the smallest median error is kept
+(``cold_call_s``, ``cold_window``) if it beats the fit without them.
 
 A curve is piecewise linear in log10(size) (the schema's form) with knots
 every half decade over the data; its knot values minimise the squared error
@@ -868,16 +876,29 @@ def cold_curves(raw: dict[str, Any]) -> dict[str, ColdCurve] | None:
     its time right after the copy less its time again at once (0 where smaller),
     then never falling as the bytes grow (the running maximum: more bytes moved
     flush no less).
+
+    Raises:
+        ValueError: ``raw["cold"]`` lacks ``moved_bytes``, ``cold_s`` or ``warm_s``, its
+            sizes are not positive and increasing, or a call's lists are not one value
+            per size in both.
     """
     c = raw.get("cold")
     if not c:
         return None
+    if not (isinstance(c.get("moved_bytes"), list) and isinstance(c.get("cold_s"), dict)
+            and isinstance(c.get("warm_s"), dict)):
+        raise ValueError("raw.cold needs moved_bytes, cold_s and warm_s")
     sizes = [float(x) for x in c["moved_bytes"]]
+    if not sizes or sizes[0] <= 0 or any(b <= a for a, b in zip(sizes, sizes[1:], strict=False)):
+        raise ValueError("raw.cold.moved_bytes must be positive and increasing")
     out = {}
     for op, call in COLD_OPS.items():
         if call not in c["cold_s"]:
             continue
-        extra = np.maximum(np.asarray(c["cold_s"][call], float) - np.asarray(c["warm_s"][call], float), 0.0)
+        cold, warm = c["cold_s"][call], c["warm_s"].get(call)
+        if warm is None or len(cold) != len(sizes) or len(warm) != len(sizes):
+            raise ValueError(f"raw.cold: {call!r} needs one cold_s and one warm_s value per size")
+        extra = np.maximum(np.asarray(cold, float) - np.asarray(warm, float), 0.0)
         out[op] = ColdCurve(bytes=sizes, s=[min(float(x), 0.01) for x in np.maximum.accumulate(extra)])
     return out or None
 

@@ -1376,8 +1376,8 @@ def measure(device: str = "cpu", quick: bool = False, threads: int | None = None
             single-layer benchmarks and zoo models in this many interleaved
             rounds (:func:`_run_rounds`; default the spec's), each figure then
             the :data:`ROUNDS_QUANTILE`-th percentile of its samples (the median
-            with one round); the quantization, host-device and network
-            benchmarks run once.
+            with one round); the quantization, host-device, network and (on a
+            CPU) cold-call benchmarks run once.
     """
     from sim import zoo
 
@@ -1858,9 +1858,9 @@ def add_micro(path: str | os.PathLike[str], names: Sequence[str], device: str | 
 
     Raises:
         ConfigError: the file is not a measured profile with raw single-layer
-            benchmarks, a name is not one of the grid, ``device`` or ``threads``
-            differ from the profile's, or this host, its CPU or torch are not
-            those the profile was measured on.
+            benchmarks, a name is not one of the grid, ``cold`` is asked of a GPU
+            profile, ``device`` or ``threads`` differ from the profile's, or this
+            host, its CPU or torch are not those the profile was measured on.
     """
     from hardware_profiles import calibrate, load_profile_file
 
@@ -1914,7 +1914,8 @@ def add_micro(path: str | os.PathLike[str], names: Sequence[str], device: str | 
             f"hetsim profile --add-micro ({raw['threads']} thread(s), clock {raw['clock']}, the "
             f"{'quick' if raw.get('quick') else 'full'} spec's repeats in "
             f"{rounds} round(s)) and merged into this "
-            "profile's raw.micro" + (" (cold: raw.cold)" if "cold" in todo else "")
+            "profile's raw.micro" + (f" (cold: raw.cold, {COLD_REPS} cases a size in one pass)"
+                                     if "cold" in todo else "")
             + (f", replacing the earlier {', '.join(replaced)}" if replaced else "")
             + "; the curves re-fitted.")
     raw.update(micro=merged, micro_note="\n".join(x for x in (raw.get("micro_note"), line) if x))

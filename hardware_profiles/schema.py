@@ -169,7 +169,8 @@ class ColdCurve(_Strict):
     """Extra seconds a call pays right after passes that moved ``bytes``: the cold-call
     benchmark of ``hetsim profile`` (a small call timed right after a copy, less the
     same call timed again at once). Piecewise linear in log10(bytes), clamped at both
-    ends; its first point is a size the caches hold (about 0 s)."""
+    ends: below its first point (the benchmark's smallest size, 0.25 MiB, which the
+    caches hold) a pass pays that point's seconds (0.0-0.5 us on the AMD EPYC)."""
 
     bytes: list[float] = Field(description="bytes the passes before the call moved, increasing")
     s: list[float] = Field(description="extra seconds of the call at each point, in [0, 0.01]")
@@ -325,8 +326,9 @@ class DeviceProfile(_Strict):
         "curves after the passes before it (the profile's cold_window of them, in execution order) "
         "moved that many bytes: caches they flushed (missing: 0)")
     cold_window: int | None = Field(
-        default=None, ge=1, le=64, description="how many passes before a pass count for "
-        "cold_call_s (hetsim calibrate chooses it; missing with cold_call_s: 1)")
+        default=None, ge=1, le=8, description="how many passes before a pass count for "
+        "cold_call_s (hetsim calibrate chooses it among 1, 2, 3, 5 and 8; missing with "
+        "cold_call_s: 1)")
     dense_sparse_grad: bool = Field(
         default=False, description="the backward of a sparse (embedding) layer writes a dense "
         "gradient of its whole table (torch's nn.Embedding default): adds param_bytes to its bytes")

@@ -7,6 +7,10 @@ time(layer, phase, b, d) = d.launch_overhead_s * kernels(layer, phase)
                           call_overhead_s / call_overhead_bwd_s)
                          (+ d.row_cost(...) * rows looked up, for a sparse layer without
                           FLOPs; 0 unless the profile has row_cost_s / row_cost_bwd_s)
+                         (+ d.cold_s(op, bytes the cold_window passes before moved), for a
+                          pass priced by the curves; 0 unless the profile has cold_call_s.
+                          The window runs over the whole model in execution order, also
+                          where a plan splits it into stages on other devices)
                          (+ glue_time_s(...): work of no layer charged to it; 0 unless
                           the profile has layer_glue_s)
 

@@ -267,7 +267,7 @@ def test_add_micro_cold_measures_the_benchmark_into_raw_cold(tiny_profile: Path,
     raw = load_profile_file(path).raw or {}
     assert raw["cold"]["moved_bytes"] == [int(m * 2**20) for m in P.COLD_MOVED_MIB]
     assert raw["micro_note"].splitlines()[-1].startswith("cold: measured 20")
-    assert "merged into this profile's raw.micro (cold: raw.cold)" in raw["micro_note"]
+    assert "into this profile's raw.micro (cold: raw.cold, 15 cases a size in one pass)" in raw["micro_note"]
     assert [e["name"] for e in raw["micro"]] == [e["name"] for e in data["raw"]["micro"]]
     assert prof.cold_window is None or prof.cold_window in COLD_WINDOWS
     capsys.readouterr()

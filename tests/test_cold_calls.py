@@ -7,6 +7,8 @@ curves built from the profiler's benchmark, and the fit choosing a window.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from pydantic import ValidationError
@@ -108,3 +110,50 @@ def test_the_profile_summary_states_the_cold_calls() -> None:
     # 16 MiB = 16777216 bytes: log10 7.2248, 0.6124 of the way from 1e6 (0 s) to 1e8 (100 us)
     assert summary(dev).splitlines()[-1] == "cold calls (window 3 passes): after 16 MiB moved, elementwise +61.2 us"
     assert "cold calls" not in summary(bare_profile())
+
+
+@pytest.mark.parametrize(("cold", "message"), [
+    ({"moved_bytes": [1e5, 1e6]}, "needs moved_bytes, cold_s and warm_s"),
+    ({"moved_bytes": [1e6, 1e5], "cold_s": {}, "warm_s": {}}, "positive and increasing"),
+    ({"moved_bytes": [1e5, 1e6], "cold_s": {"relu": [1e-6, 2e-6]}, "warm_s": {}}, "one cold_s and one warm_s"),
+    ({"moved_bytes": [1e5, 1e6], "cold_s": {"relu": [1e-6]}, "warm_s": {"relu": [1e-6]}},
+     "one cold_s and one warm_s"),
+])
+def test_a_malformed_benchmark_is_refused(cold: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        cold_curves({"cold": cold})
+
+
+def test_a_benchmark_that_measured_no_cold_cost_leaves_the_fit_alone() -> None:
+    # cold == warm at every size: every window's cold seconds are 0, no window beats none
+    from hardware_profiles.calibrate import fit
+
+    raw = {"micro": [{"name": "relu_x", "model": {
+        "name": "micro", "input_bytes": 4096.0,
+        "layers": [{"name": "relu", "op": "elementwise", "fwd_flops": 0.0, "bwd_flops": 0.0,
+                    "param_bytes": 0.0, "activation_bytes": 4096.0}]},
+        "runs": [{"batch": b, "iter_s": 1e-4, "layers": {"relu": [t, 2 * t, 0.0, 0.0]}}
+                 for b, t in ((1, 5e-6), (4, 8e-6), (16, 2e-5), (64, 7e-5), (256, 2.6e-4))]}],
+        "dispatch_s": 1e-6}
+    flat = {"moved_bytes": [1e5, 1e6], "cold_s": {"relu": [3e-6, 3e-6]}, "warm_s": {"relu": [3e-6, 3e-6]}}
+    plain, _ = fit(bare_profile(raw=raw))
+    same, _ = fit(bare_profile(raw={**raw, "cold": flat}))
+    assert same.cold_call_s is None and same.cold_window is None
+    assert same.model_dump(exclude={"raw"}) == plain.model_dump(exclude={"raw"})
+
+
+def test_calibrate_refuses_a_malformed_benchmark_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from experiments.cli import main
+    from hardware_profiles.profiler import write_profile
+
+    raw = {"micro": [{"name": "relu_x", "model": {
+        "name": "micro", "input_bytes": 4096.0,
+        "layers": [{"name": "relu", "op": "elementwise", "fwd_flops": 0.0, "bwd_flops": 0.0,
+                    "param_bytes": 0.0, "activation_bytes": 4096.0}]},
+        "runs": [{"batch": 1, "iter_s": 1e-4, "layers": {"relu": [5e-6, 1e-5, 0.0, 0.0]}}]}],
+        "cold": {"moved_bytes": [1e6, 1e5], "cold_s": {}, "warm_s": {}}}
+    path = tmp_path / "m.json"
+    write_profile(bare_profile(raw=raw), path)
+    assert main(["calibrate", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"hetsim: error: {path}: raw.cold: moved_bytes must be positive and increasing"]
