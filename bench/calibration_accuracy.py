@@ -366,18 +366,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="also draw the figure: every held-out pass, predicted against measured, "
                          "and each row's errors against the targets")
     a = ap.parse_args(argv)
-    if a.plot is not None:
-        try:  # before the minute of fitting: a figure that cannot be written fails now
-            if Path(a.plot).suffix != ".png":
-                raise ConfigError(a.plot, "--plot", "a figure file name must end in .png")
-            prepare_out(Path(a.plot).parent, "--plot")
-        except ConfigError as e:
-            print(f"error: {e.line()}", file=sys.stderr)
-            return 2
     if a.passes is not None and a.repeat:
         print("error: --passes lists one profile's passes; leave out --repeat", file=sys.stderr)
         return 2
-    try:  # a file that is no profile: one line, before the minutes of fitting
+    try:  # before the minutes of fitting: a figure that cannot be written, a file that is no profile
+        if a.plot is not None:
+            if Path(a.plot).suffix != ".png":
+                raise ConfigError(a.plot, "--plot", "a figure file name must end in .png")
+            prepare_out(Path(a.plot).parent, "--plot")
         prof = load_profile_file(a.profile)
         again = load_profile_file(a.repeat) if a.repeat else None
     except ConfigError as e:

@@ -102,6 +102,7 @@ from sim.costmodel import (
     layer_time_s,
     layer_work,
     looked_up_rows,
+    pass_bytes,
     roofline_s,
     streamed_before,
     table_key,
@@ -207,10 +208,8 @@ def _model_points(model: Model, source: str, runs: Iterable[dict[str, Any]], dty
     for run in runs:
         b = int(run["batch"])
         own = run.get("own") or {}
-        work = {ph: [layer_work(ly, ph, b, dtype, model.input_bytes_of(i), dense_sparse_grad,
-                                weight_grad_only)[2] for i, ly in enumerate(model.layers)]
-                for ph in PHASES}
-        sums = [window_sums(work["fwd"], work["bwd"], w) for w in range(1, max(COLD_WINDOWS) + 1)]
+        fwd, bwd = pass_bytes(model, b, dtype, dense_sparse_grad, weight_grad_only)
+        sums = [window_sums(fwd, bwd, w) for w in range(1, max(COLD_WINDOWS) + 1)]
         for name, vals in run["layers"].items():
             i = index.get(name)
             if i is None:

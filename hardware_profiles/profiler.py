@@ -1903,11 +1903,10 @@ def add_micro(path: str | os.PathLike[str], names: Sequence[str], device: str | 
         if "cold" in todo:
             raw["cold"] = cold_bench(dev)
             bar.step("cold calls")
-            new = [*new, {"name": "cold", **raw["cold"]}]
     finally:
         bar.close()
     end = _dt.datetime.now(_dt.UTC)
-    by_name = {e["name"]: e for e in new if e["name"] != "cold"}
+    by_name = {e["name"]: e for e in new}
     merged = [by_name.pop(e["name"], e) for e in raw["micro"]] + list(by_name.values())
     replaced = sorted(set(todo) & set(have))
     line = (f"{', '.join(todo)}: measured {start:%Y-%m-%d %H:%M} - {end:%Y-%m-%d %H:%M} UTC by "
@@ -1926,7 +1925,7 @@ def add_micro(path: str | os.PathLike[str], names: Sequence[str], device: str | 
     updated = prof.model_copy(update={"raw": raw, "source": Source.model_validate(source)})
     fitted = calibrate.calibrate(updated).profile
     write_profile(fitted, path)
-    return fitted, new
+    return fitted, new + ([{"name": "cold", **raw["cold"]}] if "cold" in todo else [])
 
 
 def summary(profile: DeviceProfile) -> str:

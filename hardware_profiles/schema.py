@@ -33,15 +33,25 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
-def _check_curve(xs: list[float], ys: list[float], x_name: str, y_max: float) -> None:
+def _check_curve(xs: list[float], ys: list[float], x_name: str, y_max: float,
+                 y_name: str = "eff", zero: bool = False) -> None:
     """A curve's points: non-empty, equal lengths, x positive and strictly increasing,
-    every value in (0, y_max]."""
+    every value in (0, y_max] (``zero``: in [0, y_max])."""
     if len(xs) != len(ys) or not xs:
-        raise ValueError(f"{x_name} and eff must be non-empty lists of equal length")
+        raise ValueError(f"{x_name} and {y_name} must be non-empty lists of equal length")
     if any(f <= 0 for f in xs) or any(b <= a for a, b in pairwise(xs)):
         raise ValueError(f"{x_name} must be positive and strictly increasing")
-    if any(not 0 < e <= y_max for e in ys):
-        raise ValueError(f"eff values must lie in (0, {y_max:g}]")
+    if any(not (0 <= e if zero else 0 < e) or e > y_max for e in ys):
+        raise ValueError(f"{y_name} values must lie in {'[' if zero else '('}0, {y_max:g}]")
+
+
+def _known_keys(v: dict[str, Any] | None, known: Sequence[str], what: str) -> dict[str, Any] | None:
+    """``v`` unchanged if every key is one of ``known``; else a ValueError naming the
+    first unknown ``what`` and the known ones."""
+    for k in v or {}:
+        if k not in known:
+            raise ValueError(f"unknown {what} {k!r} (known: {', '.join(known)})")
+    return v
 
 
 def _log_interp(xs_: list[float], ys: list[float], x_: float) -> float:
@@ -177,17 +187,12 @@ class ColdCurve(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> ColdCurve:
-        if len(self.bytes) != len(self.s) or not self.bytes:
-            raise ValueError("bytes and s must be non-empty lists of equal length")
-        if any(f <= 0 for f in self.bytes) or any(b <= a for a, b in pairwise(self.bytes)):
-            raise ValueError("bytes must be positive and strictly increasing")
-        if any(not 0 <= x <= 0.01 for x in self.s):
-            raise ValueError("s values must lie in [0, 0.01]")
+        _check_curve(self.bytes, self.s, "bytes", 0.01, y_name="s", zero=True)
         return self
 
     def at(self, nbytes: float) -> float:
         """Extra seconds after passes that moved ``nbytes``."""
-        return _log_interp(self.bytes, self.s, max(nbytes, 1e-300))
+        return _log_interp(self.bytes, self.s, nbytes)
 
 
 class LayerTable(_Strict):
@@ -351,9 +356,8 @@ class DeviceProfile(_Strict):
     def _peaks(cls, v: dict[str, float]) -> dict[str, float]:
         if "fp32" not in v:
             raise ValueError("must contain 'fp32'")
+        _known_keys(v, DTYPES, "dtype")
         for k, x in v.items():
-            if k not in DTYPES:
-                raise ValueError(f"unknown dtype {k!r} (known: {', '.join(DTYPES)})")
             if not x > 0:
                 raise ValueError(f"{k} must be > 0")
         return v
@@ -361,10 +365,7 @@ class DeviceProfile(_Strict):
     @field_validator("quant")
     @classmethod
     def _quant_bits(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
-        for k in v or {}:
-            if k not in QUANT_BITS:
-                raise ValueError(f"unknown bit width {k!r} (known: {', '.join(QUANT_BITS)})")
-        return v
+        return _known_keys(v, QUANT_BITS, "bit width")
 
     def quant_s_per_value(self, bits: int, side: str) -> float | None:
         """Measured seconds per value to pack (``side='pack'``) or unpack at ``bits``, or None."""
@@ -386,10 +387,7 @@ class DeviceProfile(_Strict):
     @field_validator("cold_call_s")
     @classmethod
     def _cold_ops(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
-        for k in v or {}:
-            if k not in OP_CLASSES:
-                raise ValueError(f"unknown op class {k!r} (known: {', '.join(OP_CLASSES)})")
-        return v
+        return _known_keys(v, OP_CLASSES, "op class")
 
     @field_validator("efficiency", "efficiency_bwd")
     @classmethod

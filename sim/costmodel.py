@@ -316,14 +316,22 @@ def window_sums(fwd_bytes: Sequence[float], bwd_bytes: Sequence[float], window: 
     return before[:n], before[n:][::-1]
 
 
+def pass_bytes(model: Model, b: float, dtype: str, dense_sparse_grad: bool = False,
+               weight_grad_only: bool = False) -> tuple[list[float], list[float]]:
+    """Bytes each layer's forward and backward pass moves on ``b`` samples
+    (:func:`layer_work`, with a profile's flags of those names)."""
+    fwd, bwd = ([layer_work(ly, ph, b, dtype, model.input_bytes_of(i), dense_sparse_grad,
+                            weight_grad_only)[2] for i, ly in enumerate(model.layers)]
+                for ph in ("fwd", "bwd"))
+    return fwd, bwd
+
+
 def streamed_before(model: Model, dev: DeviceProfile, dtype: str, b: float
                     ) -> tuple[np.ndarray, np.ndarray]:
     """Bytes the ``dev.cold_window`` passes (1 if unset) before each layer's forward and
-    backward pass moved (:func:`layer_work`, :func:`window_sums`)."""
-    work = [[layer_work(ly, ph, b, dtype, model.input_bytes_of(i), dev.dense_sparse_grad,
-                        dev.weight_grad_only_bwd)[2] for i, ly in enumerate(model.layers)]
-            for ph in ("fwd", "bwd")]
-    return window_sums(work[0], work[1], dev.cold_window or 1)
+    backward pass moved (:func:`pass_bytes`, :func:`window_sums`)."""
+    fwd, bwd = pass_bytes(model, b, dtype, dev.dense_sparse_grad, dev.weight_grad_only_bwd)
+    return window_sums(fwd, bwd, dev.cold_window or 1)
 
 
 def _layer_times(model: Model, dev: DeviceProfile, dtype: str, b: int) -> tuple[np.ndarray, np.ndarray]:

@@ -51,6 +51,9 @@ def test_cold_curve_interpolates_in_log_bytes_and_clamps() -> None:
 def test_cold_curve_validation(value: dict, message: str) -> None:
     with pytest.raises(ValidationError, match=message):
         bare_profile(cold_call_s=value)
+
+
+def test_cold_window_is_at_least_one() -> None:
     with pytest.raises(ValidationError, match="greater than or equal to 1"):
         bare_profile(cold_call_s={"elementwise": CURVE}, cold_window=0)
 
