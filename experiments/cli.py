@@ -457,8 +457,10 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--no-network", action="store_true", help="skip the two-process network benchmark")
     pr.add_argument("--quiet", action="store_true", help="no progress bar")
     pr.add_argument("--add-micro", metavar="NAMES", help="comma-separated single-layer "
-                    "benchmarks of the grid, or 'cold' (the cold-call benchmark of a CPU "
-                    "profile) ('missing': those the profile lacks) to measure "
+                    "benchmarks of the grid, the extras measured only on request "
+                    "(linear_{256x256,1024x1024,4096x1024,512x4096}_b16: batches 16 and 32), "
+                    "or 'cold' (the cold-call benchmark of a CPU "
+                    "profile) ('missing': those of the grid and cold the profile lacks) to measure "
                     "alone, with the settings of the measured profile --out, on the machine "
                     "that measured it; merged into its raw data, which is then re-fitted")
     pr.set_defaults(fn=cmd_profile)

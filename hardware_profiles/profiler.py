@@ -145,6 +145,18 @@ _ALL_MICRO = (
 )
 
 
+#: Single-layer benchmarks measured only on request (``hetsim profile --add-micro``),
+#: not by a profile run nor by ``--add-micro missing``: the grid's four GEMM shapes at
+#: batches 16 and 32 (suffix _b16). At one intensity their efficiencies differ by
+#: shape (on the AMD EPYC, 16 rows backward: 0.40-0.60 of peak, 1024x1024 the
+#: fastest at every row count), which a curve over one variable cannot price; fitted
+#: with the grid they made the leave-one-model-out bench worse, not better
+#: (README, "Two probes: the reweighting, and 16-row benchmarks").
+_EXTRA_MICRO = (
+    "linear_256x256_b16", "linear_1024x1024_b16", "linear_4096x1024_b16", "linear_512x4096_b16",
+)
+
+
 def spec_for(quick: bool) -> ProfileSpec:
     """The sizes of a ``--quick`` run (a few minutes on 2 CPU cores) or a full one."""
     if quick:
@@ -697,9 +709,10 @@ def _micro_layers(name: str, dev: Any) -> tuple[Any, Callable[[int], Any], tuple
     if kind == "linear":
         dims, _, small = rest.partition("_")
         i, o = (int(x) for x in dims.split("x"))
-        if small and small != "b1":
+        batches = {"": (8, 64, 512), "b1": (1, 2, 4), "b16": (16, 32)}
+        if small not in batches:
             raise KeyError(name)
-        return nn.Linear(i, o), dense(i), ((1, 2, 4) if small else (8, 64, 512))
+        return nn.Linear(i, o), dense(i), batches[small]
     if kind == "conv":
         chans, ks, hw = rest.split("_")
         ci, co = (int(x) for x in chans.split("x"))
@@ -1839,7 +1852,8 @@ def add_micro(path: str | os.PathLike[str], names: Sequence[str], device: str | 
               ) -> tuple[DeviceProfile, list[dict[str, Any]]]:
     """Measure single-layer benchmarks into a measured profile, refit it, write it back.
 
-    Times ``names`` (single-layer benchmarks of the grid, :data:`_ALL_MICRO`, and
+    Times ``names`` (single-layer benchmarks of the grid, :data:`_ALL_MICRO`, or of
+    :data:`_EXTRA_MICRO`, and
     ``"cold"``, the cold-call benchmark :func:`cold_bench` of a CPU profile, which
     goes to ``raw.cold``; ``["missing"]``: those the profile lacks) as
     :func:`measure` does, with the profile's own settings: its device, torch
@@ -1877,7 +1891,7 @@ def add_micro(path: str | os.PathLike[str], names: Sequence[str], device: str | 
     if "cold" in todo and not on_cpu:
         raise ConfigError("<command line>", "--add-micro", "'cold' is a CPU benchmark (a GPU's "
                           "passes do not flush the host's caches)")
-    unknown = [n for n in todo if n not in _ALL_MICRO and n != "cold"]
+    unknown = [n for n in todo if n not in (*_ALL_MICRO, *_EXTRA_MICRO) and n != "cold"]
     if unknown:
         raise ConfigError("<command line>", "--add-micro", f"{unknown[0]!r} is not a single-layer "
                           "benchmark of the grid")

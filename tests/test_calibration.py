@@ -698,6 +698,7 @@ def test_a_failed_fit_keeps_the_measurements(tmp_path: Path, monkeypatch: pytest
 def test_micro_benchmark_names_choose_their_batches() -> None:
     assert P._micro_layers("linear_1024x1024_b1", "cpu")[2] == (1, 2, 4)
     assert P._micro_layers("linear_1024x1024", "cpu")[2] == (8, 64, 512)
+    assert P._micro_layers("linear_1024x1024_b16", "cpu")[2] == (16, 32)
     with pytest.raises(KeyError):
         P._micro_layers("linear_1024x1024_b9", "cpu")
 

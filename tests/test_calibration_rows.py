@@ -278,3 +278,18 @@ def test_add_micro_cold_measures_the_benchmark_into_raw_cold(tiny_profile: Path,
     path.write_text(json.dumps(data))
     with pytest.raises(ConfigError, match="'cold' is a CPU benchmark"):
         P.add_micro(path, ["cold"], progress=False)
+
+
+def test_add_micro_measures_an_extra_benchmark_only_when_asked(tiny_profile: Path, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "tiny.json"
+    path.write_bytes(tiny_profile.read_bytes())
+    have = tuple(e["name"] for e in (load_profile_file(path).raw or {})["micro"])
+    monkeypatch.setattr(P, "_ALL_MICRO", have)  # the grid: what the profile has
+    # not in the grid, so 'missing' leaves it out (the profile has raw.cold too)
+    assert P.add_micro(path, ["missing"], progress=False)[1] == []
+    _, new = P.add_micro(path, ["linear_256x256_b16"], progress=False)
+    assert [e["name"] for e in new] == ["linear_256x256_b16"]
+    assert [r["batch"] for r in new[0]["runs"]] == [16, 32]
+    raw = load_profile_file(path).raw or {}
+    assert [e["name"] for e in raw["micro"]] == [*have, "linear_256x256_b16"]
