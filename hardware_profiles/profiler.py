@@ -1855,7 +1855,8 @@ def add_micro(path: str | os.PathLike[str], names: Sequence[str], device: str | 
     Times ``names`` (single-layer benchmarks of the grid, :data:`_ALL_MICRO`, or of
     :data:`_EXTRA_MICRO`, and
     ``"cold"``, the cold-call benchmark :func:`cold_bench` of a CPU profile, which
-    goes to ``raw.cold``; ``["missing"]``: those the profile lacks) as
+    goes to ``raw.cold``; ``["missing"]``: those of the grid, and ``cold``, that the
+    profile lacks) as
     :func:`measure` does, with the profile's own settings: its device, torch
     threads (hence clock) and repeat counts (``raw.quick``), on the host that
     measured it.
