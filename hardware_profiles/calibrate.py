@@ -99,12 +99,11 @@ from sim.costmodel import (
     compute_kind,
     fixed_s,
     glue_time_s,
-    layer_time_s,
+    layer_times,
     layer_work,
     looked_up_rows,
     pass_bytes,
     roofline_s,
-    streamed_before,
     table_key,
     window_sums,
 )
@@ -905,19 +904,16 @@ def cold_curves(raw: dict[str, Any]) -> dict[str, ColdCurve] | None:
 # --------------------------------------------------------------- predictions
 def predict_layers(profile: DeviceProfile, model: Model, batch: int, dtype: str = "fp32",
                    glue: bool = True) -> tuple[list[float], list[float]]:
-    """Cost-model forward and backward seconds of each layer of ``model``; with
-    ``glue=False`` without the glue charged to it (``layer_glue_s``): its own time."""
-    n = len(model.layers)
-    streamed = (streamed_before(model, profile, dtype, batch) if profile.cold_call_s
-                else (np.zeros(n), np.zeros(n)))
-
-    def one(ly: Any, phase: str, i: int) -> float:
-        t = layer_time_s(ly, phase, batch, profile, dtype, model.input_bytes_of(i),
-                         float(streamed[0 if phase == "fwd" else 1][i]))
-        return t if glue else t - glue_time_s(ly, phase, batch, profile, dtype, model.input_bytes_of(i))
-
-    return ([one(ly, "fwd", i) for i, ly in enumerate(model.layers)],
-            [one(ly, "bwd", i) for i, ly in enumerate(model.layers)])
+    """Cost-model forward and backward seconds of each layer of ``model``
+    (:func:`sim.costmodel.layer_times`); with ``glue=False`` without the glue charged
+    to it (``layer_glue_s``): its own time."""
+    fwd, bwd = layer_times(model, profile, dtype, batch)
+    if glue:
+        return fwd.tolist(), bwd.tolist()
+    own = [[float(t) - glue_time_s(ly, phase, batch, profile, dtype, model.input_bytes_of(i))
+            for i, (ly, t) in enumerate(zip(model.layers, ts, strict=True))]
+           for phase, ts in (("fwd", fwd), ("bwd", bwd))]
+    return own[0], own[1]
 
 
 # ------------------------------------------------------ tables and spread
