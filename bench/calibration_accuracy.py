@@ -96,32 +96,44 @@ def loo_rows(profile: Any, only: str | None = None) -> list[dict[str, Any]]:
         model = zoo.get(name)
         for run in runs:
             b = int(run["batch"])
-            passes = _passes(fitted, model, run)
-            for p in passes:
+            row = run_errors(fitted, model, run)
+            for p in row["passes"]:
                 _t, n_tw, t_tw = by_pass.get((name, b, p["layer"], p["phase"]), (0.0, 0, None))
                 p.update(twins=n_tw, twin_s=t_tw)
-            errs = [abs(p["err"]) for p in passes]
             measured_sum = sum(vals[0] + vals[1] for ly in model.layers
                                if (vals := run["layers"].get(ly.name)) is not None)
-            pf, pb = predict_layers(fitted, model, b)
-            whole_pred = float(sum(pf) + sum(pb))
-            whole = float(run["iter_s"])
             tw = twins.get((name, b), {})
+            passes = row.pop("passes")
             rows.append({
-                "model": name, "batch": b, "layer_passes": len(errs),
-                "layer_median_abs_err": float(np.median(errs)),
-                "layer_p90_abs_err": float(np.percentile(errs, 90)),
-                "iter_pred_s": whole_pred, "iter_meas_s": whole,
-                "iter_err": (whole_pred - whole) / whole,
+                "model": name, **row,
                 "glue_frac": float(run.get("glue_s", run.get("unattributed_s", 0.0)))
                 / float(run["hooked_iter_s"]),
-                "layers_over_iter": measured_sum / whole,
+                "layers_over_iter": measured_sum / float(run["iter_s"]),
                 "layer_ref": "own" if run.get("own") else "charged",
                 "twin_passes": tw.get("passes", 0),
                 "twin_median_abs_err": tw.get("median_abs_err"),
                 "passes": passes,
             })
     return rows
+
+
+def run_errors(fitted: Any, model: Any, run: dict[str, Any]) -> dict[str, Any]:
+    """How ``fitted`` (a profile priced by its curves) predicts one measured run of
+    ``model`` (a ``raw["models"]`` entry): ``batch``, ``layer_passes``,
+    ``layer_median_abs_err``, ``layer_p90_abs_err`` (over :func:`_passes`),
+    ``iter_pred_s``, ``iter_meas_s`` (the iteration timed without hooks),
+    ``iter_err`` and ``passes``."""
+    b = int(run["batch"])
+    passes = _passes(fitted, model, run)
+    errs = [abs(p["err"]) for p in passes]
+    pf, pb = predict_layers(fitted, model, b)
+    whole_pred = float(sum(pf) + sum(pb))
+    whole = float(run["iter_s"])
+    return {"batch": b, "layer_passes": len(errs),
+            "layer_median_abs_err": float(np.median(errs)),
+            "layer_p90_abs_err": float(np.percentile(errs, 90)),
+            "iter_pred_s": whole_pred, "iter_meas_s": whole,
+            "iter_err": (whole_pred - whole) / whole, "passes": passes}
 
 
 def _work(p: Any) -> tuple[Any, ...]:

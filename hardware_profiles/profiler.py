@@ -1522,8 +1522,6 @@ def _measure_items(dev: Any, spec: ProfileSpec, timer: _OpTimer, dtypes: Sequenc
     zoo models. Every model is built first and kept until the last round."""
     import torch
 
-    from sim import zoo
-
     tdt = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
     bar.note("building the benchmarks and models")
     groups: list[tuple[str, Sequence[Any]]] = []
@@ -1550,13 +1548,8 @@ def _measure_items(dev: Any, spec: ProfileSpec, timer: _OpTimer, dtypes: Sequenc
     groups.append(("dispatch", [dispatch]))
     micro = _micro_timers(spec.micro, dev, spec)
     groups += [(f"layer {name}", [t for _, t in runs]) for name, _, runs in micro]
-    models: list[tuple[str, int, _ModelTimer]] = []
-    for name, batches in chosen.items():
-        for b in batches:
-            module, example = zoo.torch_module(name, batch_size=b)
-            t = _ModelTimer(module.to(dev).train(), _to(example, dev), dev, spec)
-            models.append((name, b, t))
-            groups.append((f"{name} b={b}", [t]))
+    models = _model_timers(chosen, dev, spec)
+    groups += [(f"{name} b={b}", [t]) for name, b, t in models]
     _run_rounds(groups, rounds, bar)
     q = _rounds_quantile(rounds)
 
@@ -1568,11 +1561,41 @@ def _measure_items(dev: Any, spec: ProfileSpec, timer: _OpTimer, dtypes: Sequenc
                            "bandwidth": [row(h, it) for h, it in bw]}
     out["dispatch_s"], out["dispatch_rel_iqr"] = dispatch.figures(q)
     out["micro"] = _micro_entries(micro, q)
+    out["models"] = _model_entries(models, q)
+    return out
+
+
+def _model_timers(chosen: dict[str, tuple[int, ...]], dev: Any, spec: ProfileSpec
+                  ) -> list[tuple[str, int, _ModelTimer]]:
+    """A fresh zoo model (``zoo.torch_module``, in training mode on ``dev``) and its
+    timer per (model, batch size) of ``chosen``."""
+    from sim import zoo
+
+    out = []
+    for name, batches in chosen.items():
+        for b in batches:
+            module, example = zoo.torch_module(name, batch_size=b)
+            out.append((name, b, _ModelTimer(module.to(dev).train(), _to(example, dev), dev, spec)))
+    return out
+
+
+def _model_entries(models: Sequence[tuple[str, int, _ModelTimer]], quantile: float
+                   ) -> dict[str, list[dict[str, Any]]]:
+    """``raw["models"]``: per model, one run per batch size (:meth:`_ModelTimer.result`)."""
     by_model: dict[str, list[dict[str, Any]]] = {}
     for name, b, t in models:
-        by_model.setdefault(name, []).append({"batch": b, **t.result(q)})
-    out["models"] = by_model
-    return out
+        by_model.setdefault(name, []).append({"batch": b, **t.result(quantile)})
+    return by_model
+
+
+def measure_models(chosen: dict[str, tuple[int, ...]], dev: Any, spec: ProfileSpec,
+                   bar: _Progress | None = None, rounds: int = 1) -> dict[str, list[dict[str, Any]]]:
+    """The zoo models ``chosen`` (name -> batch sizes) on ``dev``, timed as :func:`measure`
+    times them with ``spec``'s repeats in ``rounds`` rounds, each built afresh: a
+    ``raw["models"]`` entry. The process must be set up first (:func:`setup_host`)."""
+    models = _model_timers(chosen, dev, spec)
+    _run_rounds([(f"{name} b={b}", [t]) for name, b, t in models], rounds, bar)
+    return _model_entries(models, _rounds_quantile(rounds))
 
 
 def measure_micro(names: Sequence[str], dev: Any, spec: ProfileSpec,
