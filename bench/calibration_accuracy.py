@@ -130,8 +130,8 @@ def run_errors(fitted: Any, model: Any, run: dict[str, Any]) -> dict[str, Any]:
     whole_pred = float(sum(pf) + sum(pb))
     whole = float(run["iter_s"])
     return {"batch": b, "layer_passes": len(errs),
-            "layer_median_abs_err": float(np.median(errs)),
-            "layer_p90_abs_err": float(np.percentile(errs, 90)),
+            "layer_median_abs_err": float(np.median(errs)) if errs else 0.0,
+            "layer_p90_abs_err": float(np.percentile(errs, 90)) if errs else 0.0,
             "iter_pred_s": whole_pred, "iter_meas_s": whole,
             "iter_err": (whole_pred - whole) / whole, "passes": passes}
 

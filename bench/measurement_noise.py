@@ -8,7 +8,8 @@ differ, and what that leaves of the calibration targets.
 
 Each trial builds the model afresh and times it as ``hetsim profile`` does
 (:func:`hardware_profiles.profiler.measure_models`: its rounds, repeats and
-percentile), so a trial is what one profile would record for that model. The
+percentile; only the chosen models are interleaved, without the profile's
+benchmarks between them), so a trial is close to what one profile records. The
 trials are run one after the other in this process and saved (``--out``) before
 anything is reported; ``--load`` reports saved ones again.
 
@@ -16,8 +17,7 @@ Per model and batch size the report gives:
 
 * the whole iteration (timed without hooks) over the trials: median, min, max
   and ``floor`` = (max - min) / (max + min), the smallest error one prediction
-  can have against every trial (the prediction halfway, in ratio, between the
-  two ends);
+  can have against every trial (the prediction 2 max min / (max + min));
 * ``pass spread``: the median over the layer passes of (max - min) / (max + min)
   of each pass's own time over the trials;
 * ``oracle``: a predictor that knew the median over the trials of every pass and
@@ -29,8 +29,8 @@ Per model and batch size the report gives:
   other models measured it (:func:`state_scales`; only with two models or more).
   A leave-one-model-out fit learns that much of a profile's machine state from
   its other models, so a slow phase every model shares is no floor for it. Where
-  even this oracle misses a target in some trials, no cost model that learns the
-  state from the other models can meet it in every profile of this machine;
+  even this oracle misses a target in some trials, noise the other models do not
+  share is that large: a row no profile can be relied on to meet;
 * under the table: in how many trials each oracle meets both targets on every
   row at once;
 * with ``--profile``: that profile's leave-one-model-out prediction (curves fitted
@@ -294,6 +294,33 @@ def print_report(sp: dict[str, Any], prof: dict[tuple[str, int], dict[str, Any]]
               f"{_pct(min(p['iter_errs'])) + ' .. ' + _pct(max(p['iter_errs'])):>20}{ok:>7}")
 
 
+def _check_trials(trials: Any, meta: Any, path: str) -> None:
+    """Saved trials as :func:`main` writes them, or a one-line ConfigError naming the field."""
+    if not isinstance(meta, dict) or not isinstance(meta.get("trials"), int):
+        raise ConfigError(path, "meta", "needs the trial count, rounds and threads of the run")
+    if not isinstance(trials, list) or len(trials) < 2:
+        raise ConfigError(path, "trials", "needs two trials or more")
+    for i, t in enumerate(trials):
+        if not isinstance(t, dict):
+            raise ConfigError(path, f"trials[{i}]", "needs model -> list of runs")
+        for m, runs in t.items():
+            if not isinstance(runs, list):
+                raise ConfigError(path, f"trials[{i}].{m}", "needs a list of runs")
+            for j, r in enumerate(runs):
+                where = f"trials[{i}].{m}[{j}]"
+                if not (isinstance(r, dict) and isinstance(r.get("batch"), int)
+                        and isinstance(r.get("layers"), dict)):
+                    raise ConfigError(path, where, "needs batch (an integer) and layers")
+                if not (isinstance(r.get("iter_s"), (int, float)) and r["iter_s"] > 0):
+                    raise ConfigError(path, f"{where}.iter_s", "needs a time above 0")
+                for name, v in {**r["layers"], **(r.get("own") or {})}.items():
+                    if not (isinstance(v, list) and len(v) >= 2
+                            and all(isinstance(x, (int, float)) and x >= 0 for x in v[:2])):
+                        raise ConfigError(path, f"{where}.layers.{name}",
+                                          "needs [forward s, backward s, ...], each 0 or more")
+    meta["trials"] = len(trials)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.measurement_noise", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -324,8 +351,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 trials, meta = saved["trials"], saved["meta"]
             except (OSError, ValueError, KeyError, TypeError) as e:
                 raise ConfigError(a.load, "--load", f"not saved trials of this bench ({e})") from None
-            if not isinstance(trials, list) or len(trials) < 2:
-                raise ConfigError(a.load, "trials", "needs two trials or more")
+            _check_trials(trials, meta, a.load)
         else:
             if a.trials < 2:
                 raise ConfigError("<command line>", "--trials", f"needs 2 or more, got {a.trials}")
@@ -347,7 +373,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {e.line()}", file=sys.stderr)
         return 2
     sp = spread(trials)
-    scored = against(prof, trials) if prof is not None else None
+    if not sp["rows"]:
+        print(f"error: {a.load or a.out}: trials: no model and batch size is in every trial",
+              file=sys.stderr)
+        return 2
+    try:
+        scored = against(prof, trials) if prof is not None else None
+    except ValueError as e:
+        print(f"error: {a.profile}: raw: {e}", file=sys.stderr)
+        return 2
     if a.json:
         print(json.dumps({"meta": meta, **sp, "profile": a.profile,
                           "profile_rows": [{"model": m, "batch": b, **v}

@@ -154,9 +154,29 @@ def test_measures_saves_and_reports_the_same_again(tmp_path: Path,
 
 def test_load_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "bad.json"
-    bad.write_text('{"meta": {}, "trials": [{}]}')
+    meta = {"trials": 2, "rounds": 1, "threads": 1}
+    run = _run(16, 1e-3, None, {"0": (1e-6, 1e-6)})
+    for trials, field, says in (
+            ([{}], "trials", "needs two trials or more"),
+            ([1, 2], "trials[0]", "needs model -> list of runs"),
+            ([{"mlp": {}}, {}], "trials[0].mlp", "needs a list of runs"),
+            ([{"mlp": [{**run, "batch": "x"}]}, {}], "trials[0].mlp[0]", "needs batch"),
+            ([{"mlp": [run]}, {"mlp": [{**run, "iter_s": 0}]}], "trials[1].mlp[0].iter_s",
+             "needs a time above 0"),
+            ([{"mlp": [run]}, {"mlp": [{**run, "layers": {"0": [-1, 0]}}]}],
+             "trials[1].mlp[0].layers.0", "needs [forward s")):
+        bad.write_text(json.dumps({"meta": meta, "trials": trials}))
+        assert noise.main(["--load", str(bad)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"error: {bad}: {field}: {says}") and "\n" not in err
+    bad.write_text(json.dumps({"meta": {}, "trials": [{}, {}]}))
     assert noise.main(["--load", str(bad)]) == 2
-    assert capsys.readouterr().err.strip() == f"error: {bad}: trials: needs two trials or more"
+    assert capsys.readouterr().err.strip().startswith(f"error: {bad}: meta: ")
+    # no model and batch in every trial: an error, not a report over no rows
+    bad.write_text(json.dumps({"meta": meta, "trials": [{"mlp": [run]}, {"ctr_dnn": [run]}]}))
+    assert noise.main(["--load", str(bad)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: {bad}: trials: no model and batch size is in every trial")
     assert noise.main(["--load", str(tmp_path / "none.json")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"error: {tmp_path / 'none.json'}: --load: not saved trials") and "\n" not in err
