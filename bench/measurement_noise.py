@@ -75,11 +75,9 @@ def parse_models(items: Sequence[str]) -> dict[str, tuple[int, ...]]:
         if name not in zoo.names():
             raise ConfigError("<command line>", "--models", f"unknown zoo model {name!r} "
                               f"(known: {', '.join(zoo.names())})")
-        try:
-            batches = tuple(int(x) for x in sizes.split(",")) if sizes else ()
-        except ValueError:
-            batches = (0,)
-        if not batches or min(batches) < 1:
+        parts = sizes.split(",") if sizes else []
+        batches = tuple(int(x) for x in parts if x.isdigit())
+        if not parts or len(batches) < len(parts) or min(batches) < 1:
             raise ConfigError("<command line>", "--models",
                               f"{item!r}: give MODEL:B1,B2,... with batch sizes of 1 or more")
         out[name] = tuple(sorted(set(out.get(name, ()) + batches)))
@@ -115,6 +113,13 @@ def _pass_times(run: dict[str, Any]) -> dict[tuple[str, int], float]:
     return out
 
 
+def _common_passes(runs: Sequence[dict[str, Any]]
+                   ) -> tuple[list[dict[tuple[str, int], float]], list[tuple[str, int]]]:
+    """Each run's :func:`_pass_times`, and the passes every run timed (sorted)."""
+    times = [_pass_times(r) for r in runs]
+    return times, sorted(set(times[0]).intersection(*times[1:]))
+
+
 def _half_range(xs: Sequence[float]) -> float:
     """(max - min) / (max + min): the least worst-case relative error of one value
     against all of ``xs`` (the value 2 max min / (max + min))."""
@@ -131,12 +136,17 @@ def _runs(trials: Sequence[dict[str, list[dict[str, Any]]]]
     return {k: [t[k] for t in keyed] for k in sorted(common)}
 
 
+def _meets(e: dict[str, Any]) -> bool:
+    """Whether one scored run meets both targets."""
+    return e["layer_median_abs_err"] <= LAYER_TARGET and abs(e["iter_err"]) <= ITER_TARGET
+
+
 def _score(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Worst and median over trials of the median |per-layer error| and |iteration
     error|, and how many trials meet both targets."""
     lay = [r["layer_median_abs_err"] for r in rows]
     it = [abs(r["iter_err"]) for r in rows]
-    ok = sum(1 for a, b in zip(lay, it) if a <= LAYER_TARGET and b <= ITER_TARGET)
+    ok = sum(1 for r in rows if _meets(r))
     return {"layer_median_abs_err": {"median": float(np.median(lay)), "max": float(max(lay))},
             "iter_abs_err": {"median": float(np.median(it)), "max": float(max(it))},
             "iter_errs": [float(r["iter_err"]) for r in rows],
@@ -149,8 +159,7 @@ def oracle_errors(runs: Sequence[dict[str, Any]], scale: Sequence[float] | None 
     their medians over ``runs`` (the same model and batch in every trial), times
     ``scale[i]`` in trial ``i`` (default 1): ``layer_median_abs_err`` over the
     passes every trial timed, and ``iter_err``."""
-    times = [_pass_times(r) for r in runs]
-    keys = sorted(set(times[0]).intersection(*times[1:]))
+    times, keys = _common_passes(runs)
     med = {k: float(np.median([t[k] for t in times])) for k in keys}
     it_med = float(np.median([r["iter_s"] for r in runs]))
     out = []
@@ -179,10 +188,6 @@ def state_scales(runs: dict[tuple[str, int], list[dict[str, Any]]]
     return out
 
 
-def _meets(e: dict[str, Any]) -> bool:
-    return e["layer_median_abs_err"] <= LAYER_TARGET and abs(e["iter_err"]) <= ITER_TARGET
-
-
 def spread(trials: Sequence[dict[str, list[dict[str, Any]]]]) -> dict[str, Any]:
     """The spread of the trials and what it leaves of the targets.
 
@@ -202,8 +207,7 @@ def spread(trials: Sequence[dict[str, list[dict[str, Any]]]]) -> dict[str, Any]:
     good = {"oracle": [True] * len(trials), "oracle_state": [True] * len(trials)}
     for (model, b), rs in runs.items():
         its = [float(r["iter_s"]) for r in rs]
-        times = [_pass_times(r) for r in rs]
-        keys = sorted(set(times[0]).intersection(*times[1:]))
+        times, keys = _common_passes(rs)
         per = [_half_range([t[k] for t in times]) for k in keys]
         plain, sc = oracle_errors(rs), scales[(model, b)]
         state = oracle_errors(rs, sc) if sc is not None else None
@@ -223,8 +227,9 @@ def spread(trials: Sequence[dict[str, list[dict[str, Any]]]]) -> dict[str, Any]:
 
 def against(profile: Any, trials: Sequence[dict[str, list[dict[str, Any]]]]
             ) -> dict[tuple[str, int], dict[str, Any]]:
-    """``profile``'s leave-one-model-out prediction of every (model, batch) of the
-    trials that the profile measured too, scored against each trial."""
+    """``profile``'s leave-one-model-out prediction of every (model, batch) every trial
+    has, for each model the profile measured (at any batch sizes: the prediction
+    comes from the curves fitted without it), scored against each trial."""
     from hardware_profiles.calibrate import fit
     from sim import zoo
 
