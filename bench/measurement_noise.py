@@ -120,7 +120,7 @@ def _common_passes(runs: Sequence[dict[str, Any]]
     return times, sorted(set(times[0]).intersection(*times[1:]))
 
 
-def _half_range(xs: Sequence[float]) -> float:
+def half_range(xs: Sequence[float]) -> float:
     """(max - min) / (max + min): the least worst-case relative error of one value
     against all of ``xs`` (the value 2 max min / (max + min))."""
     hi, lo = max(xs), min(xs)
@@ -193,7 +193,7 @@ def spread(trials: Sequence[dict[str, list[dict[str, Any]]]]) -> dict[str, Any]:
 
     Returns:
         ``rows``: one per (model, batch) every trial measured, with ``iter_s``
-        (median, min, max, ``floor``: :func:`_half_range`), ``pass_spread`` (median
+        (median, min, max, ``floor``: :func:`half_range`), ``pass_spread`` (median
         over passes of each pass's half range over the trials), ``passes``,
         ``oracle`` (:func:`oracle_errors` scored by :func:`_score`) and
         ``oracle_state`` (the same scaled by :func:`state_scales`; None without
@@ -208,7 +208,7 @@ def spread(trials: Sequence[dict[str, list[dict[str, Any]]]]) -> dict[str, Any]:
     for (model, b), rs in runs.items():
         its = [float(r["iter_s"]) for r in rs]
         times, keys = _common_passes(rs)
-        per = [_half_range([t[k] for t in times]) for k in keys]
+        per = [half_range([t[k] for t in times]) for k in keys]
         plain, sc = oracle_errors(rs), scales[(model, b)]
         state = oracle_errors(rs, sc) if sc is not None else None
         for name, errs in (("oracle", plain), ("oracle_state", state)):
@@ -216,7 +216,7 @@ def spread(trials: Sequence[dict[str, list[dict[str, Any]]]]) -> dict[str, Any]:
                 good[name][i] = good[name][i] and _meets(e)
         rows.append({"model": model, "batch": b, "trials": len(rs), "passes": len(keys),
                      "iter_s": {"median": float(np.median(its)), "min": min(its), "max": max(its),
-                                "floor": _half_range(its)},
+                                "floor": half_range(its)},
                      "pass_spread": float(np.median(per)) if per else None,
                      "oracle": _score(plain),
                      "oracle_state": _score(state) if state is not None else None})
@@ -326,30 +326,65 @@ def _check_trials(trials: Any, meta: Any, path: str) -> None:
     meta["trials"] = len(trials)
 
 
+def add_run_options(ap: argparse.ArgumentParser, what: str, default_out: str, rounds: int,
+                    rounds_help: str, profile_help: str) -> None:
+    """The options a measuring bench shares: ``--rounds``, ``--threads``, ``--profile``,
+    ``--out`` (where ``what`` is saved), ``--load`` and ``--json``."""
+    ap.add_argument("--rounds", type=int, default=rounds, help=rounds_help)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    ap.add_argument("--profile", help=profile_help)
+    ap.add_argument("--out", default=default_out,
+                    help=f"where {what} are saved as JSON (default {default_out})")
+    ap.add_argument("--load", metavar="JSON", help=f"report {what} saved by an earlier run "
+                                                   "instead of measuring")
+    ap.add_argument("--json", action="store_true", help="print the figures as JSON")
+
+
+def start_run(a: argparse.Namespace) -> Any:
+    """The ``--profile`` loaded (None without one), and unless ``--load``: ``--rounds``
+    and ``--threads`` checked and ``--out``'s folder made writable, before anything
+    is measured.
+
+    Raises:
+        ConfigError: a one-line error naming the profile file or the option.
+    """
+    prof = None
+    if a.profile:
+        from hardware_profiles import load_profile_file
+
+        prof = load_profile_file(a.profile)
+    if not a.load:
+        if a.rounds < 1 or a.threads < 1:
+            raise ConfigError("<command line>", "--rounds" if a.rounds < 1 else "--threads",
+                              "must be at least 1")
+        from experiments.runner import prepare_out
+
+        prepare_out(Path(a.out).parent, "--out")
+    return prof
+
+
+def save_run(a: argparse.Namespace, meta: dict[str, Any], key: str, data: Any) -> None:
+    """Save ``{"meta": meta, key: data}`` to ``--out`` (its folder checked by
+    :func:`start_run`), and say so unless ``--json``."""
+    Path(a.out).write_text(json.dumps({"meta": meta, key: data}, indent=1) + "\n")
+    if not a.json:
+        print(f"{key} saved: {a.out}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.measurement_noise", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS), metavar="MODEL:B1,B2",
                     help="zoo models and batch sizes to measure (default: mlp:16,64)")
     ap.add_argument("--trials", type=int, default=10, help="measurements of each (default 10)")
-    ap.add_argument("--rounds", type=int, default=8,
-                    help="interleaved rounds per trial, as `hetsim profile --rounds` (default 8, "
-                         "a full profile's)")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
-    ap.add_argument("--profile", help="also score this profile's leave-one-model-out prediction "
-                                      "against every trial")
-    ap.add_argument("--out", default=DEFAULT_OUT,
-                    help=f"where the trials are saved as JSON (default {DEFAULT_OUT})")
-    ap.add_argument("--load", metavar="JSON", help="report trials saved by an earlier run "
-                                                   "instead of measuring")
-    ap.add_argument("--json", action="store_true", help="print the figures as JSON")
+    add_run_options(ap, "the trials", DEFAULT_OUT, rounds=8,
+                    rounds_help="interleaved rounds per trial, as `hetsim profile --rounds` "
+                                "(default 8, a full profile's)",
+                    profile_help="also score this profile's leave-one-model-out prediction "
+                                 "against every trial")
     a = ap.parse_args(argv)
     try:
-        prof = None
-        if a.profile:
-            from hardware_profiles import load_profile_file
-
-            prof = load_profile_file(a.profile)
+        prof = start_run(a)
         if a.load:
             try:
                 saved = json.loads(Path(a.load).read_text())
@@ -360,20 +395,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             if a.trials < 2:
                 raise ConfigError("<command line>", "--trials", f"needs 2 or more, got {a.trials}")
-            if a.rounds < 1 or a.threads < 1:
-                raise ConfigError("<command line>", "--rounds" if a.rounds < 1 else "--threads",
-                                  "must be at least 1")
             chosen = parse_models(a.models)
-            from experiments.runner import prepare_out
-
-            out = Path(a.out)
-            prepare_out(out.parent, "--out")
             trials = run_trials(chosen, a.trials, a.rounds, a.threads, progress=not a.json)
             meta = {"trials": a.trials, "rounds": a.rounds, "threads": a.threads,
                     "models": {k: list(v) for k, v in chosen.items()}}
-            out.write_text(json.dumps({"meta": meta, "trials": trials}, indent=1) + "\n")
-            if not a.json:
-                print(f"trials saved: {out}")
+            save_run(a, meta, "trials", trials)
     except ConfigError as e:
         print(f"error: {e.line()}", file=sys.stderr)
         return 2

@@ -709,7 +709,8 @@ def _micro_layers(name: str, dev: Any) -> tuple[Any, Callable[[int], Any], tuple
     if kind == "linear":
         dims, _, small = rest.partition("_")
         i, o = (int(x) for x in dims.split("x"))
-        batches = {"": (8, 64, 512), "b1": (1, 2, 4), "b16": (16, 32)}
+        # _rows: the few-row range, 8 to 64 rows (bench.gemm_shapes)
+        batches = {"": (8, 64, 512), "b1": (1, 2, 4), "b16": (16, 32), "rows": (8, 16, 32, 64)}
         if small not in batches:
             raise KeyError(name)
         return nn.Linear(i, o), dense(i), batches[small]

@@ -699,6 +699,7 @@ def test_micro_benchmark_names_choose_their_batches() -> None:
     assert P._micro_layers("linear_1024x1024_b1", "cpu")[2] == (1, 2, 4)
     assert P._micro_layers("linear_1024x1024", "cpu")[2] == (8, 64, 512)
     assert P._micro_layers("linear_1024x1024_b16", "cpu")[2] == (16, 32)
+    assert P._micro_layers("linear_784x1024_rows", "cpu")[2] == (8, 16, 32, 64)
     with pytest.raises(KeyError):
         P._micro_layers("linear_1024x1024_b9", "cpu")
 

@@ -93,7 +93,7 @@ def test_charged_times_stand_in_where_no_own_time() -> None:
 def test_half_range_is_the_best_single_value_against_all() -> None:
     xs = [3.0, 5.0, 4.0]
     best = 2 * 5.0 * 3.0 / 8.0
-    assert max(abs(best / x - 1) for x in xs) == pytest.approx(noise._half_range(xs))
+    assert max(abs(best / x - 1) for x in xs) == pytest.approx(noise.half_range(xs))
 
 
 def test_parse_models() -> None:
