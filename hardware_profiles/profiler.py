@@ -1381,7 +1381,9 @@ def measure(device: str = "cpu", quick: bool = False, threads: int | None = None
         quick: the small spec (see :func:`spec_for`), unless ``spec`` is given.
         threads: torch intra-op threads (default: the CPUs this process may use).
         models: zoo models to time (default: the spec's).
-        network: run the two-process network benchmark.
+        network: run the two-process network benchmark. Should it fail (it runs
+            last), the rest is returned all the same, with its error in
+            ``raw["network_error"]`` and the network part missing or partial.
         spec: sizes to use instead of :func:`spec_for`.
         progress: show a progress bar on stderr.
         drift: time the drift probe after every step (:class:`_DriftProbe`,
@@ -1428,10 +1430,15 @@ def measure(device: str = "cpu", quick: bool = False, threads: int | None = None
             raw["host_device"] = _host_device(timer, dev)
             bar.step("host-device copies")
         if network:
-            raw["network"] = network_bench(device, spec.net_bytes, spec.net_reps)
-            if dev.type == "cpu":
-                raw["network"].update(wake_bench())
-                raw["network"].update(wire_bench())
+            try:
+                raw["network"] = network_bench(device, spec.net_bytes, spec.net_reps)
+                if dev.type == "cpu":
+                    raw["network"].update(wake_bench())
+                    raw["network"].update(wire_bench())
+            except HetsimError as e:
+                # it runs last: keep the rest of the run (run_profile writes it, then
+                # reports this), with the network part missing or partial
+                raw["network_error"] = str(e)
             bar.step("network")
     finally:
         bar.close()
@@ -1851,7 +1858,8 @@ def run_profile(device: str, out: str | os.PathLike[str], quick: bool = False,
 
     Raises:
         ConfigError: for an unavailable device or an unwritable ``out``.
-        HetsimError: when the network benchmark fails.
+        HetsimError: when the network benchmark fails; every other measurement is
+            written to ``out`` first (fitted), without the network part.
     """
     check_device(device)
     path = check_writable(out)
@@ -1868,6 +1876,10 @@ def run_profile(device: str, out: str | os.PathLike[str], quick: bool = False,
               f"(fit them with: hetsim calibrate {path})", file=sys.stderr)
         raise
     write_profile(profile, path)
+    if raw.get("network_error"):
+        kept = "with part of the network's" if "network" in raw else "without the network part"
+        raise HetsimError(f"{raw['network_error']}; every other measurement is kept in {path}, "
+                          f"fitted, {kept}")
     return profile, path
 
 

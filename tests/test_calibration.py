@@ -677,6 +677,27 @@ def test_measure_without_the_drift_probe() -> None:
     assert "drift" not in raw
 
 
+def test_a_failed_network_benchmark_keeps_the_other_measurements(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = replace(P.spec_for(True), gemm=((32, 32, 32),), copy_elems=(1000,),
+                   micro=("relu_1m",), models={"mlp": (4,)}, min_reps=2, max_reps=2)
+
+    def hung(*args: object, **kwargs: object) -> None:
+        raise HetsimError("network benchmark: no result within 120 s")
+
+    monkeypatch.setattr(P, "network_bench", hung)
+    out = tmp_path / "kept.json"
+    with pytest.raises(HetsimError) as e:
+        P.run_profile("cpu", out, threads=1, network=True, progress=False, spec=spec)
+    assert str(e.value) == (f"network benchmark: no result within 120 s; every other measurement "
+                            f"is kept in {out}, fitted, without the network part")
+    kept = load_profile_file(out)
+    assert kept.raw["micro"] and kept.raw["models"]["mlp"] and kept.efficiency
+    assert "network" not in kept.raw
+    assert kept.raw["network_error"] == "network benchmark: no result within 120 s"
+    assert kept.network is None
+
+
 def test_a_failed_fit_keeps_the_measurements(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                             capsys: pytest.CaptureFixture[str]) -> None:
     spec = replace(P.spec_for(True), gemm=((32, 32, 32),), copy_elems=(1000,),
