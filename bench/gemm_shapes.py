@@ -15,8 +15,8 @@ measurements are saved (``--out``) before anything is reported; ``--load``
 reports saved ones again.
 
 At one row count the shapes' passes have nearly one intensity (FLOPs per byte
-moved: about rows / 2 forward and rows / 4 backward once the weights dominate the
-bytes), so a cost model whose GEMM efficiency is a function of intensity (or of
+moved: about rows / 2 in both phases once the weights dominate the bytes; the
+backward does twice the FLOPs and moves the weights twice), so a cost model whose GEMM efficiency is a function of intensity (or of
 FLOPs within a narrow band) gives them nearly one rate. Per row count and phase
 the report gives:
 
@@ -43,7 +43,6 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -97,16 +96,29 @@ def measure(shapes: Sequence[str], rounds: int, threads: int, progress: bool = T
 
 
 def _work_layer(entry: dict[str, Any]) -> tuple[Any, int]:
-    """(the entry's one-layer model, the index of its Linear)."""
+    """(the entry's one-layer model, the index of its Linear: a GEMM with FLOPs).
+
+    Raises:
+        ConfigError: from :func:`sim.workload.model_from_dict`.
+        StopIteration: the model has no such layer.
+    """
     from sim.workload import model_from_dict
 
     model = model_from_dict(entry["model"], source=f"micro:{entry['name']}")
-    return model, next(i for i, ly in enumerate(model.layers) if ly.op == "gemm")
+    return model, next(i for i, ly in enumerate(model.layers)
+                       if ly.op == "gemm" and ly.fwd_flops > 0)
+
+
+def _own_times(run: dict[str, Any], name: str) -> Any:
+    """A run's [forward s, backward s] of layer ``name``: its own brackets where the run
+    has them, else the time charged to it (KeyError where it has neither)."""
+    own = run.get("own") or {}
+    return own[name] if name in own else run["layers"][name]
 
 
 def shape_rows(entries: Sequence[dict[str, Any]], profile: Any = None) -> list[dict[str, Any]]:
-    """One row per shape, batch and phase: its FLOPs, bytes, intensity, own time and
-    rate (FLOPs / time), and with ``profile`` (a fitted profile without tables) the
+    """One row per shape, batch and phase: its weight and bias bytes, FLOPs, bytes moved,
+    intensity, own time and rate (FLOPs / time; 0 without a time), and with ``profile`` (a fitted profile without tables) the
     cost model's time for it (``pred_s``)."""
     from hardware_profiles.calibrate import predict_layers
     from sim.costmodel import layer_work
@@ -118,13 +130,13 @@ def shape_rows(entries: Sequence[dict[str, Any]], profile: Any = None) -> list[d
         shape = e["name"].removeprefix("linear_").removesuffix("_rows")
         for run in e["runs"]:
             b = int(run["batch"])
-            own = (run.get("own") or {}).get(ly.name, run["layers"][ly.name])
+            own = _own_times(run, ly.name)
             pred = predict_layers(profile, model, b, glue=False) if profile is not None else None
             for side, phase in enumerate(PHASES):
                 flops, _, nbytes = layer_work(ly, phase, b, "fp32", model.input_bytes_of(i))
                 t = float(own[side])
-                row = {"shape": shape, "batch": b, "phase": phase, "flops": flops,
-                       "bytes": nbytes, "intensity": flops / nbytes, "t_s": t,
+                row = {"shape": shape, "batch": b, "phase": phase, "param_bytes": ly.param_bytes,
+                       "flops": flops, "bytes": nbytes, "intensity": flops / nbytes, "t_s": t,
                        "rate": flops / t if t > 0 else 0.0}
                 if pred is not None:
                     row["pred_s"] = float(pred[side][i])
@@ -153,7 +165,7 @@ def groups(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     pred / meas ratios."""
     keyed: dict[tuple[int, str], list[dict[str, Any]]] = {}
     for r in rows:
-        if r["t_s"] > 0:
+        if r["t_s"] > 0 and r["rate"] > 0:
             keyed.setdefault((r["batch"], r["phase"]), []).append(r)
     out = []
     for (b, phase), rs in sorted(keyed.items(), key=lambda kv: (kv[0][0], PHASES.index(kv[0][1]))):
@@ -179,7 +191,8 @@ def _pct(x: float) -> str:
 
 def print_report(rows: Sequence[dict[str, Any]], gs: Sequence[dict[str, Any]],
                  meta: dict[str, Any], profile: str | None) -> None:
-    print(f"GEMM shapes at few rows: {len(meta['shapes'])} Linear shapes, {meta['rounds']} "
+    shapes = {r["shape"]: r["param_bytes"] for r in rows}
+    print(f"GEMM shapes at few rows: {len(shapes)} Linear shapes, {meta['rounds']} "
           f"round(s), {meta['threads']} thread(s); rates in GFLOP/s (FLOPs / own time)")
     head = (f"{'rows':>4} {'phase':>5} {'intensity':>11} {'min':>6} {'median':>6} {'max':>6} "
             f"{'max/min':>7} {'floor':>6} {'half rng':>8}")
@@ -202,8 +215,7 @@ def print_report(rows: Sequence[dict[str, Any]], gs: Sequence[dict[str, Any]],
     by = {(r["shape"], r["batch"], r["phase"]): r for r in rows}
     print("\nper shape, GFLOP/s forward / backward" + (" (pred / meas - 1 backward)" if profile else ""))
     print(f"{'shape':>10} {'MiB':>6} " + " ".join(f"{f'{b} rows':>16}" for b in batches))
-    for shape in meta["shapes"]:
-        i, o = (int(x) for x in shape.split("x"))
+    for shape, weights in shapes.items():
         cells = []
         for b in batches:
             f, k = by.get((shape, b, "fwd")), by.get((shape, b, "bwd"))
@@ -211,7 +223,7 @@ def print_report(rows: Sequence[dict[str, Any]], gs: Sequence[dict[str, Any]],
             if profile and k and "pred_s" in k and k["t_s"] > 0:
                 cell += f" {100 * (k['pred_s'] / k['t_s'] - 1):+.0f}%"
             cells.append(f"{cell:>16}")
-        print(f"{shape:>10} {4 * i * o / 2**20:>6.2f} " + " ".join(cells))
+        print(f"{shape:>10} {weights / 2**20:>6.2f} " + " ".join(cells))
 
 
 def _check_saved(saved: Any, path: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -223,27 +235,36 @@ def _check_saved(saved: Any, path: str) -> tuple[list[dict[str, Any]], dict[str,
     for key in ("shapes", "rounds", "threads"):
         if key not in meta:
             raise ConfigError(path, f"meta.{key}", "missing")
-    if not isinstance(meta["shapes"], list):
+    if not isinstance(meta["shapes"], list) or not all(isinstance(x, str) for x in meta["shapes"]):
         raise ConfigError(path, "meta.shapes", "must be a list of IxO shapes")
+    try:
+        parse_shapes(meta["shapes"])
+    except ConfigError as e:
+        raise ConfigError(path, "meta.shapes", e.message) from None
     for n, e in enumerate(saved["entries"]):
+        where = f"entries[{n}]"
         if not isinstance(e, dict) or not isinstance(e.get("name"), str) \
                 or not isinstance(e.get("model"), dict) or not isinstance(e.get("runs"), list):
-            raise ConfigError(path, f"entries[{n}]", "needs name, model and runs")
+            raise ConfigError(path, where, "needs name, model and runs")
         for m, run in enumerate(e["runs"]):
             if not isinstance(run, dict) or not isinstance(run.get("batch"), int) \
-                    or not isinstance(run.get("layers"), dict):
-                raise ConfigError(path, f"entries[{n}].runs[{m}]", "needs batch and layers")
+                    or not isinstance(run.get("layers"), dict) \
+                    or not isinstance(run.get("own", {}), dict):
+                raise ConfigError(path, f"{where}.runs[{m}]", "needs batch, layers and (if any) "
+                                  "own as a mapping")
         try:
             model, i = _work_layer(e)
+        except ConfigError as err:
+            raise ConfigError(path, f"{where}.model", f"{err.field}: {err.message}") from None
         except StopIteration:
-            raise ConfigError(path, f"entries[{n}].model", "has no GEMM layer") from None
+            raise ConfigError(path, f"{where}.model", "has no GEMM layer with FLOPs") from None
         name = model.layers[i].name
         for m, run in enumerate(e["runs"]):
             t = (run.get("own") or {}).get(name, run["layers"].get(name))
             if not (isinstance(t, list) and len(t) >= 2
-                    and all(isinstance(x, (int, float)) for x in t[:2])):
-                raise ConfigError(path, f"entries[{n}].runs[{m}].layers.{name}",
-                                  "needs [forward s, backward s]")
+                    and all(isinstance(x, (int, float)) and x >= 0 for x in t[:2])):
+                raise ConfigError(path, f"{where}.runs[{m}].layers.{name}",
+                                  "needs [forward s, backward s], 0 or more")
     return saved["entries"], meta
 
 
@@ -259,12 +280,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = ap.parse_args(argv)
     try:
         shapes = parse_shapes(a.shapes)
-        prof = start_run(a)
-        if a.load:
-            try:
-                saved = json.loads(Path(a.load).read_text())
-            except (OSError, ValueError) as e:
-                raise ConfigError(a.load, "", f"cannot read saved measurements ({e})") from None
+        prof, saved = start_run(a)
+        if saved is not None:
             entries, meta = _check_saved(saved, a.load)
         else:
             entries = measure(shapes, a.rounds, a.threads, progress=not a.json)

@@ -340,27 +340,35 @@ def add_run_options(ap: argparse.ArgumentParser, what: str, default_out: str, ro
     ap.add_argument("--json", action="store_true", help="print the figures as JSON")
 
 
-def start_run(a: argparse.Namespace) -> Any:
-    """The ``--profile`` loaded (None without one), and unless ``--load``: ``--rounds``
-    and ``--threads`` checked and ``--out``'s folder made writable, before anything
-    is measured.
+def start_run(a: argparse.Namespace) -> tuple[Any, Any]:
+    """(the ``--profile`` loaded, None without one; the JSON ``--load`` names, None
+    without one), and without ``--load``: ``--rounds`` and ``--threads`` checked and
+    ``--out``'s folder made writable, all before anything is measured.
 
     Raises:
-        ConfigError: a one-line error naming the profile file or the option.
+        ConfigError: a one-line error naming the file or the option: also for a
+            profile without raw measurements to fit.
     """
     prof = None
     if a.profile:
         from hardware_profiles import load_profile_file
 
         prof = load_profile_file(a.profile)
-    if not a.load:
-        if a.rounds < 1 or a.threads < 1:
-            raise ConfigError("<command line>", "--rounds" if a.rounds < 1 else "--threads",
-                              "must be at least 1")
-        from experiments.runner import prepare_out
+        if not prof.raw or ("models" not in prof.raw and "micro" not in prof.raw):
+            raise ConfigError(a.profile, "raw", "no raw layer measurements to fit "
+                              "(a profile of hetsim profile has them)")
+    if a.load:
+        try:
+            return prof, json.loads(Path(a.load).read_text())
+        except (OSError, ValueError) as e:
+            raise ConfigError(a.load, "--load", f"cannot be read as JSON ({e})") from None
+    if a.rounds < 1 or a.threads < 1:
+        raise ConfigError("<command line>", "--rounds" if a.rounds < 1 else "--threads",
+                          "must be at least 1")
+    from experiments.runner import prepare_out
 
-        prepare_out(Path(a.out).parent, "--out")
-    return prof
+    prepare_out(Path(a.out).parent, "--out")
+    return prof, None
 
 
 def save_run(a: argparse.Namespace, meta: dict[str, Any], key: str, data: Any) -> None:
@@ -384,18 +392,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  "against every trial")
     a = ap.parse_args(argv)
     try:
-        prof = start_run(a)
-        if a.load:
-            try:
-                saved = json.loads(Path(a.load).read_text())
-                trials, meta = saved["trials"], saved["meta"]
-            except (OSError, ValueError, KeyError, TypeError) as e:
-                raise ConfigError(a.load, "--load", f"not saved trials of this bench ({e})") from None
-            _check_trials(trials, meta, a.load)
-        else:
+        if not a.load:
             if a.trials < 2:
                 raise ConfigError("<command line>", "--trials", f"needs 2 or more, got {a.trials}")
             chosen = parse_models(a.models)
+        prof, saved = start_run(a)
+        if saved is not None:
+            try:
+                trials, meta = saved["trials"], saved["meta"]
+            except (KeyError, TypeError) as e:
+                raise ConfigError(a.load, "--load", f"not saved trials of this bench ({e})") from None
+            _check_trials(trials, meta, a.load)
+        else:
             trials = run_trials(chosen, a.trials, a.rounds, a.threads, progress=not a.json)
             meta = {"trials": a.trials, "rounds": a.rounds, "threads": a.threads,
                     "models": {k: list(v) for k, v in chosen.items()}}

@@ -109,6 +109,8 @@ class ProfileSpec:
         net_reps: repeats per message size.
         rounds: how many interleaved rounds the repeats are taken in (see
             :func:`_run_rounds`); one: every item's repeats back to back.
+        wake_rounds, wire_reps: round trips of the CPU network extras
+            (:func:`wake_bench`, :func:`wire_bench`).
     """
 
     gemm: tuple[tuple[int, int, int], ...]
@@ -122,6 +124,8 @@ class ProfileSpec:
     net_reps: int
     warmup: int = 1
     rounds: int = 1
+    wake_rounds: int = 1000
+    wire_reps: int = 25
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -158,7 +162,9 @@ _EXTRA_MICRO = (
 
 
 def spec_for(quick: bool) -> ProfileSpec:
-    """The sizes of a ``--quick`` run (a few minutes on 2 CPU cores) or a full one."""
+    """The sizes of a ``--quick`` run (within 3 minutes on 2 CPU cores: fewer repeats,
+    vgg16 at batch 1 alone, shorter network extras; 2 min 13 s on the AMD EPYC,
+    2026-12-06) or a full one (about 10 minutes there)."""
     if quick:
         return ProfileSpec(
             gemm=((64, 64, 64), (256, 256, 256), (1024, 1024, 1024), (32, 1024, 1024),
@@ -166,10 +172,10 @@ def spec_for(quick: bool) -> ProfileSpec:
             copy_elems=(1_000, 100_000, 16_000_000),
             micro=_ALL_MICRO,
             models={"mlp": (16, 128), "ctr_dnn": (32, 256), "wide_deep": (32, 256),
-                    "resnet18": (1, 2), "resnet50": (1, 2), "vgg16": (1, 2),
+                    "resnet18": (1, 2), "resnet50": (1, 2), "vgg16": (1,),
                     "transformer": (1, 2)},
-            min_reps=5, max_reps=15, target_s=0.6,
-            net_bytes=(8, 65_536, 4_194_304), net_reps=10,
+            min_reps=3, max_reps=10, target_s=0.6,
+            net_bytes=(8, 65_536, 4_194_304), net_reps=10, wake_rounds=200, wire_reps=5,
         )
     return ProfileSpec(
         gemm=tuple((s, s, s) for s in (32, 64, 128, 256, 512, 1024, 2048))
@@ -1382,8 +1388,9 @@ def measure(device: str = "cpu", quick: bool = False, threads: int | None = None
         threads: torch intra-op threads (default: the CPUs this process may use).
         models: zoo models to time (default: the spec's).
         network: run the two-process network benchmark. Should it fail (it runs
-            last), the rest is returned all the same, with its error in
-            ``raw["network_error"]`` and the network part missing or partial.
+            last; any exception but Ctrl-C), the rest is returned all the same,
+            with its error in ``raw["network_error"]`` and the network part missing
+            or partial.
         spec: sizes to use instead of :func:`spec_for`.
         progress: show a progress bar on stderr.
         drift: time the drift probe after every step (:class:`_DriftProbe`,
@@ -1433,12 +1440,13 @@ def measure(device: str = "cpu", quick: bool = False, threads: int | None = None
             try:
                 raw["network"] = network_bench(device, spec.net_bytes, spec.net_reps)
                 if dev.type == "cpu":
-                    raw["network"].update(wake_bench())
-                    raw["network"].update(wire_bench())
-            except HetsimError as e:
+                    raw["network"].update(wake_bench(spec.wake_rounds))
+                    raw["network"].update(wire_bench(reps=spec.wire_reps))
+            except Exception as e:  # noqa: BLE001 - any failure; Ctrl-C still propagates
                 # it runs last: keep the rest of the run (run_profile writes it, then
                 # reports this), with the network part missing or partial
-                raw["network_error"] = str(e)
+                raw["network_error"] = (str(e) if isinstance(e, HetsimError)
+                                        else f"network benchmark: {type(e).__name__}: {e}")
             bar.step("network")
     finally:
         bar.close()
@@ -1859,7 +1867,7 @@ def run_profile(device: str, out: str | os.PathLike[str], quick: bool = False,
     Raises:
         ConfigError: for an unavailable device or an unwritable ``out``.
         HetsimError: when the network benchmark fails; every other measurement is
-            written to ``out`` first (fitted), without the network part.
+            written to ``out`` first (fitted), the network part missing or partial.
     """
     check_device(device)
     path = check_writable(out)
@@ -1873,11 +1881,13 @@ def run_profile(device: str, out: str | os.PathLike[str], quick: bool = False,
         # which `hetsim calibrate` fits once the fault is mended
         write_profile(build_profile(raw, path.stem, fit=False), path)
         print(f"hetsim profile: the fit failed; the measurements are kept, unfitted, in {path} "
-              f"(fit them with: hetsim calibrate {path})", file=sys.stderr)
+              f"(fit them with: hetsim calibrate {path})"
+              + (f"; {raw['network_error']}" if raw.get("network_error") else ""), file=sys.stderr)
         raise
     write_profile(profile, path)
     if raw.get("network_error"):
-        kept = "with part of the network's" if "network" in raw else "without the network part"
+        kept = ("with part of the network measurements" if "network" in raw
+                else "without the network part")
         raise HetsimError(f"{raw['network_error']}; every other measurement is kept in {path}, "
                           f"fitted, {kept}")
     return profile, path

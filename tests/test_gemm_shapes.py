@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from bench import gemm_shapes as gs
+from hardware_profiles.profiler import write_profile
 from sim.errors import ConfigError
 from tests.helpers_profiles import bare_profile
 
@@ -113,22 +114,61 @@ def test_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert err_of(["--out", str(blocker / "sub" / "s.json")]).startswith(
         f"error: {blocker / 'sub'}: --out: cannot write there")
     assert err_of(["--load", str(tmp_path / "none.json")]).startswith(
-        f"error: {tmp_path / 'none.json'}: cannot read saved measurements")
+        f"error: {tmp_path / 'none.json'}: --load: cannot be read as JSON")
+    # a profile without raw measurements: said before anything is measured
+    bare = tmp_path / "m.json"
+    write_profile(bare_profile(), bare)
+    assert err_of(["--profile", str(bare), "--out", str(blocker / "sub" / "s.json")]) == (
+        f"error: {bare}: raw: no raw layer measurements to fit (a profile of hetsim profile has them)")
     bad = tmp_path / "bad.json"
     meta = {"shapes": ["16x16"], "rounds": 1, "threads": 1}
     good = _entry(16, 16, {8: (1e-6, 2e-6)})
+    layer = good["model"]["layers"][0]
     no_gemm = {**good, "model": {**good["model"], "layers": [
-        {**good["model"]["layers"][0], "op": "elementwise", "fwd_flops": 0.0, "bwd_flops": 0.0,
-         "param_bytes": 0.0}]}}
-    for saved, field in (
-            ({"entries": []}, ""),
-            ({"meta": {"shapes": ["16x16"], "rounds": 1}, "entries": []}, "meta.threads"),
-            ({"meta": meta, "entries": [{"name": "x"}]}, "entries[0]"),
+        {**layer, "op": "elementwise", "fwd_flops": 0.0, "bwd_flops": 0.0, "param_bytes": 0.0}]}}
+    no_flops = {**good, "model": {**good["model"], "layers": [{**layer, "fwd_flops": 0.0}]}}
+    bad_model = {**good, "model": {**good["model"], "layers": [{**layer, "op": "nope"}]}}
+    for saved, field, says in (
+            ({"entries": []}, "", "not saved measurements"),
+            ({"meta": {"shapes": ["16x16"], "rounds": 1}, "entries": []}, "meta.threads",
+             "missing"),
+            ({"meta": {**meta, "shapes": ["abc"]}, "entries": []}, "meta.shapes", "'abc'"),
+            ({"meta": {**meta, "shapes": [5]}, "entries": []}, "meta.shapes", "must be a list"),
+            ({"meta": meta, "entries": [{"name": "x"}]}, "entries[0]", "needs name"),
             ({"meta": meta, "entries": [{**good, "runs": [{"batch": "8", "layers": {}}]}]},
-             "entries[0].runs[0]"),
-            ({"meta": meta, "entries": [no_gemm]}, "entries[0].model"),
+             "entries[0].runs[0]", "needs batch"),
+            ({"meta": meta, "entries": [{**good, "runs": [{"batch": 8, "layers": {},
+                                                          "own": "zz"}]}]},
+             "entries[0].runs[0]", "needs batch"),
+            ({"meta": meta, "entries": [no_gemm]}, "entries[0].model", "has no GEMM"),
+            ({"meta": meta, "entries": [no_flops]}, "entries[0].model", "has no GEMM"),
+            ({"meta": meta, "entries": [bad_model]}, "entries[0].model", "layers[0].op"),
             ({"meta": meta, "entries": [{**good, "runs": [{"batch": 8, "layers": {}}]}]},
-             "entries[0].runs[0].layers.linear")):
+             "entries[0].runs[0].layers.linear", "needs [forward s"),
+            ({"meta": meta, "entries": [{**good, "runs": [{"batch": 8, "layers": {},
+                                                          "own": {"linear": [-1.0, 1.0]}}]}]},
+             "entries[0].runs[0].layers.linear", "needs [forward s")):
         bad.write_text(json.dumps(saved))
-        want = f"error: {bad}: {field}: " if field else f"error: {bad}: "
+        want = f"error: {bad}: {field}: {says}" if field else f"error: {bad}: {says}"
         assert err_of(["--load", str(bad)]).startswith(want)
+
+
+def test_the_text_report_of_a_saved_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # own times only (no charged ones): the report reads them; shapes come from the entries
+    a = _entry(16, 16, {8: (4e-6, 8e-6)})
+    b = _entry(16, 32, {8: (4e-6, 8e-6)})
+    for e in (a, b):
+        for run in e["runs"]:
+            run["layers"] = {}
+    saved = tmp_path / "s.json"
+    saved.write_text(json.dumps({"meta": {"shapes": ["16x16"], "rounds": 2, "threads": 1},
+                                 "entries": [a, b]}))
+    assert gs.main(["--load", str(saved)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == ("GEMM shapes at few rows: 2 Linear shapes, 2 round(s), 1 thread(s); rates in "
+                      "GFLOP/s (FLOPs / own time)")
+    # forward rates 1.024 and 2.048 GFLOP/s: max/min 2, floor 25%, half range 33.3%
+    assert out[2].split() == ["8", "fwd", "1.9-2.2", "1.0", "1.5", "2.0", "2.00", "25.0%", "33.3%"]
+    # per shape: forward / backward GFLOP/s, weights and bias in MiB
+    assert out[-2].split() == ["16x16", "0.00", "1.0/1.0"]
+    assert out[-1].split() == ["16x32", "0.00", "2.0/2.0"]

@@ -179,7 +179,11 @@ def test_load_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[
         f"error: {bad}: trials: no model and batch size is in every trial")
     assert noise.main(["--load", str(tmp_path / "none.json")]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith(f"error: {tmp_path / 'none.json'}: --load: not saved trials") and "\n" not in err
+    assert err.startswith(f"error: {tmp_path / 'none.json'}: --load: cannot be read as JSON") \
+        and "\n" not in err
+    bad.write_text(json.dumps([1, 2]))
+    assert noise.main(["--load", str(bad)]) == 2
+    assert capsys.readouterr().err.strip().startswith(f"error: {bad}: --load: not saved trials")
 
 
 def test_unwritable_out_is_one_line_before_measuring(tmp_path: Path,
