@@ -16,8 +16,9 @@ reports saved ones again.
 
 At one row count the shapes' passes have nearly one intensity (FLOPs per byte
 moved: about rows / 2 in both phases once the weights dominate the bytes; the
-backward does twice the FLOPs and moves the weights twice), so a cost model whose GEMM efficiency is a function of intensity (or of
-FLOPs within a narrow band) gives them nearly one rate. Per row count and phase
+backward does twice the FLOPs and moves the weights twice), so a cost model whose
+GEMM efficiency is a function of intensity (or of FLOPs within a narrow band)
+gives them nearly one rate. Per row count and phase
 the report gives:
 
 * the achieved rate (GFLOP/s = FLOPs / own time) over the shapes: min, median,
@@ -47,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.measurement_noise import add_run_options, half_range, save_run, start_run
+from bench.saved_runs import add_run_options, check_run, half_range, own_times, save_run, start_run
 from sim.errors import ConfigError
 
 #: Linear shapes (in x out) measured by default: squares from 256 to 1024, mlp's first
@@ -109,17 +110,11 @@ def _work_layer(entry: dict[str, Any]) -> tuple[Any, int]:
                        if ly.op == "gemm" and ly.fwd_flops > 0)
 
 
-def _own_times(run: dict[str, Any], name: str) -> Any:
-    """A run's [forward s, backward s] of layer ``name``: its own brackets where the run
-    has them, else the time charged to it (KeyError where it has neither)."""
-    own = run.get("own") or {}
-    return own[name] if name in own else run["layers"][name]
-
-
 def shape_rows(entries: Sequence[dict[str, Any]], profile: Any = None) -> list[dict[str, Any]]:
     """One row per shape, batch and phase: its weight and bias bytes, FLOPs, bytes moved,
-    intensity, own time and rate (FLOPs / time; 0 without a time), and with ``profile`` (a fitted profile without tables) the
-    cost model's time for it (``pred_s``)."""
+    intensity, own time (:func:`bench.saved_runs.own_times`) and rate (FLOPs / time; 0
+    without a time), and with ``profile`` (a fitted profile without tables) the cost
+    model's time for it (``pred_s``)."""
     from hardware_profiles.calibrate import predict_layers
     from sim.costmodel import layer_work
 
@@ -130,7 +125,7 @@ def shape_rows(entries: Sequence[dict[str, Any]], profile: Any = None) -> list[d
         shape = e["name"].removeprefix("linear_").removesuffix("_rows")
         for run in e["runs"]:
             b = int(run["batch"])
-            own = _own_times(run, ly.name)
+            own = own_times(run, ly.name)
             pred = predict_layers(profile, model, b, glue=False) if profile is not None else None
             for side, phase in enumerate(PHASES):
                 flops, _, nbytes = layer_work(ly, phase, b, "fp32", model.input_bytes_of(i))
@@ -165,7 +160,7 @@ def groups(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     pred / meas ratios."""
     keyed: dict[tuple[int, str], list[dict[str, Any]]] = {}
     for r in rows:
-        if r["t_s"] > 0 and r["rate"] > 0:
+        if r["rate"] > 0:  # a pass with a time
             keyed.setdefault((r["batch"], r["phase"]), []).append(r)
     out = []
     for (b, phase), rs in sorted(keyed.items(), key=lambda kv: (kv[0][0], PHASES.index(kv[0][1]))):
@@ -239,19 +234,15 @@ def _check_saved(saved: Any, path: str) -> tuple[list[dict[str, Any]], dict[str,
         raise ConfigError(path, "meta.shapes", "must be a list of IxO shapes")
     try:
         parse_shapes(meta["shapes"])
-    except ConfigError as e:
-        raise ConfigError(path, "meta.shapes", e.message) from None
+    except ConfigError as err:
+        raise ConfigError(path, "meta.shapes", err.message) from None
     for n, e in enumerate(saved["entries"]):
         where = f"entries[{n}]"
         if not isinstance(e, dict) or not isinstance(e.get("name"), str) \
                 or not isinstance(e.get("model"), dict) or not isinstance(e.get("runs"), list):
             raise ConfigError(path, where, "needs name, model and runs")
         for m, run in enumerate(e["runs"]):
-            if not isinstance(run, dict) or not isinstance(run.get("batch"), int) \
-                    or not isinstance(run.get("layers"), dict) \
-                    or not isinstance(run.get("own", {}), dict):
-                raise ConfigError(path, f"{where}.runs[{m}]", "needs batch, layers and (if any) "
-                                  "own as a mapping")
+            check_run(run, path, f"{where}.runs[{m}]")
         try:
             model, i = _work_layer(e)
         except ConfigError as err:
@@ -260,11 +251,9 @@ def _check_saved(saved: Any, path: str) -> tuple[list[dict[str, Any]], dict[str,
             raise ConfigError(path, f"{where}.model", "has no GEMM layer with FLOPs") from None
         name = model.layers[i].name
         for m, run in enumerate(e["runs"]):
-            t = (run.get("own") or {}).get(name, run["layers"].get(name))
-            if not (isinstance(t, list) and len(t) >= 2
-                    and all(isinstance(x, (int, float)) and x >= 0 for x in t[:2])):
+            if name not in run["layers"] and name not in (run.get("own") or {}):
                 raise ConfigError(path, f"{where}.runs[{m}].layers.{name}",
-                                  "needs [forward s, backward s], 0 or more")
+                                  "needs [forward s, backward s, ...], each 0 or more")
     return saved["entries"], meta
 
 

@@ -48,12 +48,12 @@ import json
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from bench.calibration_accuracy import ITER_TARGET, LAYER_TARGET, run_errors
+from bench.saved_runs import add_run_options, check_run, half_range, own_times, save_run, start_run
 from sim.errors import ConfigError
 
 DEFAULT_MODELS = ("mlp:16,64",)
@@ -103,10 +103,9 @@ def run_trials(chosen: dict[str, tuple[int, ...]], trials: int, rounds: int, thr
 def _pass_times(run: dict[str, Any]) -> dict[tuple[str, int], float]:
     """Every layer pass of a run with a time: its own time where the run has one
     (as the leave-one-out error takes it), else the time charged to it."""
-    own = run.get("own") or {}
     out = {}
-    for name, vals in run["layers"].items():
-        ref = own.get(name, vals)
+    for name in run["layers"]:
+        ref = own_times(run, name)
         for ph in (0, 1):
             if ref[ph] > 0:
                 out[(name, ph)] = float(ref[ph])
@@ -118,13 +117,6 @@ def _common_passes(runs: Sequence[dict[str, Any]]
     """Each run's :func:`_pass_times`, and the passes every run timed (sorted)."""
     times = [_pass_times(r) for r in runs]
     return times, sorted(set(times[0]).intersection(*times[1:]))
-
-
-def half_range(xs: Sequence[float]) -> float:
-    """(max - min) / (max + min): the least worst-case relative error of one value
-    against all of ``xs`` (the value 2 max min / (max + min))."""
-    hi, lo = max(xs), min(xs)
-    return (hi - lo) / (hi + lo)
 
 
 def _runs(trials: Sequence[dict[str, list[dict[str, Any]]]]
@@ -313,70 +305,10 @@ def _check_trials(trials: Any, meta: Any, path: str) -> None:
                 raise ConfigError(path, f"trials[{i}].{m}", "needs a list of runs")
             for j, r in enumerate(runs):
                 where = f"trials[{i}].{m}[{j}]"
-                if not (isinstance(r, dict) and isinstance(r.get("batch"), int)
-                        and isinstance(r.get("layers"), dict)):
-                    raise ConfigError(path, where, "needs batch (an integer) and layers")
+                check_run(r, path, where)
                 if not (isinstance(r.get("iter_s"), (int, float)) and r["iter_s"] > 0):
                     raise ConfigError(path, f"{where}.iter_s", "needs a time above 0")
-                for name, v in {**r["layers"], **(r.get("own") or {})}.items():
-                    if not (isinstance(v, list) and len(v) >= 2
-                            and all(isinstance(x, (int, float)) and x >= 0 for x in v[:2])):
-                        raise ConfigError(path, f"{where}.layers.{name}",
-                                          "needs [forward s, backward s, ...], each 0 or more")
     meta["trials"] = len(trials)
-
-
-def add_run_options(ap: argparse.ArgumentParser, what: str, default_out: str, rounds: int,
-                    rounds_help: str, profile_help: str) -> None:
-    """The options a measuring bench shares: ``--rounds``, ``--threads``, ``--profile``,
-    ``--out`` (where ``what`` is saved), ``--load`` and ``--json``."""
-    ap.add_argument("--rounds", type=int, default=rounds, help=rounds_help)
-    ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
-    ap.add_argument("--profile", help=profile_help)
-    ap.add_argument("--out", default=default_out,
-                    help=f"where {what} are saved as JSON (default {default_out})")
-    ap.add_argument("--load", metavar="JSON", help=f"report {what} saved by an earlier run "
-                                                   "instead of measuring")
-    ap.add_argument("--json", action="store_true", help="print the figures as JSON")
-
-
-def start_run(a: argparse.Namespace) -> tuple[Any, Any]:
-    """(the ``--profile`` loaded, None without one; the JSON ``--load`` names, None
-    without one), and without ``--load``: ``--rounds`` and ``--threads`` checked and
-    ``--out``'s folder made writable, all before anything is measured.
-
-    Raises:
-        ConfigError: a one-line error naming the file or the option: also for a
-            profile without raw measurements to fit.
-    """
-    prof = None
-    if a.profile:
-        from hardware_profiles import load_profile_file
-
-        prof = load_profile_file(a.profile)
-        if not prof.raw or ("models" not in prof.raw and "micro" not in prof.raw):
-            raise ConfigError(a.profile, "raw", "no raw layer measurements to fit "
-                              "(a profile of hetsim profile has them)")
-    if a.load:
-        try:
-            return prof, json.loads(Path(a.load).read_text())
-        except (OSError, ValueError) as e:
-            raise ConfigError(a.load, "--load", f"cannot be read as JSON ({e})") from None
-    if a.rounds < 1 or a.threads < 1:
-        raise ConfigError("<command line>", "--rounds" if a.rounds < 1 else "--threads",
-                          "must be at least 1")
-    from experiments.runner import prepare_out
-
-    prepare_out(Path(a.out).parent, "--out")
-    return prof, None
-
-
-def save_run(a: argparse.Namespace, meta: dict[str, Any], key: str, data: Any) -> None:
-    """Save ``{"meta": meta, key: data}`` to ``--out`` (its folder checked by
-    :func:`start_run`), and say so unless ``--json``."""
-    Path(a.out).write_text(json.dumps({"meta": meta, key: data}, indent=1) + "\n")
-    if not a.json:
-        print(f"{key} saved: {a.out}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
