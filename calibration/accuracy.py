@@ -8,7 +8,7 @@
 
 For each zoo model measured in PROFILE (``hetsim profile``), the efficiency
 curves are fitted on every other model and the single-layer benchmarks
-(:func:`hardware_profiles.calibrate.fit` with ``exclude=[model]``), and the
+(:func:`calibration.calibrate.fit` with ``exclude=[model]``), and the
 cost model, without per-layer tables, predicts the held-out model's
 per-layer forward and backward times and its whole forward+backward
 iteration at each measured batch size (two or more). Errors are relative to
@@ -47,12 +47,12 @@ from typing import Any
 
 import numpy as np
 
+from calibration.calibrate import drift_of, fit, points_from_raw, predict_layers
+from calibration.profiler import drift_line
 from experiments.runner import prepare_out
 from hardware_profiles import load_profile_file
-from hardware_profiles.calibrate import drift_of, fit, points_from_raw, predict_layers
-from hardware_profiles.profiler import drift_line
+from hardware_profiles.errors import ConfigError
 from sim import zoo
-from sim.errors import ConfigError
 
 LAYER_TARGET = 0.15
 ITER_TARGET = 0.10
@@ -149,7 +149,7 @@ def pass_twins(profile: Any) -> dict[tuple[str, int, str, str], tuple[float, int
     kernels, rows looked up, layer call or bare kernel) another source of the profile
     measured (a twin in another zoo model or a single-layer benchmark) and the median
     of their seconds; passes without twins are absent. Times as the fit takes them
-    (:func:`hardware_profiles.calibrate.points_from_raw`): a layer's own time where
+    (:func:`calibration.calibrate.points_from_raw`): a layer's own time where
     the profile has it, else the time charged to it."""
     raw = profile.raw or {}
     pts = [p for p in points_from_raw(raw, dense_sparse_grad=profile.dense_sparse_grad,

@@ -8,7 +8,7 @@ This benchmark shows it: each case streams ``moved`` bytes (a ``copy_``
 between two buffers of half that size, not timed), then times one call of a
 small op (the cold time), then the same call again at once (the warm time).
 It is the profiler's cold-call benchmark
-(:func:`hardware_profiles.profiler.cold_bench`: ``hetsim profile`` stores it in
+(:func:`calibration.profiler.cold_bench`: ``hetsim profile`` stores it in
 ``raw.cold`` and ``hetsim calibrate`` turns it into the profile's
 ``cold_call_s``, which the cost model adds to a pass after passes that moved
 that much), at sizes of your choosing. Ops: an in-place ReLU over 16 KiB, an
@@ -36,19 +36,19 @@ MOVED_MB = (2, 16, 64, 256, 512)
 
 def measure(moved_mb: Sequence[float], reps: int, progress: bool = True) -> list[dict[str, Any]]:
     """Time every call of the profiler's cold-call benchmark
-    (:func:`hardware_profiles.profiler.cold_bench`) after streaming each of
+    (:func:`calibration.profiler.cold_bench`) after streaming each of
     ``moved_mb`` MiB, on one CPU thread.
 
     Returns:
         One row per size (in the order given) and call: ``moved_bytes`` (MiB * 2**20,
         read and written by the copy), ``op`` (``relu``, ``linear``, ``embedding``:
-        :func:`~hardware_profiles.profiler.cold_calls`), ``cold_s`` and ``warm_s``
+        :func:`~calibration.profiler.cold_calls`), ``cold_s`` and ``warm_s``
         (medians of ``reps`` cases, seconds of the thread's CPU time) and ``ratio``
         (``cold_s / warm_s``; None if the warm time is 0).
     """
     import torch
 
-    from hardware_profiles.profiler import cold_bench
+    from calibration.profiler import cold_bench
 
     torch.set_num_threads(1)
     bars: list[Any] = []  # drawn after the first size: a size too large fails before any bar

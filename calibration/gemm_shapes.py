@@ -9,7 +9,7 @@ at one row count, and what that leaves of a cost model that prices a GEMM by its
 Every shape ``IxO`` is an ``nn.Linear(I, O)`` timed forward and backward (its input
 requires grad, as inside a network) at 8, 16, 32 and 64 rows, exactly as ``hetsim
 profile`` times its single-layer benchmarks
-(:func:`hardware_profiles.profiler.measure_micro`, benchmarks ``linear_IxO_rows``:
+(:func:`calibration.profiler.measure_micro`, benchmarks ``linear_IxO_rows``:
 the profile's repeats, ``--rounds`` interleaved rounds, one thread). The
 measurements are saved (``--out``) before anything is reported; ``--load``
 reports saved ones again.
@@ -48,8 +48,15 @@ from typing import Any
 
 import numpy as np
 
-from bench.saved_runs import add_run_options, check_run, half_range, own_times, save_run, start_run
-from sim.errors import ConfigError
+from calibration.saved_runs import (
+    add_run_options,
+    check_run,
+    half_range,
+    own_times,
+    save_run,
+    start_run,
+)
+from hardware_profiles.errors import ConfigError
 
 #: Linear shapes (in x out) measured by default: squares from 256 to 1024, mlp's first
 #: layer (784 x 1024), and pairs of one weight size in both orientations.
@@ -82,10 +89,10 @@ def parse_shapes(items: Sequence[str]) -> list[str]:
 
 def measure(shapes: Sequence[str], rounds: int, threads: int, progress: bool = True
             ) -> list[dict[str, Any]]:
-    """``raw["micro"]`` entries (:func:`hardware_profiles.profiler.measure_micro`) of
+    """``raw["micro"]`` entries (:func:`calibration.profiler.measure_micro`) of
     ``linear_{shape}_rows`` for each of ``shapes`` on the CPU, with a full profile's
     repeats in ``rounds`` rounds."""
-    from hardware_profiles.profiler import _Progress, measure_micro, setup_host, spec_for
+    from calibration.profiler import _Progress, measure_micro, setup_host, spec_for
 
     dev, _ = setup_host("cpu", threads)
     names = [f"linear_{s}_rows" for s in shapes]
@@ -112,10 +119,10 @@ def _work_layer(entry: dict[str, Any]) -> tuple[Any, int]:
 
 def shape_rows(entries: Sequence[dict[str, Any]], profile: Any = None) -> list[dict[str, Any]]:
     """One row per shape, batch and phase: its weight and bias bytes, FLOPs, bytes moved,
-    intensity, own time (:func:`bench.saved_runs.own_times`) and rate (FLOPs / time; 0
+    intensity, own time (:func:`calibration.saved_runs.own_times`) and rate (FLOPs / time; 0
     without a time), and with ``profile`` (a fitted profile without tables) the cost
     model's time for it (``pred_s``)."""
-    from hardware_profiles.calibrate import predict_layers
+    from calibration.calibrate import predict_layers
     from sim.costmodel import layer_work
 
     out = []
@@ -281,7 +288,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     fitted = None
     if prof is not None:
-        from hardware_profiles.calibrate import fit
+        from calibration.calibrate import fit
 
         try:
             fitted = fit(prof)[0]

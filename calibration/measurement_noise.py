@@ -7,7 +7,7 @@ differ, and what that leaves of the calibration targets.
     python -m bench.measurement_noise --load results/noise/trials.json --json
 
 Each trial builds the model afresh and times it as ``hetsim profile`` does
-(:func:`hardware_profiles.profiler.measure_models`: its rounds, repeats and
+(:func:`calibration.profiler.measure_models`: its rounds, repeats and
 percentile; only the chosen models are interleaved, without the profile's
 benchmarks between them), so a trial is close to what one profile records. The
 trials are run one after the other in this process and saved (``--out``) before
@@ -22,7 +22,7 @@ Per model and batch size the report gives:
   of each pass's own time over the trials;
 * ``oracle``: a predictor that knew the median over the trials of every pass and
   of the iteration exactly, scored against each trial as the leave-one-model-out
-  bench scores a profile (:mod:`bench.calibration_accuracy`): the worst trial's
+  bench scores a profile (:mod:`calibration.accuracy`): the worst trial's
   median |per-layer error| and |iteration error|, and in how many trials both
   targets hold;
 * ``state-aware oracle``: the same prediction times the trial's speed as the
@@ -52,9 +52,16 @@ from typing import Any
 
 import numpy as np
 
-from bench.calibration_accuracy import ITER_TARGET, LAYER_TARGET, run_errors
-from bench.saved_runs import add_run_options, check_run, half_range, own_times, save_run, start_run
-from sim.errors import ConfigError
+from calibration.accuracy import ITER_TARGET, LAYER_TARGET, run_errors
+from calibration.saved_runs import (
+    add_run_options,
+    check_run,
+    half_range,
+    own_times,
+    save_run,
+    start_run,
+)
+from hardware_profiles.errors import ConfigError
 
 DEFAULT_MODELS = ("mlp:16,64",)
 DEFAULT_OUT = "results/noise/trials.json"
@@ -90,7 +97,7 @@ def run_trials(chosen: dict[str, tuple[int, ...]], trials: int, rounds: int, thr
     ``raw["models"]`` dict as a full profile's (``spec_for(False)``'s repeats)."""
     from tqdm import tqdm
 
-    from hardware_profiles.profiler import measure_models, setup_host, spec_for
+    from calibration.profiler import measure_models, setup_host, spec_for
 
     dev, _ = setup_host("cpu", threads)
     spec = replace(spec_for(False), models=chosen)
@@ -222,7 +229,7 @@ def against(profile: Any, trials: Sequence[dict[str, list[dict[str, Any]]]]
     """``profile``'s leave-one-model-out prediction of every (model, batch) every trial
     has, for each model the profile measured (at any batch sizes: the prediction
     comes from the curves fitted without it), scored against each trial."""
-    from hardware_profiles.calibrate import fit
+    from calibration.calibrate import fit
     from sim import zoo
 
     have = set((profile.raw or {}).get("models", {}))

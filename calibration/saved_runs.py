@@ -1,4 +1,4 @@
-"""What the measuring benches (:mod:`bench.measurement_noise`, :mod:`bench.gemm_shapes`)
+"""What the measuring benches (:mod:`calibration.measurement_noise`, :mod:`calibration.gemm_shapes`)
 share: their run options, the checks before measuring, saving and reloading runs, and
 reading the per-layer times of a ``raw`` run as ``hetsim profile`` records them."""
 
@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from sim.errors import ConfigError
+from hardware_profiles.errors import ConfigError
 
 
 def half_range(xs: Sequence[float]) -> float:

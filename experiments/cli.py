@@ -22,7 +22,7 @@ from typing import Any, NoReturn
 
 from experiments.runner import EVALUATORS
 from experiments.sweep import BACKENDS
-from sim.errors import ConfigError, HetsimError
+from hardware_profiles.errors import ConfigError, HetsimError
 
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "demo.yaml"
 DEMO_MODELS = ("resnet18", "ctr_dnn")
@@ -209,8 +209,8 @@ def _default_jobs() -> int:
 
 
 def cmd_run(a: argparse.Namespace) -> int:
+    from experiments import run as entry
     from experiments import runner
-    from runtime import entry
     from runtime.launch import RuntimeFailure
 
     prep = entry.prepare(a.input, config=a.config, iterations=a.iterations, timeout_s=a.timeout,
@@ -234,7 +234,7 @@ def cmd_run(a: argparse.Namespace) -> int:
 
 def cmd_validate(a: argparse.Namespace) -> int:
     from experiments import runner, validate
-    from runtime.entry import read_config
+    from experiments.run import read_config
     from runtime.launch import RuntimeFailure
 
     cfg, _ = read_config(a.config)  # a bad config fails here, before --out is created
@@ -267,7 +267,7 @@ def cmd_validate(a: argparse.Namespace) -> int:
 
 
 def cmd_bench(a: argparse.Namespace) -> int:
-    from bench import des_bench
+    from experiments import des_bench
 
     if a.repeat is not None and a.repeat < 1:
         raise ConfigError("<command line>", "--repeat", "must be at least 1")
@@ -280,7 +280,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
 
 
 def cmd_profile(a: argparse.Namespace) -> int:
-    from hardware_profiles import profiler
+    from calibration import profiler
 
     if a.add_micro is not None:
         ignored = [flag for flag, on in (("--suite robotics", a.suite == "robotics"), ("--quick", a.quick),
@@ -323,8 +323,9 @@ def cmd_profile(a: argparse.Namespace) -> int:
 
 
 def cmd_calibrate(a: argparse.Namespace) -> int:
-    from hardware_profiles import calibrate, load_profile_file
-    from hardware_profiles.profiler import drift_line, write_profile
+    from calibration import calibrate
+    from calibration.profiler import drift_line, write_profile
+    from hardware_profiles import load_profile_file
 
     prof = load_profile_file(a.profile)
     if not prof.raw or not (prof.raw.get("models") or prof.raw.get("micro")):

@@ -17,11 +17,11 @@ from typing import Any
 
 import numpy as np
 
+from hardware_profiles.errors import ConfigError
 from schedulers.dag import make_dag
 from sim.dag import DagProblem, dag_costs
 from sim.dag_config import load_dag_config
 from sim.des.frames import FrameOptions, simulate_frames
-from sim.errors import ConfigError
 
 TRACE_FRAMES = 3
 

@@ -906,7 +906,7 @@ def calibration_figure(rows: Sequence[dict[str, Any]], out_path: str | Path, tit
     """The leave-one-model-out figure of ``bench.calibration_accuracy``: every held-out
     pass, predicted against measured (log-log; the diagonal and the per-layer target's
     band), and per row the median |per-layer error| and |iteration error| against their
-    targets (a row missing either in red). ``rows``: :func:`bench.calibration_accuracy.loo_rows`.
+    targets (a row missing either in red). ``rows``: :func:`calibration.accuracy.loo_rows`.
     Writes ``out_path`` (PNG) and returns it."""
     from matplotlib.lines import Line2D
 

@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import schedulers
+from hardware_profiles.errors import ConfigError
 from schedulers import Scheduler
 from sim import analytic, des
 from sim.config import Config, config_from_dict, read_yaml
-from sim.errors import ConfigError
 from sim.plan import Plan, check_plan, load_plan
 from sim.problem import Problem, build_problem
 from sim.result import RunResult

@@ -1,4 +1,4 @@
-"""Fit the runtime CPU model (experiments/runtime_cpu.py) to real runs of configs that are not validated.
+"""Fit the runtime CPU model (calibration/runtime_cpu.py) to real runs of configs that are not validated.
 
     python -m bench.runtime_calibration [--out results/runtime_calibration] [--only c1,c3]
         [--report-only] [--write PROFILE]
@@ -35,7 +35,8 @@ from typing import Any
 
 import pandas as pd
 
-from experiments import runtime_cpu, validate
+from calibration import runtime_cpu
+from experiments import validate
 from experiments.plots import markdown_table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -152,7 +153,7 @@ def _pct(x: float | None) -> str:
 
 def write_model(profile_path: Path, model: runtime_cpu.RuntimeCpuModel) -> None:
     """Store ``model`` in the profile's ``network.runtime_cpu``, the rest unchanged."""
-    from hardware_profiles.profiler import write_profile
+    from calibration.profiler import write_profile
     from hardware_profiles.schema import DeviceProfile, NetworkMeasurement
 
     prof = DeviceProfile.model_validate(json.loads(profile_path.read_text()))

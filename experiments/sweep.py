@@ -71,10 +71,10 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from experiments.runner import EVALUATORS
+from hardware_profiles.errors import ConfigError, HetsimError
+from hardware_profiles.fileio import atomic_write, fsync_dir
 from sim.config import Config, read_yaml
 from sim.dag_config import DagConfig, dag_config_from_dict, is_dag_config
-from sim.errors import ConfigError, HetsimError
-from sim.fileio import atomic_write, fsync_dir
 from sim.result import HEADLINE_KEYS
 
 __all__ = [

@@ -33,7 +33,7 @@ What the simulator is given, so that it models what the runtime executes:
   ``runtime.threads`` and ``runtime.ps_affinity`` (absent: not pinned). Messages
   between the ranks are the runtime's loopback path on these cores: where the
   profile measured it (``network.wire_pull_Bps`` / ``wire_push_Bps``,
-  :func:`hardware_profiles.profiler.wire_bench`), every process's link and the
+  :func:`calibration.profiler.wire_bench`), every process's link and the
   host's ``copy_Bps`` (each end's share of a message, on its cores) are the
   rate of one pull and one push (:func:`wire_rate_Bps`), so a message is as
   fast as measured when both ends have a core and as slow as the end with
@@ -44,7 +44,7 @@ What the simulator is given, so that it models what the runtime executes:
   receives one at a time and answers pulls in turn, as the runtime's blocking
   sends and single receiver thread do. Its
   ``wake_s`` is the profile's ``network.wake_latency_s`` (the lowest over the
-  ranks' profiles; :func:`hardware_profiles.profiler.wake_bench`): a message
+  ranks' profiles; :func:`calibration.profiler.wake_bench`): a message
   that arrives while every core is busy reaches its rank that much later. The report
   records what was assumed (``info["host"]``) and, per scheduler, the DES's
   prediction without the host (``diagnostics["sim_without_host"]``) and with
@@ -87,15 +87,16 @@ from typing import Any
 import numpy as np
 
 import schedulers
-from experiments import runner, runtime_cpu
+from calibration import runtime_cpu
+from experiments import run as entry
+from experiments import runner
 from experiments.plots import markdown_table
+from hardware_profiles.errors import ConfigError
 from hardware_profiles.schema import LayerTable
-from runtime import entry
 from runtime.affinity import usable_cpus
 from runtime.spec import RunSpec, RuntimeOptions, build_spec, parse_options
 from sim import costmodel, zoo
 from sim.cluster import Device, Host, Placement
-from sim.errors import ConfigError
 from sim.plan import Plan
 from sim.problem import Dynamic, Problem
 from sim.result import RunResult
@@ -529,7 +530,7 @@ def with_cpu_scaled(problem: Problem, factors: dict[str, float]) -> Problem:
 def with_cpu_model(problem: Problem, scales: dict[str, tuple[float, float]]) -> Problem:
     """``problem`` with each hosted process's compute and copies scaled by the runtime
     CPU model (``scales[device]``: ``(cpu_scale, copy_scale)``, from
-    :meth:`experiments.runtime_cpu.RuntimeCpuModel.scales`)."""
+    :meth:`calibration.runtime_cpu.RuntimeCpuModel.scales`)."""
     cl = problem.cluster
     placement = tuple((dev, dataclasses.replace(pl, cpu_scale=pl.cpu_scale * s[0], copy_scale=pl.copy_scale * s[1])
                        if (s := scales.get(dev)) else pl) for dev, pl in cl.placement)

@@ -3,7 +3,7 @@
 A device type named in a config (``cluster.devices[i].type``) is looked up as
 ``NAME.json`` in the config's ``profiles:`` folders first, then in this folder,
 then in its ``measured/`` subfolder. Every failure is a
-:class:`sim.errors.ConfigError` naming one file and one field.
+:class:`hardware_profiles.errors.ConfigError` naming one file and one field.
 
 Loaded profiles are cached by resolved path and modification time and shared
 between callers: treat them as read-only (they are frozen pydantic models, but
@@ -21,6 +21,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from hardware_profiles.errors import ConfigError
 from hardware_profiles.schema import (
     DTYPES,
     OP_CLASSES,
@@ -28,7 +29,6 @@ from hardware_profiles.schema import (
     EfficiencyCurve,
     error_field,
 )
-from sim.errors import ConfigError
 
 __all__ = [
     "BUILTIN_DIR",

@@ -29,8 +29,8 @@ from typing import Literal
 
 from pydantic import Field, PrivateAttr, ValidationError, model_validator
 
+from hardware_profiles.errors import ConfigError
 from hardware_profiles.schema import OP_CLASSES, DeviceProfile, Power, Source, _Strict
-from sim.errors import ConfigError
 
 BOARDS_DIR = Path(__file__).resolve().parent / "boards"
 

@@ -42,8 +42,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sim.errors import ConfigError
-from sim.fileio import atomic_write, fsync_dir
+from hardware_profiles.errors import ConfigError
+from hardware_profiles.fileio import atomic_write, fsync_dir
 
 if TYPE_CHECKING:
     import torch

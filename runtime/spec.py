@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from hardware_profiles.errors import ConfigError
 from runtime.affinity import usable_cpus
 from sim.config import validation_error
-from sim.errors import ConfigError
 from sim.plan import Plan
 from sim.problem import Problem
 from sim.quantization import Adaptive
@@ -132,7 +132,7 @@ class RunSpec:
     devices: list[tuple[str, str, float, float, float]] = field(default_factory=list)
     ignored: list[str] = field(default_factory=list)
     checkpoint_every: int = 0
-    checkpoint_dir: str | None = None  # set by runtime.entry from --out
+    checkpoint_dir: str | None = None  # set by experiments.run from --out
     resume: Manifest | None = None  # the checkpoint this run continues from
     crash_after_iteration: int | None = None
     stages: list[StageSpec] = field(default_factory=list)  # empty: a one-stage (data-parallel) plan

@@ -16,7 +16,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
-from sim.errors import ConfigError
+from hardware_profiles.errors import ConfigError
 from sim.observation import Observation
 from sim.plan import Plan, Replica, Stage
 from sim.problem import Problem

@@ -53,9 +53,9 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import csr_array
 
+from hardware_profiles.errors import ConfigError
 from schedulers.base import register
 from schedulers.placement import PlacementScheduler
-from sim.errors import ConfigError
 from sim.placement import PlacementInfeasible, PlacementSpace
 from sim.plan import Plan
 from sim.problem import Problem

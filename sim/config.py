@@ -24,7 +24,7 @@ from pydantic import (
     model_validator,
 )
 
-from sim.errors import ConfigError
+from hardware_profiles.errors import ConfigError
 
 
 class _Strict(BaseModel):

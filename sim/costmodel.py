@@ -57,7 +57,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hardware_profiles import DeviceProfile
-from sim.errors import ConfigError
+from hardware_profiles.errors import ConfigError
 from sim.plan import Plan
 from sim.problem import Problem
 from sim.quantization import QUANT_META_BYTES as QUANT_META_BYTES  # re-exported
@@ -138,7 +138,7 @@ def fixed_s(dev: DeviceProfile, op: str, phase: str, kernels: int | None, has_pa
             reduces: bool, rows: float, inplace: bool = False) -> float:
     """The fixed part of a pass without FLOPs beside its roofline: the profile's per-call
     overhead of its kind plus its cost per row looked up times ``rows`` (both 0 where the
-    profile has none). :mod:`hardware_profiles.calibrate` prices its points with it too."""
+    profile has none). :mod:`calibration.calibrate` prices its points with it too."""
     return (dev.call_overhead(op, phase, kernels, has_params, reduces, inplace)
             + dev.row_cost(op, phase, kernels, has_params, reduces, inplace) * rows)
 
@@ -235,7 +235,7 @@ def layer_work(layer: Layer, phase: str, b: float, dtype: str, input_bytes: floa
                ) -> tuple[float, int, float]:
     """(FLOPs, kernel launches, bytes moved) of one pass of ``layer`` on ``b`` samples.
 
-    The quantities the cost model prices; :mod:`hardware_profiles.calibrate`
+    The quantities the cost model prices; :mod:`calibration.calibrate`
     fits efficiencies against the same ones. With ``dense_sparse_grad`` (a
     device profile's flag) the backward of a sparse layer also writes a dense
     gradient of its whole table, ``param_bytes``. With ``weight_grad_only`` (the

@@ -34,6 +34,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from hardware_profiles.errors import ConfigError
 from sim.config import (
     DynamicsEntry,
     Pattern,
@@ -42,7 +43,6 @@ from sim.config import (
     StepsPattern,
     Walk,
 )
-from sim.errors import ConfigError
 from sim.problem import Dynamic
 
 #: Spawn-key namespace of the dynamics streams under the config's root seed

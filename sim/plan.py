@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sim.errors import ConfigError
+from hardware_profiles.errors import ConfigError
 
 PLAN_SCHEMA = 1
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from hardware_profiles import load_profile
+from hardware_profiles.errors import ConfigError
 from sim.cluster import Cluster, Device, Host, Network, Placement
 from sim.config import ClusterConfig, Config, QuantParamsConfig
 from sim.convergence import (
@@ -17,7 +18,6 @@ from sim.convergence import (
     load_for,
     model_tensor_elems,
 )
-from sim.errors import ConfigError
 from sim.quantization import Adaptive
 from sim.workload import Model, resolve_model
 

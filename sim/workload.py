@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 import yaml
 
-from sim.errors import ConfigError
+from hardware_profiles.errors import ConfigError
 
 OpClass = Literal["gemm", "conv", "embedding", "elementwise", "attention"]
 OP_CLASSES: tuple[str, ...] = ("gemm", "conv", "embedding", "elementwise", "attention")

@@ -13,11 +13,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from experiments.cli import main
-from hardware_profiles import calibrate as calibrate_module
-from hardware_profiles import load_profile_file
-from hardware_profiles import profiler as P
-from hardware_profiles.calibrate import (
+from calibration import calibrate as calibrate_module
+from calibration import profiler as P
+from calibration.calibrate import (
     Point,
     _bandwidth_fit,
     _compute_overhead,
@@ -26,9 +24,11 @@ from hardware_profiles.calibrate import (
     _with_fit,
     fit_curve,
 )
+from experiments.cli import main
+from hardware_profiles import load_profile_file
+from hardware_profiles.errors import ConfigError, HetsimError
 from hardware_profiles.schema import BandwidthCurve, EfficiencyCurve, IntensityCurve
 from sim.costmodel import layer_time_s, layer_work, pool_ops
-from sim.errors import ConfigError, HetsimError
 from sim.workload import Layer
 from tests.helpers_profiles import bare_profile
 
@@ -244,7 +244,7 @@ def test_a_rate_kind_is_priced_by_its_curve_alone_where_the_profile_has_it() -> 
 
 
 def test_a_memory_bound_pass_is_a_point_of_both_curves() -> None:
-    from hardware_profiles.calibrate import CURVE_VARIABLES, _compute_points, _variables
+    from calibration.calibrate import CURVE_VARIABLES, _compute_points, _variables
 
     # busy = 1e-3 + 1e-6 - launch 1e-6 = 1e-3 s; its 8e5 bytes at 1e9 B/s take 0.8 ms,
     # 80% of it: memory-bound, so a bandwidth point (8e5 / (1e9 * 1e-3) = 0.8 of mem_bw)
@@ -658,7 +658,7 @@ def test_tiny_profile_end_to_end(tmp_path: Path) -> None:
 
 
 def test_drift_figures_by_hand() -> None:
-    from hardware_profiles.calibrate import drift_of, spread_of
+    from calibration.calibrate import drift_of, spread_of
 
     times = [1.0, 2.0, 3.0, 4.0, 10.0]  # median 3; quartiles 2 and 4
     raw = {"drift": {"samples": [{"after": f"s{i}", "at_s": float(i), "gemm_s": t,

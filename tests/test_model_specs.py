@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.errors import ConfigError
+from hardware_profiles.errors import ConfigError
 from sim.workload import resolve_model
 
 

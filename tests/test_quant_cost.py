@@ -43,7 +43,7 @@ def test_this_machine_carries_its_measured_quantization_cost() -> None:
 
 
 def test_quant_bench_rows_and_costs() -> None:
-    from hardware_profiles import profiler as P
+    from calibration import profiler as P
 
     dev, _ = P.setup_host("cpu", 1)
     rows = P.quant_bench(P._OpTimer(dev, P.spec_for(True)), 4096)

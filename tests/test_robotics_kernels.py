@@ -249,7 +249,7 @@ def test_predicted_time_is_the_cost_model_formula() -> None:
 
 
 def test_unknown_kernel_is_a_config_error() -> None:
-    from sim.errors import ConfigError
+    from hardware_profiles.errors import ConfigError
 
     with pytest.raises(ConfigError, match="unknown kernel 'nope'"):
         K.profile_kernels("cpu", {"nope": [1]})

@@ -15,7 +15,7 @@
 3. measures point-to-point and all-reduce latency and bandwidth between two
    processes over ``torch.distributed`` (gloo; NCCL on GPUs), see
    :func:`network_bench`;
-4. fits the efficiency curves (:mod:`hardware_profiles.calibrate`) and writes a
+4. fits the efficiency curves (:mod:`calibration.calibrate`) and writes a
    :class:`~hardware_profiles.schema.DeviceProfile` with ``source.kind =
    "measured"``, the per-layer tables, the raw measurements and their spread.
 
@@ -49,10 +49,10 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from hardware_profiles.errors import ConfigError, HetsimError
+from hardware_profiles.fileio import atomic_write
 from hardware_profiles.schema import DeviceProfile, Source
 from runtime.affinity import usable_cpus
-from sim.errors import ConfigError, HetsimError
-from sim.fileio import atomic_write
 
 __all__ = [
     "LayerTimer",
@@ -1267,7 +1267,7 @@ class _DriftProbe:
     moves in between (a shared host: its neighbours' load, the clock frequency), the
     measurements disagree by that much whatever the cost model does. The probe's
     samples (``raw["drift"]``) say how far it moved while this profile measured;
-    :func:`hardware_profiles.calibrate.spread_of` summarises them. About 15 ms a
+    :func:`calibration.calibrate.spread_of` summarises them. About 15 ms a
     sample on a CPU core.
     """
 
@@ -1755,11 +1755,11 @@ def build_profile(raw: dict[str, Any], name: str, fit: bool = True) -> DevicePro
     Per-layer tables come from the zoo models' runs, keyed by
     :func:`sim.costmodel.table_key` (layers of equal key pooled by
     median); the efficiency curves, memory bandwidth and dispatch overhead are
-    fitted by :func:`hardware_profiles.calibrate.fit` when ``fit`` is true.
+    fitted by :func:`calibration.calibrate.fit` when ``fit`` is true.
     """
     import torch
 
-    from hardware_profiles import calibrate
+    from calibration import calibrate
 
     dev_s = raw["device"]
     cuda = dev_s.startswith("cuda")
@@ -1909,7 +1909,7 @@ def add_micro(path: str | os.PathLike[str], names: Sequence[str], device: str | 
     Each entry replaces the one of its name in ``raw.micro`` or is added after
     them; ``raw.micro_note`` gets a line saying which entries were measured when
     (UTC), ``source.note`` a pointer to it. The curves are then re-fitted
-    (:func:`hardware_profiles.calibrate.calibrate`, which keeps the per-layer
+    (:func:`calibration.calibrate.calibrate`, which keeps the per-layer
     tables); ``peak_flops`` and ``mem_bw_Bps`` stay as measured with the profile.
 
     Returns:
@@ -1923,7 +1923,8 @@ def add_micro(path: str | os.PathLike[str], names: Sequence[str], device: str | 
             profile, ``device`` or ``threads`` differ from the profile's, or this
             host, its CPU or torch are not those the profile was measured on.
     """
-    from hardware_profiles import calibrate, load_profile_file
+    from calibration import calibrate
+    from hardware_profiles import load_profile_file
 
     shown = os.fspath(path)
     prof = load_profile_file(path)
@@ -1991,7 +1992,7 @@ def add_micro(path: str | os.PathLike[str], names: Sequence[str], device: str | 
 
 def summary(profile: DeviceProfile) -> str:
     """A few lines describing a measured profile."""
-    from hardware_profiles import calibrate
+    from calibration import calibrate
 
     src = profile.source.model_dump()
     net = profile.network.model_dump() if profile.network else {}
@@ -2023,7 +2024,7 @@ def summary(profile: DeviceProfile) -> str:
 
 
 def drift_line(drift: dict[str, Any]) -> str:
-    """One line on the drift probe's figures (:func:`hardware_profiles.calibrate.drift_of`)."""
+    """One line on the drift probe's figures (:func:`calibration.calibrate.drift_of`)."""
     return (f"drift (the same {DRIFT_GEMM}^3 GEMM and {8 * DRIFT_COPY_ELEMS / 2**20:.0f} MiB copy after each of "
             f"{drift['samples']} steps): GEMM times relative IQR {100 * drift['gemm_iqr']:.1f}%, "
             f"range {100 * drift['gemm_range']:.0f}%; copy relative IQR "

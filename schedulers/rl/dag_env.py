@@ -24,6 +24,7 @@ import numpy as np
 from gymnasium import spaces
 
 from hardware_profiles.board import Board, list_boards, load_board
+from hardware_profiles.errors import HetsimError
 from schedulers.dag import (
     energy_schedule,
     heft_schedule,
@@ -34,7 +35,6 @@ from schedulers.dag import (
 )
 from schedulers.rl.env import TRAIN_SEED_LIMIT
 from sim.dag import DagCosts, DagPlan, DagProblem, dag_costs
-from sim.errors import HetsimError
 from sim.instances import random_graph
 
 #: Unit slots of the observation and the action space; boards with more units are refused.

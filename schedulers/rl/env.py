@@ -18,8 +18,8 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from hardware_profiles.errors import HetsimError
 from schedulers.placement import Genetic, Greedy, single_type
-from sim.errors import HetsimError
 from sim.instances import random_problem
 from sim.placement import PlacementSpace
 from sim.problem import Problem

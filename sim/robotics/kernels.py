@@ -35,7 +35,7 @@ natural parallel size. The counts follow these rules:
   (the edges of a pipeline DAG), shared constants (the map, the grid's
   geometry) excluded when they are a few numbers.
 
-:func:`profile_kernels` times them with :func:`hardware_profiles.profiler.time_callable`
+:func:`profile_kernels` times them with :func:`calibration.profiler.time_callable`
 (the profiler's own clocks); :func:`compare_to_model` sets those times against
 :mod:`sim.costmodel`'s prediction for a device profile.
 """
@@ -55,7 +55,7 @@ from typing import Any
 
 import torch
 
-from sim.fileio import atomic_write
+from hardware_profiles.fileio import atomic_write
 from sim.robotics import reference as ref
 
 __all__ = [
@@ -691,8 +691,8 @@ def profile_kernels(device: str = "cpu", sizes: Mapping[str, Sequence[int]] | No
     """Time every kernel of :data:`KERNELS` at several sizes on ``device`` (fp32).
 
     The host is prepared and each call timed exactly as ``hetsim profile`` does
-    for its other benchmarks (:func:`hardware_profiles.profiler.setup_host`,
-    :func:`hardware_profiles.profiler.time_callable`): warm-up calls excluded,
+    for its other benchmarks (:func:`calibration.profiler.setup_host`,
+    :func:`calibration.profiler.time_callable`): warm-up calls excluded,
     then ``repeats`` samples with CUDA events on a GPU, the thread's CPU time
     with one CPU thread, ``torch.profiler`` ranges otherwise; the figure is the
     median and its spread the relative inter-quartile range.
@@ -717,8 +717,8 @@ def profile_kernels(device: str = "cpu", sizes: Mapping[str, Sequence[int]] | No
     Raises:
         ConfigError: for an unavailable device or an unknown kernel name.
     """
-    from hardware_profiles import profiler
-    from sim.errors import ConfigError
+    from calibration import profiler
+    from hardware_profiles.errors import ConfigError
 
     chosen = {n: tuple(s.default_sizes) for n, s in KERNELS.items()} if sizes is None else \
         {n: tuple(int(x) for x in v) for n, v in sizes.items()}
@@ -847,8 +847,8 @@ def run_profile(device: str = "cpu", out: str | os.PathLike[str] = DEFAULT_OUT,
         ConfigError: for an unavailable device, an unwritable ``out`` or an
             unknown ``compare`` profile, before anything is measured.
     """
+    from calibration.profiler import check_device, check_writable
     from hardware_profiles import load_profile
-    from hardware_profiles.profiler import check_device, check_writable
 
     dev = check_device(device)
     path = check_writable(out)

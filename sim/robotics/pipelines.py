@@ -52,7 +52,7 @@ def calibration_rows(path: str | Path = THIS_MACHINE) -> list[dict[str, Any]]:
     curves, hence every prediction, move). The stored rows where the named profile
     cannot be loaded (or none is named)."""
     from hardware_profiles import load_profile
-    from sim.errors import HetsimError
+    from hardware_profiles.errors import HetsimError
     from sim.robotics.kernels import compare_to_model
 
     data = json.loads(Path(path).read_text(encoding="utf-8"))
