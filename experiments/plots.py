@@ -17,7 +17,7 @@ import pandas as pd  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
-from experiments.sweep import DAG_HEADLINE, FIXED_COLUMNS  # noqa: E402
+from experiments.columns import DAG_HEADLINE, FIXED_COLUMNS  # noqa: E402
 from sim.result import HEADLINE_KEYS  # noqa: E402
 
 _PALETTE = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C"]

@@ -23,13 +23,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from hardware_profiles.errors import ConfigError
 from runtime.affinity import usable_cpus
+from sim import zoo
 from sim.config import validation_error
 from sim.plan import Plan
 from sim.problem import Problem
 from sim.quantization import Adaptive
 
 if TYPE_CHECKING:
-    from runtime.checkpoint import Manifest
     from runtime.stages import BoundarySpec
 
 
@@ -97,6 +97,17 @@ class StageSpec:
     shares: list[int]  # their samples per iteration (sum: the global batch)
     params: list[int]  # indices in module.parameters() of the parameters it trains
     boundary: BoundarySpec | None  # the tensors it sends on (None for the last stage)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """The last complete checkpoint: its version and files (name -> sha256); written and read
+    by :mod:`runtime.checkpoint`."""
+
+    folder: str
+    version: int
+    files: dict[str, str]
+    fingerprint: dict[str, Any]
 
 
 @dataclass
@@ -206,8 +217,6 @@ def build_spec(problem: Problem, plan: Plan, opts: RuntimeOptions, scheduler: An
             than the plan has, or a multi-stage plan the runtime cannot run
             (:func:`pipeline_stages`).
     """
-    from sim import zoo
-
     job = problem.job
     name = job.model.name
     if name not in zoo.names():

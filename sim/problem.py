@@ -18,8 +18,10 @@ from sim.convergence import (
     load_for,
     model_tensor_elems,
 )
+from sim.dynamics import Dynamic, build_dynamics
+from sim.model_specs import resolve_model
 from sim.quantization import Adaptive
-from sim.workload import Model, resolve_model
+from sim.workload import Model
 
 
 @dataclass(frozen=True)
@@ -83,24 +85,6 @@ class Objective:
     throughput_min: float | None = None
     deadline_s: float | None = None
     budget_usd: float | None = None
-
-
-@dataclass(frozen=True)
-class Dynamic:
-    """A change of worker ``worker``'s status (index into ``cluster.devices``) at ``at_s``.
-
-    Attributes:
-        slowdown: compute-time multiplier from ``at_s`` on (background load).
-        fail: the worker dies at ``at_s``.
-        free_memory_frac: fraction of the device's memory free for training from
-            ``at_s`` on (co-located jobs take the rest); None leaves it unchanged.
-    """
-
-    worker: int
-    at_s: float
-    slowdown: float | None = None
-    fail: bool = False
-    free_memory_frac: float | None = None
 
 
 @dataclass(frozen=True)
@@ -214,8 +198,6 @@ def build_problem(cfg: Config, base_dir: Path, source: str = "<config>") -> Prob
         quant_every=quant_every,
         compute_noise=_compute_noise(j.compute_noise, devices, source),
     )
-    from sim.dynamics import build_dynamics  # sim.dynamics imports Dynamic from here
-
     dynamics = build_dynamics(cfg.dynamics, cfg.seed, len(devices), source)
     o = cfg.objective
     return Problem(

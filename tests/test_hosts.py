@@ -20,7 +20,8 @@ from hardware_profiles.errors import ConfigError
 from sim import analytic, des
 from sim.cluster import Host, Placement, thread_rates
 from sim.config import config_from_dict, load_config
-from sim.problem import Dynamic, Problem, build_problem
+from sim.dynamics import Dynamic
+from sim.problem import Problem, build_problem
 from tests.helpers_eval import dense, model, plan, problem, profile, time_limit
 
 EXACT = 1e-9
