@@ -94,6 +94,7 @@ from hardware_profiles.schema import (
     LayerTable,
     mem_key,
 )
+from sim import zoo
 from sim.costmodel import (
     RATE_KINDS,
     compute_kind,
@@ -195,8 +196,6 @@ class Point:
 
 
 def _zoo_model(name: str) -> Model:
-    from sim import zoo
-
     return zoo.get(name)
 
 

@@ -31,6 +31,8 @@ from typing import Any
 
 from tqdm import tqdm
 
+from calibration.profiler import cold_bench
+
 MOVED_MB = (2, 16, 64, 256, 512)
 
 
@@ -47,8 +49,6 @@ def measure(moved_mb: Sequence[float], reps: int, progress: bool = True) -> list
         (``cold_s / warm_s``; None if the warm time is 0).
     """
     import torch
-
-    from calibration.profiler import cold_bench
 
     torch.set_num_threads(1)
     bars: list[Any] = []  # drawn after the first size: a size too large fails before any bar
@@ -109,7 +109,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("(cold: the call right after streaming that many bytes; warm: the same call again at "
           "once; median of the cases; CPU time of this thread)")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -48,6 +48,8 @@ from typing import Any
 
 import numpy as np
 
+from calibration.profiler import measure_micro, setup_host, spec_for
+from calibration.profiler.timing import _Progress
 from calibration.saved_runs import (
     add_run_options,
     check_run,
@@ -57,6 +59,8 @@ from calibration.saved_runs import (
     start_run,
 )
 from hardware_profiles.errors import ConfigError
+from sim.costmodel import layer_work
+from sim.workload import model_from_dict
 
 #: Linear shapes (in x out) measured by default: squares from 256 to 1024, mlp's first
 #: layer (784 x 1024), and pairs of one weight size in both orientations.
@@ -92,8 +96,6 @@ def measure(shapes: Sequence[str], rounds: int, threads: int, progress: bool = T
     """``raw["micro"]`` entries (:func:`calibration.profiler.measure_micro`) of
     ``linear_{shape}_rows`` for each of ``shapes`` on the CPU, with a full profile's
     repeats in ``rounds`` rounds."""
-    from calibration.profiler import _Progress, measure_micro, setup_host, spec_for
-
     dev, _ = setup_host("cpu", threads)
     names = [f"linear_{s}_rows" for s in shapes]
     bar = _Progress(len(names) * rounds, progress)
@@ -110,8 +112,6 @@ def _work_layer(entry: dict[str, Any]) -> tuple[Any, int]:
         ConfigError: from :func:`sim.workload.model_from_dict`.
         StopIteration: the model has no such layer.
     """
-    from sim.workload import model_from_dict
-
     model = model_from_dict(entry["model"], source=f"micro:{entry['name']}")
     return model, next(i for i, ly in enumerate(model.layers)
                        if ly.op == "gemm" and ly.fwd_flops > 0)
@@ -123,7 +123,6 @@ def shape_rows(entries: Sequence[dict[str, Any]], profile: Any = None) -> list[d
     without a time), and with ``profile`` (a fitted profile without tables) the cost
     model's time for it (``pred_s``)."""
     from calibration.calibrate import predict_layers
-    from sim.costmodel import layer_work
 
     out = []
     for e in entries:
@@ -302,7 +301,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         print_report(rows, gs, meta, a.profile)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -53,6 +53,7 @@ from typing import Any
 import numpy as np
 
 from calibration.accuracy import ITER_TARGET, LAYER_TARGET, run_errors
+from calibration.profiler import measure_models, setup_host, spec_for
 from calibration.saved_runs import (
     add_run_options,
     check_run,
@@ -62,6 +63,7 @@ from calibration.saved_runs import (
     start_run,
 )
 from hardware_profiles.errors import ConfigError
+from sim import zoo
 
 DEFAULT_MODELS = ("mlp:16,64",)
 DEFAULT_OUT = "results/noise/trials.json"
@@ -74,8 +76,6 @@ def parse_models(items: Sequence[str]) -> dict[str, tuple[int, ...]]:
         ConfigError: ``<command line>: --models: ...`` for an unknown zoo model or a
             batch size that is not a positive integer.
     """
-    from sim import zoo
-
     out: dict[str, tuple[int, ...]] = {}
     for item in items:
         name, _, sizes = item.partition(":")
@@ -96,8 +96,6 @@ def run_trials(chosen: dict[str, tuple[int, ...]], trials: int, rounds: int, thr
     """``trials`` measurements of ``chosen`` (model -> batch sizes) on the CPU, each a
     ``raw["models"]`` dict as a full profile's (``spec_for(False)``'s repeats)."""
     from tqdm import tqdm
-
-    from calibration.profiler import measure_models, setup_host, spec_for
 
     dev, _ = setup_host("cpu", threads)
     spec = replace(spec_for(False), models=chosen)
@@ -230,7 +228,6 @@ def against(profile: Any, trials: Sequence[dict[str, list[dict[str, Any]]]]
     has, for each model the profile measured (at any batch sizes: the prediction
     comes from the curves fitted without it), scored against each trial."""
     from calibration.calibrate import fit
-    from sim import zoo
 
     have = set((profile.raw or {}).get("models", {}))
     runs = _runs(trials)
@@ -368,7 +365,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         print_report(sp, scored, meta, a.profile)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
