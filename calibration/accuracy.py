@@ -41,7 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,9 +49,9 @@ import numpy as np
 
 from calibration.calibrate import drift_of, fit, points_from_raw, predict_layers
 from calibration.profiler import drift_line
-from experiments.runner import prepare_out
 from hardware_profiles import load_profile_file
 from hardware_profiles.errors import ConfigError
+from hardware_profiles.fileio import prepare_out
 from sim import zoo
 
 LAYER_TARGET = 0.15
@@ -366,7 +366,14 @@ def print_passes(rows: list[dict[str, Any]]) -> None:
               "their median)")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+#: What draws the ``--plot`` figure: ``(rows, png path, title) -> the path written``
+#: (``python -m bench.calibration_accuracy`` passes :func:`experiments.plots.calibration_figure`).
+Figure = Callable[[list[dict[str, Any]], str, str], Path]
+
+
+def main(argv: Sequence[str] | None = None, figure: Figure | None = None) -> int:
+    """The bench's command line; ``figure`` draws ``--plot`` (without it ``--plot`` is
+    refused: the figure belongs to :mod:`experiments.plots`, a layer above this one)."""
     ap = argparse.ArgumentParser(prog="python -m bench.calibration_accuracy", description=__doc__)
     ap.add_argument("profile", help="a measured profile (hetsim profile)")
     ap.add_argument("--repeat", help="a second profile of the same machine (repeatability)")
@@ -386,6 +393,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             if Path(a.plot).suffix != ".png":
                 raise ConfigError(a.plot, "--plot", "a figure file name must end in .png")
             prepare_out(Path(a.plot).parent, "--plot")
+            if figure is None:
+                raise ConfigError("<command line>", "--plot", "no figure maker here: run "
+                                  "python -m bench.calibration_accuracy")
         prof = load_profile_file(a.profile)
         again = load_profile_file(a.repeat) if a.repeat else None
     except ConfigError as e:
@@ -412,13 +422,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                          indent=2))
         return 0
     ok = print_report(rows, rep, noise, drift)
-    if a.plot is not None:
-        from experiments.plots import calibration_figure
-
+    if a.plot is not None and figure is not None:
         name = Path(a.profile).stem
-        print(f"figure: {calibration_figure(rows, a.plot, title=f'{name}: leave-one-model-out accuracy')}")
+        print(f"figure: {figure(rows, a.plot, f'{name}: leave-one-model-out accuracy')}")
     return 0 if ok else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -10,7 +10,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from hardware_profiles import load_profile_file
 from hardware_profiles.errors import ConfigError
+from hardware_profiles.fileio import prepare_out
 
 
 def half_range(xs: Sequence[float]) -> float:
@@ -68,8 +70,6 @@ def start_run(a: argparse.Namespace) -> tuple[Any, Any]:
     """
     prof = None
     if a.profile:
-        from hardware_profiles import load_profile_file
-
         prof = load_profile_file(a.profile)
         if not prof.raw or ("models" not in prof.raw and "micro" not in prof.raw):
             raise ConfigError(a.profile, "raw", "no raw layer measurements to fit "
@@ -82,7 +82,6 @@ def start_run(a: argparse.Namespace) -> tuple[Any, Any]:
     if a.rounds < 1 or a.threads < 1:
         raise ConfigError("<command line>", "--rounds" if a.rounds < 1 else "--threads",
                           "must be at least 1")
-    from experiments.runner import prepare_out
 
     prepare_out(Path(a.out).parent, "--out")
     return prof, None

@@ -87,19 +87,6 @@ def evaluate(problem: Problem, plan: Plan, evaluator: str, trace: bool = True,
                       f"unknown evaluator {evaluator!r}; use {' or '.join(EVALUATORS)}")
 
 
-def prepare_out(out: str | Path, option: str = "--out") -> Path:
-    """Create ``out`` (and parents) or fail with a one-line error naming ``option``."""
-    p = Path(out)
-    try:
-        p.mkdir(parents=True, exist_ok=True)
-        probe = p / ".hetsim-write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as e:
-        raise ConfigError(str(p), option, f"cannot write there: {e.strerror or e}") from None
-    return p
-
-
 def run_files(result: RunResult, plan: Plan, loaded: Loaded, trace: bool = True) -> dict[str, str]:
     """The files of one run as {file name: text}: summary.json, iterations.csv,
     trace.json (unless ``trace`` is false), plan.json and the resolved config.json.

@@ -36,8 +36,11 @@ from typing import Any
 import pandas as pd
 
 from calibration import runtime_cpu
+from calibration.profiler import write_profile
 from experiments import validate
 from experiments.plots import markdown_table
+from hardware_profiles.schema import DeviceProfile, NetworkMeasurement
+from sim.cluster import Host
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = ROOT / "experiments" / "configs" / "runtime_calibration"
@@ -72,8 +75,6 @@ def iteration_rows(runs: list[dict[str, Any]], samples: list[tuple[str, runtime_
     real run: :func:`experiments.validate.resimulate`) alone, with ``model`` and with the
     model fitted to every other config's samples, against the real one: what the model is
     for, measured on configs it did not see."""
-    from sim.cluster import Host
-
     rows = []
     for run in runs:
         cfg = run["config"]
@@ -153,9 +154,6 @@ def _pct(x: float | None) -> str:
 
 def write_model(profile_path: Path, model: runtime_cpu.RuntimeCpuModel) -> None:
     """Store ``model`` in the profile's ``network.runtime_cpu``, the rest unchanged."""
-    from calibration.profiler import write_profile
-    from hardware_profiles.schema import DeviceProfile, NetworkMeasurement
-
     prof = DeviceProfile.model_validate(json.loads(profile_path.read_text()))
     net = prof.network.model_dump() if prof.network is not None else {}
     net["runtime_cpu"] = model.to_json()
@@ -238,7 +236,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         write_model(Path(args.write), model)
         print(f"stored in {args.write} (network.runtime_cpu)")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
