@@ -55,7 +55,7 @@ from scipy.sparse import csr_array
 
 from hardware_profiles.errors import ConfigError
 from schedulers.base import register
-from schedulers.placement import PlacementScheduler
+from schedulers.placement import Genetic, Greedy, PlacementScheduler
 from sim.placement import PlacementInfeasible, PlacementSpace
 from sim.plan import Plan
 from sim.problem import Problem
@@ -469,8 +469,6 @@ def solve(space: PlacementSpace, time_limit_s: float = 60.0) -> ExactResult:
         return ps_memo[t, milp]
 
     # incumbents from the heuristics: single-type plans, greedy and a short genetic run
-    from schedulers.placement import Genetic, Greedy
-
     consider_many(np.repeat(np.arange(space.K)[:, None], space.L, axis=1))
     consider(Greedy().search(space, "cost"))
     consider(Genetic(generations=INCUMBENT_GENERATIONS, seed=0).search(space, "cost"))

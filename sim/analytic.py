@@ -52,6 +52,8 @@ import numpy as np
 from sim.cluster import thread_rates
 from sim.convergence import effective_to_target_iterations, model_tensor_elems
 from sim.costmodel import PlanCosts, plan_costs
+from sim.des.engine import TARGET_CAP
+from sim.multistage import evaluate_analytic
 from sim.observation import Observation, WorkerStatus, accepted_shares, full_membership, rate_sps
 from sim.plan import Plan
 from sim.problem import Problem, initial_free_memory_bytes
@@ -242,8 +244,6 @@ def evaluate(problem: Problem, plan: Plan, scheduler: Any = None) -> RunResult:
     :func:`sim.multistage.evaluate_analytic`.
     """
     if plan.is_placement:  # layer placement: the pipeline's steady state
-        from sim.multistage import evaluate_analytic
-
         return evaluate_analytic(problem, plan)
     fn = getattr(scheduler, "rebalance", None)
     if not callable(fn):
@@ -538,8 +538,6 @@ def _evaluate_adaptive(problem: Problem, plan: Plan) -> RunResult:
     ``TARGET_CAP`` x ``iterations``).
     """
     from dataclasses import replace
-
-    from sim.des.engine import TARGET_CAP
 
     job = problem.job
     pol, conv = job.quant_adaptive, job.convergence

@@ -53,6 +53,7 @@ from sim.config import (
 from sim.config import validation_error as _validation_error
 from sim.dag import DagProblem, Edge, Task, TaskGraph
 from sim.des.frames import FrameOptions
+from sim.robotics.pipelines import PIPELINES
 
 
 class PipelineConfig(_Strict):
@@ -170,7 +171,6 @@ def _graph(cfg: DagConfig, base: Path, source: str) -> TaskGraph:
     if pc.file is not None:
         p = Path(pc.file)
         return load_graph_file(p if p.is_absolute() else base / p)
-    from sim.robotics.pipelines import PIPELINES
 
     if pc.name not in PIPELINES:
         raise ConfigError(source, "pipeline.name", f"unknown pipeline {pc.name!r}; known: {', '.join(PIPELINES)}")

@@ -7,6 +7,7 @@ from typing import Any
 
 from sim.costmodel import plan_costs
 from sim.des.engine import DataParallelSim
+from sim.des.pipeline import simulate_pipeline
 from sim.plan import Plan
 from sim.problem import Problem
 from sim.result import RunResult
@@ -32,8 +33,6 @@ def simulate(problem: Problem, plan: Plan, trace: bool = True,
     :mod:`sim.des.pipeline` (``scheduler`` is not called: placement plans are static).
     """
     if plan.is_placement:  # layer placement: a pipeline of stages
-        from sim.des.pipeline import simulate_pipeline
-
         return simulate_pipeline(problem, plan, trace=trace, on_iteration=on_iteration)
     sim = DataParallelSim(problem, plan, plan_costs(problem, plan), trace=trace,
                           on_iteration=on_iteration, scheduler=scheduler)
