@@ -1,4 +1,4 @@
-"""The runtime CPU model (calibration/runtime_cpu.py) and its calibration (bench/runtime_calibration.py).
+"""The runtime CPU model (calibration/runtime_cpu.py) and its calibration (experiments/runtime_calibration.py).
 
 Hand-computed cases: the sharing count, the DES's message ends, a fit that must
 recover the coefficients that generated its samples, the scales, and the
