@@ -8,6 +8,13 @@ then in its ``measured/`` subfolder. Every failure is a
 Loaded profiles are cached by resolved path and modification time and shared
 between callers: treat them as read-only (they are frozen pydantic models, but
 their dicts are plain dicts).
+
+This package is the lowest import layer (docs/architecture.md): besides what a
+profile is (:mod:`hardware_profiles.schema`, this loader, the JSON files,
+:mod:`hardware_profiles.board`), it holds the helpers every layer shares, the
+one-line errors (:mod:`hardware_profiles.errors`) and file IO
+(:mod:`hardware_profiles.fileio`). How a profile is measured and fitted lives in
+:mod:`calibration`.
 """
 
 from __future__ import annotations
