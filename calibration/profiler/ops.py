@@ -12,6 +12,7 @@ GPUs.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from typing import Any
 
 from calibration.profiler.registry import Benchmark, Run, Sampled, register
@@ -28,7 +29,7 @@ def _gemm(run: Run) -> Sampled:
     import torch
 
     tdt = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-    groups: list[tuple[str, list[Any]]] = []
+    groups: list[tuple[str, Sequence[Any]]] = []
     gemm = []
     for dt in run.dtypes:
         for m, n, k in run.spec.gemm:
