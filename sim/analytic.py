@@ -53,9 +53,10 @@ from sim.cluster import thread_rates
 from sim.convergence import effective_to_target_iterations, model_tensor_elems
 from sim.costmodel import PlanCosts, plan_costs
 from sim.observation import Observation, WorkerStatus, accepted_shares, full_membership, rate_sps
-from sim.plan import Plan
+from sim.plan import Plan, PlanKind, require_kind
 from sim.problem import Problem, initial_free_memory_bytes
 from sim.result import DeviceUsage, RunResult
+from sim.scheduling import OnlineScheduler
 
 #: An online scheduler is driven to its steady state by at most this many plan changes ...
 MAX_REBALANCES = 20
@@ -227,10 +228,10 @@ class _BSP:
 
 
 def evaluate(problem: Problem, plan: Plan, scheduler: Any = None) -> RunResult:
-    """Evaluate ``plan`` analytically; same RunResult schema as the DES.
+    """Evaluate the data-parallel ``plan`` analytically; same RunResult schema as the DES.
 
-    ``scheduler``: the object that made ``plan``. If it has a callable
-    ``rebalance`` (an online scheduler), the steady state of its rebalancing is
+    ``scheduler``: the object that made ``plan``. If it is an
+    :class:`~sim.scheduling.OnlineScheduler`, the steady state of its rebalancing is
     evaluated instead: plan -> evaluate -> Observation of the modelled
     per-worker compute (one iteration per window; free memory at t = 0) ->
     rebalance, until the plan stops changing (``MAX_CALLS_WITHOUT_CHANGE``
@@ -238,15 +239,11 @@ def evaluate(problem: Problem, plan: Plan, scheduler: Any = None) -> RunResult:
     changes. ``extra["rebalances"]`` counts the changes and
     ``extra["final_shares"]`` gives the plan evaluated.
 
-    Layer-placement plans (:attr:`Plan.is_placement`) go to
-    :func:`sim.multistage.evaluate_analytic`.
+    Plans of another kind are refused (ValueError): :func:`sim.evaluate.evaluate`
+    sends layer placements to :func:`sim.multistage.evaluate_analytic`.
     """
-    if plan.is_placement:  # layer placement: the pipeline's steady state
-        from sim.multistage import evaluate_analytic
-
-        return evaluate_analytic(problem, plan)
-    fn = getattr(scheduler, "rebalance", None)
-    if not callable(fn):
+    require_kind(plan, PlanKind.DATA_PARALLEL, "sim.analytic.evaluate")
+    if not isinstance(scheduler, OnlineScheduler):
         return _evaluate(problem, plan)
     workers = tuple(r.device for r in plan.replicas)
     current, result = full_membership(plan, workers), _evaluate(problem, plan)
@@ -256,7 +253,7 @@ def evaluate(problem: Problem, plan: Plan, scheduler: Any = None) -> RunResult:
         calls += 1
         t_s += result.iteration_times()[-1] if result.iter_end_s else 0.0
         obs = _observation(problem, current, calls, t_s)
-        new = fn(current, obs)
+        new = scheduler.rebalance(current, obs)
         shares = accepted_shares(new, obs, problem.job.global_batch) if new is not None else None
         if shares is None or shares == [r.batch for r in current.replicas]:
             quiet += 1
