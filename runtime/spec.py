@@ -27,6 +27,7 @@ from sim.errors import ConfigError
 from sim.plan import Plan
 from sim.problem import Problem
 from sim.quantization import Adaptive
+from sim.scheduling import OnlineScheduler
 
 if TYPE_CHECKING:
     from runtime.checkpoint import Manifest
@@ -261,7 +262,7 @@ def build_spec(problem: Problem, plan: Plan, opts: RuntimeOptions, scheduler: An
         t = problem.cluster.device(sid).type
         devs.append((sid, "ps", t.price_per_hour, t.power_w.idle, t.power_w.active))
     # a pipeline's shares are fixed per stage: no online rebalancing of multi-stage plans
-    online = scheduler if callable(getattr(scheduler, "rebalance", None)) and not stages else None
+    online = scheduler if isinstance(scheduler, OnlineScheduler) and not stages else None
     return RunSpec(
         name=problem.name, seed=problem.seed, model=name, model_kwargs=dict(opts.model_kwargs),
         global_batch=job.global_batch, iterations=iterations or job.iterations, sync=job.sync,

@@ -1,4 +1,6 @@
-"""The scheduler contract and its registry.
+"""The scheduler registry (the contracts, :class:`Scheduler` and
+:class:`OnlineScheduler`, are in :mod:`sim.scheduling`, where the evaluators
+read them).
 
 A scheduler reads a Problem and returns a Plan; it never reaches into an
 evaluator. Online schedulers also answer ``rebalance(plan, observation)``.
@@ -12,37 +14,15 @@ from __future__ import annotations
 import importlib
 import inspect
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import Any
 
 import numpy as np
 
 from sim.errors import ConfigError
 from sim.observation import Observation
-from sim.plan import Plan, Replica, Stage
+from sim.plan import Plan, PlanKind, Replica, Stage
 from sim.problem import Problem
-
-
-@runtime_checkable
-class Scheduler(Protocol):
-    name: ClassVar[str]
-
-    def plan(self, problem: Problem) -> Plan: ...
-
-
-@runtime_checkable
-class OnlineScheduler(Scheduler, Protocol):
-    """A scheduler that also re-plans while the job runs (H-PS, LB-BSP).
-
-    The evaluator (DES, analytic steady state, runtime) calls ``rebalance`` at
-    the end of every global iteration. ``plan`` is the plan in force and lists
-    every worker of the run (idle and failed ones with batch 0);
-    ``obs.workers`` is in the same order. Return None to keep the plan, or a
-    plan over the same workers (``plan.with_shares``) whose live workers'
-    shares sum to ``obs.global_batch`` and that gives failed workers 0. New
-    shares take effect from the next iteration each worker starts.
-    """
-
-    def rebalance(self, plan: Plan, obs: Observation) -> Plan | None: ...
+from sim.scheduling import OnlineScheduler, Scheduler  # noqa: F401  (the contracts, re-exported)
 
 
 class RateEstimate:
@@ -164,7 +144,7 @@ def data_parallel_plan(problem: Problem, shares: Sequence[int], scheduler: str) 
     reps = tuple(Replica(d.id, int(b)) for d, b in zip(devs, shares) if b > 0)
     types = {problem.cluster.device(r.device).type.name for r in reps}
     stage = Stage(0, len(problem.job.model.layers), reps, types.pop() if len(types) == 1 else None)
-    return Plan((stage,), tuple(s.id for s in problem.cluster.shards), scheduler)
+    return Plan((stage,), tuple(s.id for s in problem.cluster.shards), scheduler, kind=PlanKind.DATA_PARALLEL)
 
 
 def capped_largest_remainder(weights: Sequence[float] | np.ndarray, caps: Sequence[int | None],
