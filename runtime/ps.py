@@ -47,26 +47,10 @@ from runtime.pulls import ShardPulls
 from runtime.spec import RunSpec
 from sim.observation import Observation, WorkerStatus, accepted_shares, full_membership, rate_sps
 from sim.result import DeviceUsage, RunResult, Trace
+from sim.shares import proportional_fill
 
 POLL_S = 0.05
 MAX_PUSH_LOG = 10_000
-
-
-def proportional_fill(shares: list[int], alive: list[bool], total: int) -> list[int]:
-    """Shares of the live workers scaled to sum to ``total`` (largest remainder,
-    ties to the lower index); failed workers get 0. Equal split when no live
-    worker had a share."""
-    w = [float(s) if a else 0.0 for s, a in zip(shares, alive)]
-    if sum(w) <= 0:
-        w = [1.0 if a else 0.0 for a in alive]
-    if sum(w) <= 0:
-        return [0] * len(shares)
-    quota = [x / sum(w) * total for x in w]
-    base = [int(q) for q in quota]
-    order = sorted(range(len(w)), key=lambda i: (-(quota[i] - base[i]), i))
-    for i in order[: total - sum(base)]:
-        base[i] += 1
-    return base
 
 
 def weighted_mean(entries: dict[int, tuple[torch.Tensor, int]], members: list[int]) -> torch.Tensor:
