@@ -508,7 +508,8 @@ class _BranchAndBound:
         up = np.ceil(space.ps * scale - 1e-9).astype(int)
         _, a = dp_min_rate(space, allowed)
         binding = violated(space, a) if a is not None else []
-        r, found = self.memo[idx][0], []
+        r = self.memo[idx][0]
+        found: list[np.ndarray | None] = []
         while a is not None:
             if milp or np.prod([space.counts[k] + 1 for k in binding]) * (PS_UNITS + 1) > RC_DP_MAX_STATES:
                 r = self.ps_q_milp(t, allowed, r, found)
