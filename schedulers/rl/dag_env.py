@@ -31,14 +31,7 @@ from schedulers.dag import (
     tails,
     upward_rank,
 )
-from schedulers.rl.masked_env import (
-    TRAIN_SEED_LIMIT,
-    MaskedSlotEnv,
-    layout_size,
-    log_ratio,
-    observation_vector,
-    padded_mask,
-)
+from schedulers.rl.masked_env import MaskedSlotEnv, log_ratio, observation_vector, padded_mask
 from sim.dag import DagCosts, DagPlan, DagProblem, dag_costs
 from sim.errors import HetsimError
 from sim.instances import random_graph
@@ -70,7 +63,7 @@ def slot_layout(max_units: int = MAX_UNITS) -> tuple[int, int, int]:
 
 def obs_size(max_units: int = MAX_UNITS) -> int:
     """Length of the observation vector: the context, then one block per unit slot."""
-    return layout_size(slot_layout(max_units), max_units)
+    return MaskedSlotEnv.obs_length(slot_layout(max_units), max_units)
 
 
 def frame_energy_j(plan: DagPlan, c: DagCosts) -> float:
@@ -412,11 +405,10 @@ class DagScheduleEnv(MaskedSlotEnv[DagInstance, DagEpisode]):
                  pool: Sequence[DagInstance] | None = None, prune: bool = True) -> None:
         self.max_units, self.prune = max_units, prune
         fixed = DagInstance(costs, max_units, prune) if costs is not None else None
-        super().__init__(max_units, obs_size(max_units), fixed, pool)
+        super().__init__(max_units, slot_layout(max_units), fixed, pool)
 
     def draw_instance(self) -> DagInstance:
-        return DagInstance(draw_costs(int(self.np_random.integers(0, TRAIN_SEED_LIMIT))), self.max_units,
-                           self.prune)
+        return DagInstance(draw_costs(self.training_seed()), self.max_units, self.prune)
 
     def new_episode(self, inst: DagInstance) -> DagEpisode:
         return DagEpisode(inst)

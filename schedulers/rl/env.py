@@ -18,14 +18,7 @@ from typing import Any
 import numpy as np
 
 from schedulers.placement import Genetic, Greedy, single_type
-from schedulers.rl.masked_env import (
-    TRAIN_SEED_LIMIT,
-    MaskedSlotEnv,
-    layout_size,
-    log_ratio,
-    observation_vector,
-    padded_mask,
-)
+from schedulers.rl.masked_env import MaskedSlotEnv, log_ratio, observation_vector, padded_mask
 from sim.errors import HetsimError
 from sim.instances import random_problem
 from sim.placement import PlacementSpace
@@ -54,7 +47,7 @@ def slot_layout(max_types: int = MAX_TYPES) -> tuple[int, int, int]:
 
 def obs_size(max_types: int = MAX_TYPES) -> int:
     """Length of the observation vector."""
-    return layout_size(slot_layout(max_types), max_types)
+    return MaskedSlotEnv.obs_length(slot_layout(max_types), max_types)
 
 
 def _lg(x: np.ndarray | float, scale: float, shift: float = 0.0) -> np.ndarray:
@@ -375,12 +368,12 @@ class PlacementEnv(MaskedSlotEnv[Instance, Episode]):
         self.max_types = max_types
         self.instance_kwargs = dict(instance_kwargs or {})
         fixed = Instance(problem, max_types) if problem is not None else None
-        super().__init__(max_types, obs_size(max_types), fixed, pool)
+        super().__init__(max_types, slot_layout(max_types), fixed, pool)
 
     def draw_instance(self) -> Instance:
         """A random problem a reference plan solves (50 draws at most)."""
         for _ in range(50):
-            seed = int(self.np_random.integers(0, TRAIN_SEED_LIMIT))
+            seed = self.training_seed()
             inst = Instance(random_problem(seed, **self.instance_kwargs), self.max_types)
             if np.isfinite(inst.ref.cost_usd):
                 return inst

@@ -49,13 +49,6 @@ def log_ratio(num: np.ndarray | float, den: np.ndarray | float) -> np.ndarray:
     return np.clip(np.where(r == r, r, 5.0), -5.0, 5.0)
 
 
-def layout_size(layout: tuple[int, int, int], slots: int) -> int:
-    """Length of an observation of ``layout`` (context features, offset of the first slot,
-    features per slot) with ``slots`` slots."""
-    _, per_at, per_slot = layout
-    return per_at + slots * per_slot
-
-
 def observation_vector(parts: Sequence[np.ndarray], finite: bool = False) -> np.ndarray:
     """``parts`` concatenated, clipped to [-OBS_BOUND, OBS_BOUND], as float32. With
     ``finite``, nan becomes 0 and +-inf the bounds first (clipping keeps nan)."""
@@ -117,19 +110,31 @@ class MaskedSlotEnv(gym.Env[np.ndarray, np.int64], Generic[InstT, EpT]):
     instance_kind: ClassVar[str] = "instance"
     slots_param: ClassVar[str] = "slots"
 
-    def __init__(self, slots: int, obs_length: int, fixed: InstT | None, pool: Sequence[InstT] | None) -> None:
+    def __init__(self, slots: int, layout: tuple[int, int, int], fixed: InstT | None,
+                 pool: Sequence[InstT] | None) -> None:
         self.fixed = fixed
         self.pool = list(pool) if pool is not None else None
         if self.pool is not None and (not self.pool or any(x.slots != slots for x in self.pool)):
             raise ValueError(f"pool: a non-empty list of {self.instance_kind}s built with the same "
                              f"{self.slots_param}")
-        self.observation_space = spaces.Box(-OBS_BOUND, OBS_BOUND, (obs_length,), np.float32)
+        self.observation_space = spaces.Box(-OBS_BOUND, OBS_BOUND, (self.obs_length(layout, slots),), np.float32)
         self.action_space = spaces.Discrete(slots)
         self.episode: EpT | None = None
 
+    @staticmethod
+    def obs_length(layout: tuple[int, int, int], slots: int) -> int:
+        """Length of an observation of ``layout`` (context features, offset of the first
+        slot, features per slot) with ``slots`` slots."""
+        _, per_at, per_slot = layout
+        return per_at + slots * per_slot
+
+    def training_seed(self) -> int:
+        """The seed of a fresh training instance: below TRAIN_SEED_LIMIT, from ``self.np_random``."""
+        return int(self.np_random.integers(0, TRAIN_SEED_LIMIT))
+
     # ------------------------------------------------------ what differs
     def draw_instance(self) -> InstT:
-        """A fresh training instance, drawn with ``self.np_random``."""
+        """A fresh training instance (from :meth:`training_seed`)."""
         raise NotImplementedError
 
     def new_episode(self, inst: InstT) -> EpT:
