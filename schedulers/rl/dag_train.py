@@ -22,7 +22,7 @@ The routine is the one the `rl` placement trainer shares
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -103,7 +103,7 @@ def expert_steps(pool: Sequence[DagInstance], cfg: DagTrainConfig, progress: boo
     """
     from tqdm import tqdm
 
-    def runs() -> Any:
+    def runs() -> Iterator[tuple[DagEpisode, Iterator[int]]]:
         for inst in tqdm(pool, desc="expert", disable=not progress):
             plan = expert_plan(inst, cfg.bc_milp_max_tasks, cfg.bc_milp_limit_s)
             yield DagEpisode(inst), (int(plan.unit[i]) for i in inst.order)   # the episode's task order

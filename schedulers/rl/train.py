@@ -13,6 +13,7 @@ this module says what is the placement policy's own.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,7 +93,7 @@ def expert_steps(pool: list[Instance], time_limit_s: float = 1.0, progress: bool
 
     from schedulers.exact import solve
 
-    def runs() -> Any:
+    def runs() -> Iterator[tuple[Episode, list[int]]]:
         for inst in tqdm(pool, desc="exact", unit="inst", disable=not progress):
             r = solve(inst.space, time_limit_s=time_limit_s)
             if r.assignment is not None:
