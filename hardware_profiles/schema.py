@@ -62,7 +62,13 @@ __all__ = [
 DTYPES = ("fp32", "fp16", "bf16", "int8")
 
 
-class EfficiencyCurve(_Curve):
+class _EffCurve(_Curve):
+    """A curve of efficiencies (``eff``: the file's y key, written before the x key)."""
+
+    eff: list[float]
+
+
+class EfficiencyCurve(_EffCurve):
     """Achieved fraction of peak FLOP/s as a function of the work of one call."""
 
     _x: ClassVar[str] = "flops"
@@ -71,7 +77,7 @@ class EfficiencyCurve(_Curve):
     eff: list[float] = Field(description="fraction of peak at each point, in (0, 1.5]")
 
 
-class BandwidthCurve(_Curve):
+class BandwidthCurve(_EffCurve):
     """Achieved fraction of ``mem_bw_Bps`` as a function of the bytes one call moves.
 
     Values above 1 are allowed: small working sets run from cache, faster than
@@ -87,7 +93,7 @@ class BandwidthCurve(_Curve):
 _EFF_KEY_RE = re.compile(r"^(" + "|".join(OP_CLASSES) + r")/[a-z0-9]+$")
 
 
-class IntensityCurve(_Curve):
+class IntensityCurve(_EffCurve):
     """Achieved fraction of peak FLOP/s as a function of a call's arithmetic intensity.
 
     Intensity is FLOPs per byte the call moves (the cost model's bytes term). On
