@@ -1659,7 +1659,7 @@ def cold_bench(dev: Any, moved_mib: Sequence[float] = COLD_MOVED_MIB, reps: int 
     Timed with the profile's clock (on one CPU thread its CPU time). A pass that
     streams more than the caches hold evicts the framework's code and data and
     the next call's tensors; the cost model adds the difference to the pass after
-    passes that moved that much (``cold_call_s``). ``progress``: called after
+    passes that moved that much (``corrections.cold_calls``). ``progress``: called after
     each size.
 
     Returns:
@@ -1817,7 +1817,7 @@ def build_profile(raw: dict[str, Any], name: str, fit: bool = True) -> DevicePro
         ),
     }
     data: dict[str, Any] = {
-        "schema": 1,
+        "schema": 2,
         "name": name,
         "kind": "gpu" if cuda else "cpu",
         "peak_flops": {k: _r(v) for k, v in peaks.items()},
@@ -1829,12 +1829,13 @@ def build_profile(raw: dict[str, Any], name: str, fit: bool = True) -> DevicePro
         "power_w": ({"idle": 0.0, "active": 0.0} if cuda else
                     {"idle": round(0.3 * 4.6875 * cpus, 4), "active": round(4.6875 * cpus, 4)}),
         "source": source,
-        "dense_sparse_grad": True,  # nn.Embedding's default: a dense gradient of the table
-        # a first layer's backward computes the weight gradient only (its bytes as such)
-        "weight_grad_only_bwd": True,
+        "corrections": {
+            "dense_sparse_grad": {},  # nn.Embedding's default: a dense gradient of the table
+            # a first layer's backward computes the weight gradient only (its bytes as such)
+            "weight_grad_only_bwd": {},
+        },
         "layers": calibrate.layer_tables(raw),
-        "spread": calibrate.spread_of(raw),
-        "raw": raw,
+        "measurement": {"spread": calibrate.spread_of(raw), "raw": raw},
     }
     if net:
         data["network"] = {k: v for k, v in net.items()}
@@ -1927,9 +1928,9 @@ def add_micro(path: str | os.PathLike[str], names: Sequence[str], device: str | 
 
     shown = os.fspath(path)
     prof = load_profile_file(path)
-    raw = dict(prof.raw or {})
+    raw = dict(prof.measurement.raw or {})
     if prof.source.kind != "measured" or "micro" not in raw:
-        raise ConfigError(shown, "raw.micro", "no single-layer benchmarks to add to (make the "
+        raise ConfigError(shown, "measurement.raw.micro", "no single-layer benchmarks to add to (make the "
                           "profile with hetsim profile)")
     have = [e["name"] for e in raw["micro"]] + (["cold"] if "cold" in raw else [])
     on_cpu = str(raw["device"]).startswith("cpu")
@@ -1950,7 +1951,7 @@ def add_micro(path: str | os.PathLike[str], names: Sequence[str], device: str | 
     here = {**host, **describe_device(dev)}
     for key in ("clock", "host_allocator", "device_name", "torch", "cpu_capability", "host"):
         if key in raw and here[key] != raw[key]:
-            raise ConfigError(shown, f"raw.{key}", f"measured with {raw[key]!r}, here {here[key]!r}: "
+            raise ConfigError(shown, f"measurement.raw.{key}", f"measured with {raw[key]!r}, here {here[key]!r}: "
                               "re-measure the whole profile instead")
     if not todo:  # nothing missing: the profile stays as it is
         return prof, []
@@ -1983,7 +1984,8 @@ def add_micro(path: str | os.PathLike[str], names: Sequence[str], device: str | 
     pointer = "Single-layer benchmarks measured after the rest: see raw.micro_note."
     if pointer not in source["note"]:
         source["note"] = f"{source['note']} {pointer}".strip()
-    updated = prof.model_copy(update={"raw": raw, "source": Source.model_validate(source)})
+    updated = prof.model_copy(update={"measurement": prof.measurement.model_copy(update={"raw": raw}),
+                                      "source": Source.model_validate(source)})
     fitted = calibrate.calibrate(updated).profile
     write_profile(fitted, path)
     return fitted, new + ([{"name": "cold", **raw["cold"]}] if "cold" in todo else [])
@@ -1995,7 +1997,7 @@ def summary(profile: DeviceProfile) -> str:
 
     src = profile.source.model_dump()
     net = profile.network.model_dump() if profile.network else {}
-    spread = profile.spread or {}
+    spread = profile.measurement.spread or {}
     lines = [
         f"{profile.name}: {src.get('device', '')} ({profile.kind}), torch {src.get('torch', '')}, "
         f"{src.get('threads')} thread(s), {src.get('wall_s')} s",
@@ -2011,14 +2013,15 @@ def summary(profile: DeviceProfile) -> str:
     if spread:
         lines.append(f"spread (relative IQR of repeats): per layer median {spread.get('layer_median')}, "
                      f"p90 {spread.get('layer_p90')}; whole iteration median {spread.get('iteration_median')}")
-    drift = calibrate.drift_of(profile.raw or {})
+    drift = calibrate.drift_of(profile.measurement.raw or {})
     if drift is not None:
         lines.append(drift_line(drift))
-    if profile.cold_call_s:
+    cold = profile.corrections.cold_calls
+    if cold is not None:
         at = 16 * 2**20
-        lines.append(f"cold calls (window {profile.cold_window or 1} passes): after 16 MiB moved, "
-                     + ", ".join(f"{op} +{profile.cold_s(op, at) * 1e6:.1f} us"
-                                 for op in ("elementwise", "gemm", "embedding") if op in profile.cold_call_s))
+        lines.append(f"cold calls (window {cold.window} passes): after 16 MiB moved, "
+                     + ", ".join(f"{op} +{cold.curves[op].at(at) * 1e6:.1f} us"
+                                 for op in ("elementwise", "gemm", "embedding") if op in cold.curves))
     return "\n".join(lines)
 
 

@@ -129,7 +129,7 @@ def _compute_noise(spec: float | str, devices: Sequence[Device], source: str) ->
         return tuple(float(spec) for _ in devices) if spec else ()
     out = []
     for d in devices:
-        rel = (d.type.spread or {}).get("iteration_median")
+        rel = (d.type.measurement.spread or {}).get("iteration_median")
         if not isinstance(rel, (int, float)) or rel < 0:
             raise ConfigError(source, "job.compute_noise", f"'profile' needs a measured spread: profile "
                               f"{d.type.name!r} has no spread.iteration_median")
