@@ -5,7 +5,7 @@
 
 Instances: random graphs of 7-10 tasks (sim.instances.random_graph) with seeds
 from 2e9 up (never drawn in training, whose seeds lie below
-schedulers.rl.env.TRAIN_SEED_LIMIT = 1e9), on agx-orin-32,
+schedulers.rl.masked_env.TRAIN_SEED_LIMIT = 1e9), on agx-orin-32,
 orin-nano-8 and agx-xavier, deadline 1.0 / 1.5 / 2.0 x HEFT's makespan in the
 board's fastest mode, period 1.5 x the deadline; every power mode allowed.
 Gap = energy per frame / milp's - 1, over the instances where both meet

@@ -1,7 +1,7 @@
 """The `rl` placement policy against the exact optimum on held-out random instances.
 
 For each instance (seeds from 2e9 up: never drawn in training, whose seeds lie
-below schedulers.rl.env.TRAIN_SEED_LIMIT = 1e9) the exact solver gives the
+below schedulers.rl.masked_env.TRAIN_SEED_LIMIT = 1e9) the exact solver gives the
 proven optimum; instances with no feasible placement, or where exact is not
 proven within its time limit, are skipped and counted. Then rl (deterministic
 decode and best of k samples), greedy and genetic plan, and each cost's gap

@@ -85,7 +85,7 @@ def loo_rows(profile: Any, only: str | None = None) -> list[dict[str, Any]]:
     seconds, relative error) and, where other sources measured the same work,
     the twin floor of :func:`twin_floor` (``twin_passes``, ``twin_median_abs_err``).
     """
-    raw = profile.raw or {}
+    raw = profile.measurement.raw or {}
     by_pass = pass_twins(profile)
     twins = _twin_rows(by_pass)
     rows = []
@@ -151,9 +151,9 @@ def pass_twins(profile: Any) -> dict[tuple[str, int, str, str], tuple[float, int
     of their seconds; passes without twins are absent. Times as the fit takes them
     (:func:`calibration.calibrate.points_from_raw`): a layer's own time where
     the profile has it, else the time charged to it."""
-    raw = profile.raw or {}
-    pts = [p for p in points_from_raw(raw, dense_sparse_grad=profile.dense_sparse_grad,
-                                      weight_grad_only=profile.weight_grad_only_bwd) if p.t_s > 0]
+    raw = profile.measurement.raw or {}
+    pts = [p for p in points_from_raw(raw, dense_sparse_grad=profile.corrections.dense_sparse_grad is not None,
+                                      weight_grad_only=profile.corrections.weight_grad_only_bwd is not None) if p.t_s > 0]
     same: dict[tuple[Any, ...], list[Any]] = {}
     for p in pts:
         same.setdefault(_work(p), []).append(p)
@@ -239,7 +239,7 @@ def repeatability(a: Any, b: Any) -> dict[str, Any]:
     much between two profiles of one machine cannot be expected to be predicted
     closer than that.
     """
-    ra, rb = a.raw or {}, b.raw or {}
+    ra, rb = a.measurement.raw or {}, b.measurement.raw or {}
     layer, whole, rows = [], [], []
     for name, runs in ra.get("models", {}).items():
         other = {int(r["batch"]): r for r in rb.get("models", {}).get(name, [])}
@@ -277,7 +277,7 @@ def repeatability(a: Any, b: Any) -> dict[str, Any]:
         "iterations": len(whole),
         "iter_median_abs_diff": float(np.median(whole)) if whole else None,
         "iter_max_abs_diff": float(np.max(whole)) if whole else None,
-        "spread_a": a.spread, "spread_b": b.spread,
+        "spread_a": a.measurement.spread, "spread_b": b.measurement.spread,
         "rows": rows,
     }
 
@@ -402,7 +402,7 @@ def main(argv: Sequence[str] | None = None, figure: Figure | None = None) -> int
         print(f"error: {e.line()}", file=sys.stderr)
         return 2
     if a.passes is not None:
-        models = list((prof.raw or {}).get("models", {}))
+        models = list((prof.measurement.raw or {}).get("models", {}))
         if a.passes not in models:
             print(f"error: {a.profile}: --passes {a.passes}: the profile measured no such model "
                   f"(it has: {', '.join(models) or 'none'})", file=sys.stderr)
@@ -415,8 +415,8 @@ def main(argv: Sequence[str] | None = None, figure: Figure | None = None) -> int
         return 0
     rows = loo_rows(prof)
     rep = repeatability(prof, again) if again is not None else None
-    noise = noise_floor(prof.raw or {})
-    drift = drift_of(prof.raw or {})
+    noise = noise_floor(prof.measurement.raw or {})
+    drift = drift_of(prof.measurement.raw or {})
     if a.json:
         print(json.dumps({"loo": rows, "noise_floor": noise, "drift": drift, "repeatability": rep},
                          indent=2))

@@ -3,8 +3,12 @@
 The cost model (``sim/costmodel.py``) prices one pass of a layer as
 
     t = launch_overhead_s * kernels + call_overhead[phase](key)  (+ row_cost * rows, lookups)
-      (+ cold_call_s[op](bytes the cold_window passes before it moved), where raw.cold is)
+      (+ cold_calls[op](bytes the cold window's passes before it moved), where raw.cold is)
       + max(flops / (peak * eff[phase](key, size)), bytes / (mem_bw * mem_eff[phase](key, bytes)))
+
+(the roofline plus the corrections ``call_overhead``, ``row_cost`` and ``cold_calls``
+of :mod:`sim.corrections`, which this fit writes under the profile's ``corrections``
+with ``glue`` and ``skinny_gemm``)
 
 Calibration takes every measured layer pass of a profile's ``raw`` data (the
 GEMM grid, the single-layer benchmarks and the zoo models' per-layer times,
@@ -19,7 +23,7 @@ fits, per phase:
   accumulation, the loss on the last layer), which the layer record does not
   describe and which differs between layers of one record (a ReLU after a
   residual add against one after a BatchNorm). With own times the glue is
-  fitted apart, per layer pass: ``layer_glue_s`` (:func:`fit_glue`), which the
+  fitted apart, per layer pass: ``corrections.glue`` (:func:`fit_glue`), which the
   cost model adds to every layer it prices from the curves, so that an
   iteration still comes out whole;
 
@@ -33,7 +37,7 @@ fits, per phase:
   rows, e.g. a classifier at batch 1-4, runs far below the efficiency of one
   of equal FLOPs and many rows, and its intensity says so). The efficiency is
   of the time less a fixed per-call overhead of the op class
-  (``call_overhead_s[op]``, :func:`_compute_overhead`; not of a bare kernel's,
+  (``corrections.call_overhead``, :func:`_compute_overhead`; not of a bare kernel's,
   :attr:`Point.call`): a 16 KFLOP, 1-output Linear takes 10.6-13 us forward
   here, which a curve alone reads as a low efficiency at its intensity, and
   so priced mlp's 16-row GEMMs 10-44% high. Every pass with FLOPs is a point
@@ -45,10 +49,10 @@ fits, per phase:
   passes without FLOPs (activations, norms, pooling, embedding lookups and
   their gradients): ``mem_eff = bytes / (mem_bw * (t - launch * kernels -
   c - r * rows))``, where ``c`` is a fixed per-call overhead of the curve's
-  passes (``call_overhead_s``, ``call_overhead_bwd_s``; framework dispatch,
+  passes (``corrections.call_overhead``; framework dispatch,
   which a curve over bytes, clamped below its first knot, cannot represent)
   and, for lookups (sparse layers), ``r`` a cost per row looked up
-  (``row_cost_s``, ``row_cost_bwd_s``; reading, sorting or scatter-adding an
+  (``corrections.row_cost``; reading, sorting or scatter-adding an
   index costs per row, not per byte: a backward's time follows the rows looked
   up at one table size and the table's bytes at one batch, which one curve over
   their sum cannot follow), chosen among fractions of the passes' 10th-percentile
@@ -60,7 +64,7 @@ every measured pass is fitted less its cold-call seconds (at least
 :data:`COLD_FLOOR` of its time kept), for each window of :data:`COLD_WINDOWS`
 passes before it, at the launch overhead chosen without them; the window whose
 profile prices the passes as measured with the smallest median error is kept
-(``cold_call_s``, ``cold_window``) if it beats the fit without them.
+(``corrections.cold_calls``) if it beats the fit without them.
 
 A curve is piecewise linear in log10(size) (the schema's form) with knots
 every half decade over the data; its knot values minimise the squared error
@@ -85,9 +89,9 @@ from typing import Any
 import numpy as np
 from scipy.optimize import nnls
 
+from hardware_profiles.corrections import ColdCallsParams, ColdCurve
 from hardware_profiles.schema import (
     BandwidthCurve,
-    ColdCurve,
     DeviceProfile,
     EfficiencyCurve,
     IntensityCurve,
@@ -95,16 +99,17 @@ from hardware_profiles.schema import (
     mem_key,
 )
 from sim import zoo
+from sim.corrections import ColdCalls, Correction, PassContext, corrections_of
+from sim.corrections.skinny_gemm import RATE_KINDS, SkinnyGemm
 from sim.costmodel import (
-    RATE_KINDS,
     compute_kind,
-    fixed_s,
     glue_time_s,
     layer_times,
     layer_work,
     looked_up_rows,
     pass_bytes,
-    roofline_s,
+    pass_time_s,
+    streamed_window,
     table_key,
     window_sums,
 )
@@ -163,7 +168,7 @@ OVERHEAD_TIE = 0.02
 #: Candidate launch overheads, multiples of the measured dispatch time.
 LAUNCH_MULTIPLES = (0.5, 1.0, 1.5, 2.0, 3.0)
 #: Candidate cold windows: how many passes before a pass count for its cold-call
-#: seconds (``cold_window``); the fit keeps the one with the smallest median error.
+#: seconds (``corrections.cold_calls.window``); the fit keeps the one with the smallest median error.
 COLD_WINDOWS = (1, 2, 3, 5, 8)
 #: A measured pass keeps at least this share of its time when its cold-call seconds
 #: are taken off for the curves' fit (the benchmark's small call is not every layer).
@@ -533,7 +538,7 @@ def _curve_variable(cp: _ComputePoints, variables: tuple[str, ...]) -> str:
 
 def _compute_overhead(g: Sequence[Point], peak: float, mem_bw: float, launch: float,
                       variables: tuple[str, ...], candidates: Sequence[float]) -> float:
-    """A compute class's fixed seconds per layer call (``call_overhead_s[op]``).
+    """A compute class's fixed seconds per layer call (``corrections.call_overhead``).
 
     The per-call cost of a small layer (module dispatch, autograd, a bias kernel:
     a classifier's 1-output Linear takes 10-13 us forward and 35-38 us backward
@@ -681,40 +686,53 @@ def _with_fit(profile: DeviceProfile, f: FitResult, keep_tables: bool) -> Device
         efficiency_bwd={op: c.model_dump() for op, c in f.efficiency_bwd.items()} or None,
         mem_efficiency={op: c.model_dump() for op, c in f.mem_efficiency.items()} or None,
         mem_efficiency_bwd={op: c.model_dump() for op, c in f.mem_efficiency_bwd.items()} or None,
-        call_overhead_s=f.call_overhead if any(f.call_overhead.values()) else None,
-        call_overhead_bwd_s=f.call_overhead_bwd if any(f.call_overhead_bwd.values()) else None,
-        row_cost_s=f.row_cost if any(f.row_cost.values()) else None,
-        row_cost_bwd_s=f.row_cost_bwd if any(f.row_cost_bwd.values()) else None,
-        layer_glue_s=f.glue,
-        cold_call_s={op: c.model_dump() for op, c in f.cold.items()} if f.cold else None,
-        cold_window=f.cold_window if f.cold else None,
+        corrections=_fitted_corrections(data.get("corrections", {}), f),
     )
     if not keep_tables:
         data.pop("layers", None)
     return DeviceProfile.model_validate({k: v for k, v in data.items() if v is not None})
 
 
+def _fitted_corrections(listed: dict[str, Any], f: FitResult) -> dict[str, Any] | None:
+    """The profile's ``corrections`` after the fit ``f``: ``listed`` (the profile's, dumped)
+    with the ones the fit makes set anew (``call_overhead``, ``row_cost``, ``glue``,
+    ``cold_calls``; ``skinny_gemm`` where it fitted a ``gemm/rowsM`` curve) and the
+    others (``dense_sparse_grad``, ``weight_grad_only_bwd``) kept."""
+    phases = {"call_overhead": (f.call_overhead, f.call_overhead_bwd), "row_cost": (f.row_cost, f.row_cost_bwd)}
+    fitted: dict[str, Any] = {
+        name: {ph: t for ph, t in zip(("fwd", "bwd"), tables, strict=True) if any(t.values())} or None
+        for name, tables in phases.items()}
+    fitted["glue"] = f.glue
+    fitted["cold_calls"] = ({"window": f.cold_window, "curves": {op: c.model_dump() for op, c in f.cold.items()}}
+                            if f.cold else None)
+    rate = any(k in RATE_KINDS for k in (*f.efficiency, *f.efficiency_bwd))
+    fitted[SkinnyGemm.name] = {} if rate else None
+    out = {**listed, **fitted}
+    return {k: v for k, v in out.items() if v is not None} or None
+
+
 def _rel_errors(profile: DeviceProfile, pts: Sequence[Point]) -> np.ndarray:
     out = np.empty(len(pts))
+    cs = corrections_of(profile, exclude=("glue",))
     for i, p in enumerate(pts):
-        pred = _point_time(profile, p)
+        pred = _point_time(profile, p, cs)
         out[i] = (pred - p.t_s) / p.t_s if p.t_s > 0 else 0.0
     return out
 
 
-def _point_time(dev: DeviceProfile, p: Point) -> float:
-    """The cost model's time of a measured pass (:func:`sim.costmodel.layer_time_s`'s
-    formula on the point's work, without tables or glue)."""
+def _point_time(dev: DeviceProfile, p: Point, corrections: Sequence[Correction] | None = None) -> float:
+    """The cost model's time of a measured pass (:func:`sim.costmodel.pass_time_s` on the
+    point's work, its bytes as counted already; without tables, and without ``glue``: a
+    point is a layer's own time). ``corrections``: ``dev``'s but glue (default)."""
+    cs = corrections_of(dev, exclude=("glue",)) if corrections is None else corrections
     flags = p.kind.partition("/k")[2]
-    kernels = int(flags.rstrip("pri")) if flags else None
-    has_params, reduces, inplace = "p" in flags, "r" in flags, "i" in flags
-    mem_eff = dev.mem_eff(p.op, p.nbytes, p.phase, kernels, has_params, reduces, inplace)
-    fixed = (fixed_s(dev, p.op, p.phase, kernels, has_params, reduces, p.rows, inplace) if p.flops == 0
-             else (dev.call_overhead(p.op, p.phase) if p.call else 0.0))
-    if dev.cold_call_s and p.before:
-        fixed += dev.cold_s(p.op, p.before[(dev.cold_window or 1) - 1])
-    return fixed + roofline_s(dev, p.op, p.flops, p.nbytes, p.kernels, "fp32", mem_eff, p.phase,
-                              p.ckind.partition("/")[2] or None)
+    window = streamed_window(cs)
+    ctx = PassContext(op=p.op, phase=p.phase, flops=p.flops, kernels=p.kernels, nbytes=p.nbytes,
+                      batch=p.batch, rows=p.rows, kind=p.ckind.partition("/")[2] or None,
+                      layer_kernels=int(flags.rstrip("pri")) if flags else None, has_params="p" in flags,
+                      reduces="r" in flags, inplace="i" in flags, call=p.call,
+                      streamed_bytes=p.before[window - 1] if window and p.before else 0.0)
+    return pass_time_s(dev, ctx, cs)
 
 
 def fit(profile: DeviceProfile, exclude: Sequence[str] = (), micro: bool = True
@@ -728,12 +746,13 @@ def fit(profile: DeviceProfile, exclude: Sequence[str] = (), micro: bool = True
     Raises:
         ValueError: when the profile has no raw measurements.
     """
-    raw = profile.raw
+    raw = profile.measurement.raw
     if not raw or ("models" not in raw and "micro" not in raw):
         raise ValueError("the profile has no raw layer measurements (run hetsim profile)")
     pts = [p for p in points_from_raw(raw, exclude, micro=micro,
-                                      dense_sparse_grad=profile.dense_sparse_grad,
-                                      weight_grad_only=profile.weight_grad_only_bwd) if p.t_s > 0]
+                                      dense_sparse_grad=profile.corrections.dense_sparse_grad is not None,
+                                      weight_grad_only=profile.corrections.weight_grad_only_bwd is not None)
+           if p.t_s > 0]
     peak, mem_bw = profile.peak("fp32"), profile.mem_bw_Bps
     dispatch = float(raw.get("dispatch_s") or profile.launch_overhead_s or 1e-6)
     overheads = [dispatch * k for k in COMPUTE_OVERHEAD_DISPATCHES]
@@ -752,8 +771,8 @@ def fit(profile: DeviceProfile, exclude: Sequence[str] = (), micro: bool = True
         # passes as measured (cold seconds included) is kept, if it beats none at all
         launch = best[2].launch_overhead_s
         for w in COLD_WINDOWS:
-            probe = profile.model_copy(update={"cold_call_s": cold, "cold_window": w})
-            warm = [replace(p, t_s=max(p.t_s - probe.cold_s(p.op, p.before[w - 1]), COLD_FLOOR * p.t_s))
+            probe = ColdCalls(ColdCallsParams(window=w, curves=cold))
+            warm = [replace(p, t_s=max(p.t_s - probe.at(p.op, p.before[w - 1]), COLD_FLOOR * p.t_s))
                     if p.before else p for p in pts]
             f = replace(_fit_at(warm, peak, mem_bw, launch, compute_overheads=overheads),
                         points=tuple(pts), cold=cold, cold_window=w)
@@ -797,7 +816,7 @@ def glue_rows(raw: dict[str, Any], exclude: Sequence[str] = ()) -> dict[str, lis
 
 
 def fit_glue(raw: dict[str, Any], exclude: Sequence[str] = ()) -> dict[str, tuple[float, float]] | None:
-    """The glue per layer pass, ``a + c * output bytes`` per phase (``layer_glue_s``).
+    """The glue per layer pass, ``a + c * output bytes`` per phase (``corrections.glue``).
 
     Fitted to the glue the profiler charged to the layers of the zoo models (not
     ``exclude``) beyond their own brackets (:func:`glue_rows`): ``a, c >= 0`` minimise
@@ -859,14 +878,15 @@ def calibrate(profile: DeviceProfile, exclude: Sequence[str] = ()) -> Calibratio
     fitted, f = fit(profile, exclude)
     rows = residual_rows(fitted, f.points)
     data = fitted.model_dump(by_alias=True, exclude_none=True)
-    tables = layer_tables(profile.raw) if profile.raw and profile.raw.get("models") else None
+    raw = profile.measurement.raw
+    tables = layer_tables(raw) if raw and raw.get("models") else None
     if tables:
         data["layers"] = {k: v.model_dump() for k, v in tables.items()}
     elif profile.layers:
         data["layers"] = {k: v.model_dump() for k, v in profile.layers.items()}
-    spread = dict(profile.spread or {})
+    spread = dict(profile.measurement.spread or {})
     spread["fit_residual_median_abs_rel"] = round(rows[-1]["median_abs_rel_err"], 4)
-    data["spread"] = spread
+    data["measurement"] = {**data.get("measurement", {}), "spread": spread}
     return CalibrationResult(DeviceProfile.model_validate(data), rows)
 
 
@@ -920,7 +940,7 @@ def predict_layers(profile: DeviceProfile, model: Model, batch: int, dtype: str 
                    glue: bool = True) -> tuple[list[float], list[float]]:
     """Cost-model forward and backward seconds of each layer of ``model``
     (:func:`sim.costmodel.layer_times`); with ``glue=False`` without the glue charged
-    to it (``layer_glue_s``): its own time."""
+    to it (``corrections.glue``): its own time."""
     fwd, bwd = layer_times(model, profile, dtype, batch)
     if glue:
         return fwd.tolist(), bwd.tolist()

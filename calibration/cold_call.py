@@ -9,8 +9,8 @@ between two buffers of half that size, not timed), then times one call of a
 small op (the cold time), then the same call again at once (the warm time).
 It is the profiler's cold-call benchmark
 (:func:`calibration.profiler.cold_bench`: ``hetsim profile`` stores it in
-``raw.cold`` and ``hetsim calibrate`` turns it into the profile's
-``cold_call_s``, which the cost model adds to a pass after passes that moved
+``measurement.raw.cold`` and ``hetsim calibrate`` turns it into the profile's
+``cold_calls`` correction, which the cost model adds to a pass after passes that moved
 that much), at sizes of your choosing. Ops: an in-place ReLU over 16 KiB, an
 ``nn.Linear(64, 64)`` forward on 8 rows with autograd recording, an
 ``nn.Embedding(10000, 16)`` lookup of 32 rows.

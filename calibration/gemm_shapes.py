@@ -292,7 +292,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             fitted = fit(prof)[0]
         except ValueError as e:
-            print(f"error: {a.profile}: raw: {e}", file=sys.stderr)
+            print(f"error: {a.profile}: measurement.raw: {e}", file=sys.stderr)
             return 2
     rows = shape_rows(entries, fitted)
     gs = groups(rows)

@@ -84,7 +84,7 @@ def memory_factor(problem: Problem, probe: Callable[[int], float] | None = None,
     slower in one hour, GEMM unchanged). None where the profile has no such copies.
     `hetsim validate` reports it beside each run (``memory_probe``) and does not apply it."""
     cl = problem.cluster
-    raws = [d.type.raw for d in cl.devices if d.type.raw]
+    raws = [d.type.measurement.raw for d in cl.devices if d.type.measurement.raw]
     copies = sorted({(int(b["elems"]), float(b["t_s"])) for raw in raws[:1] for b in raw.get("bandwidth", [])
                      if b.get("op") == "copy" and int(b.get("elems", 0)) >= min_elems})
     if not copies:

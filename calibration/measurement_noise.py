@@ -229,7 +229,7 @@ def against(profile: Any, trials: Sequence[dict[str, list[dict[str, Any]]]]
     comes from the curves fitted without it), scored against each trial."""
     from calibration.calibrate import fit
 
-    have = set((profile.raw or {}).get("models", {}))
+    have = set((profile.measurement.raw or {}).get("models", {}))
     runs = _runs(trials)
     out: dict[tuple[str, int], dict[str, Any]] = {}
     for name in sorted({m for m, _ in runs} & have):
@@ -355,7 +355,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         scored = against(prof, trials) if prof is not None else None
     except ValueError as e:
-        print(f"error: {a.profile}: raw: {e}", file=sys.stderr)
+        print(f"error: {a.profile}: measurement.raw: {e}", file=sys.stderr)
         return 2
     if a.json:
         print(json.dumps({"meta": meta, **sp, "profile": a.profile,

@@ -71,8 +71,9 @@ def start_run(a: argparse.Namespace) -> tuple[Any, Any]:
     prof = None
     if a.profile:
         prof = load_profile_file(a.profile)
-        if not prof.raw or ("models" not in prof.raw and "micro" not in prof.raw):
-            raise ConfigError(a.profile, "raw", "no raw layer measurements to fit "
+        raw = prof.measurement.raw
+        if not raw or ("models" not in raw and "micro" not in raw):
+            raise ConfigError(a.profile, "measurement.raw", "no raw layer measurements to fit "
                               "(a profile of hetsim profile has them)")
     if a.load:
         try:

@@ -328,16 +328,17 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
     from hardware_profiles import load_profile_file
 
     prof = load_profile_file(a.profile)
-    if not prof.raw or not (prof.raw.get("models") or prof.raw.get("micro")):
-        raise ConfigError(a.profile, "raw", "no raw layer measurements to fit (make the "
+    raw = prof.measurement.raw
+    if not raw or not (raw.get("models") or raw.get("micro")):
+        raise ConfigError(a.profile, "measurement.raw", "no raw layer measurements to fit (make the "
                           "profile with hetsim profile)")
     try:
-        calibrate.cold_curves(prof.raw)
+        calibrate.cold_curves(raw)
     except ValueError as e:
-        raise ConfigError(a.profile, "raw.cold", str(e).removeprefix("raw.cold").lstrip(".: ")) from None
+        raise ConfigError(a.profile, "measurement.raw.cold", str(e).removeprefix("raw.cold").lstrip(".: ")) from None
     result = calibrate.calibrate(prof)
     print(calibrate.format_residuals(result.residuals))
-    drift = calibrate.drift_of(prof.raw)
+    drift = calibrate.drift_of(raw)
     if drift is not None:
         print(drift_line(drift))
     out = a.out or a.profile

@@ -1,14 +1,16 @@
 """``hetsim dag CONFIG``: plan a robotics pipeline with DAG schedulers and run the frames DES.
 
-For each scheduler, ``OUT/<scheduler>/`` gets plan.json (units, start times,
-power mode), summary.json (the plan's figures and the DES's), frames.csv (one
-row per frame), trace.json (the first TRACE_FRAMES frames, Chrome trace format)
-and gantt.png. ``OUT`` gets config.json (the resolved config), comparison.csv
-and comparison.png.
+For each scheduler, ``OUT/<scheduler>/`` gets plan.json (kind "dag", units,
+start times, power mode), summary.json (the plan's figures, the run's headline
+as for every plan kind, and the DES's frame figures under "des"), frames.csv
+(one row per frame), trace.json (the first TRACE_FRAMES frames, Chrome trace
+format) and gantt.png. ``OUT`` gets config.json (the resolved config),
+comparison.csv and comparison.png.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Sequence
@@ -19,14 +21,17 @@ import numpy as np
 
 from hardware_profiles.errors import ConfigError
 from schedulers.dag import make_dag
-from sim.dag import DagProblem, dag_costs
+from sim.dag import DagPlan, DagProblem, dag_costs
 from sim.dag_config import load_dag_config
-from sim.des.frames import FrameOptions, simulate_frames
+from sim.des.frames import FrameOptions
+from sim.evaluate import evaluate
+from sim.result import FrameResult
 
 TRACE_FRAMES = 3
 
 
-#: The comparison / sweep columns of one DAG run, in order.
+#: The comparison / sweep columns of one DAG run, in order (the RunResult headline,
+#: HEADLINE_KEYS, follows them).
 DAG_KEYS = ("mode", "plan_feasible", "plan_frame_ms", "deadline_ms", "plan_energy_mj", "plan_s",
             "des_miss_rate", "des_latency_p99_ms", "des_energy_mj")
 
@@ -42,23 +47,26 @@ def plan_and_simulate(problem: DagProblem, opts: FrameOptions, name: str, params
     except ValueError as e:
         raise ConfigError(source, "pipeline", str(e)) from None
     plan_s = time.perf_counter() - t0
-    res = simulate_frames(c, plan, FrameOptions(**{**opts.__dict__, "trace_frames": trace_frames}))
-    des = res.summary()
-    row = {"scheduler": name, "mode": plan.mode, "plan_feasible": plan.feasible(c),
-           "plan_frame_ms": 1e3 * plan.makespan_s(c), "deadline_ms": 1e3 * problem.deadline_s,
-           "plan_energy_mj": 1e3 * plan.energy_j(c), "plan_s": plan_s,
-           "des_miss_rate": des["deadline_miss_rate"], "des_latency_p99_ms": 1e3 * des["latency_p99_s"],
-           "des_energy_mj": 1e3 * des["energy_per_frame_j"]}
-    lines = ["frame,release_s,finish_s,latency_s,missed"]
-    lines += [f"{f},{r!r},{e!r},{lat!r},{int(lat > problem.deadline_s * (1 + 1e-9))}"
-              for f, (r, e, lat) in enumerate(zip(res.release_s.tolist(), res.finish_s.tolist(),
-                                                  res.latency_s.tolist()))]
+    res = evaluate(problem, plan, "des", frames=dataclasses.replace(opts, trace_frames=trace_frames))
+    assert isinstance(res, FrameResult)
+    row = dag_row(name, plan, res, plan.feasible(c), plan.energy_j(c), plan_s)
     files = {"plan.json": json.dumps(plan.to_dict(c), indent=1) + "\n",
-             "summary.json": json.dumps({**row, "des": des}, indent=1, sort_keys=True) + "\n",
-             "frames.csv": "\n".join(lines) + "\n"}
+             "summary.json": json.dumps({**row, "des": res.summary()}, indent=1, sort_keys=True) + "\n",
+             "frames.csv": res.frames_csv()}
     if trace_frames:
-        files["trace.json"] = json.dumps({"traceEvents": res.trace, "displayTimeUnit": "ms"}) + "\n"
+        files["trace.json"] = res.trace_json()
     return row, files
+
+
+def dag_row(name: str, plan: DagPlan, res: FrameResult, feasible: bool, plan_energy_j: float,
+            plan_s: float) -> dict[str, Any]:
+    """One DAG run's comparison / sweep row: the scheduler, DAG_KEYS, then the headline."""
+    frames = res.frames_summary()
+    return {"scheduler": name, "mode": plan.mode, "plan_feasible": feasible,
+            "plan_frame_ms": 1e3 * res.makespan_s, "deadline_ms": 1e3 * res.deadline_s,
+            "plan_energy_mj": 1e3 * plan_energy_j, "plan_s": plan_s,
+            "des_miss_rate": frames["deadline_miss_rate"], "des_latency_p99_ms": 1e3 * frames["latency_p99_s"],
+            "des_energy_mj": 1e3 * frames["energy_per_frame_j"], **res.headline()}
 
 
 def run_one(problem: DagProblem, opts: FrameOptions, name: str, params: dict[str, Any], out: Path,

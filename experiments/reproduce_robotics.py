@@ -48,7 +48,8 @@ from hardware_profiles.board import load_board
 from schedulers.dag import heft_schedule, make_dag
 from sim.config import PeriodicPattern
 from sim.dag import DagPlan, DagProblem, TaskGraph, dag_costs
-from sim.des.frames import FrameOptions, simulate_frames
+from sim.des.frames import FrameOptions
+from sim.evaluate import evaluate
 from sim.instances import random_graph
 from sim.robotics.pipelines import THIS_MACHINE, calibration_rows, perception_slam, slam_lite
 
@@ -134,7 +135,7 @@ def des_runs(plans: dict[Any, Any], ms: Sequence[Method], frames: int) -> pd.Dat
                                                        memory_contention=True, seed=1),
             }
             for name, opts in conditions.items():
-                s = simulate_frames(c, p, opts).summary()
+                s = evaluate(pr, p, "des", frames=opts).summary()
                 rows.append({"board": board, "method": m, "mode": p.mode, "condition": name,
                              "plan_frame_ms": 1e3 * p.makespan_s(c), "deadline_ms": 1e3 * pr.deadline_s,
                              "miss_rate": s["deadline_miss_rate"], "latency_p99_ms": 1e3 * s["latency_p99_s"],

@@ -15,13 +15,12 @@ from typing import Any
 import schedulers
 from hardware_profiles.errors import ConfigError
 from schedulers import Scheduler
-from sim import analytic, des
+from sim import evaluate as evaluation
 from sim.config import Config, config_from_dict, read_yaml
+from sim.evaluate import EVALUATORS
 from sim.plan import Plan, check_plan, load_plan
 from sim.problem import Problem, build_problem
 from sim.result import RunResult
-
-EVALUATORS = ("des", "analytic")
 
 
 @dataclass
@@ -50,8 +49,8 @@ def problem_of(loaded: Loaded) -> Problem:
 def schedule(loaded: Loaded, problem: Problem, scheduler: str | None = None) -> tuple[Scheduler, Plan]:
     """The named scheduler (default: the config's) and its plan, checked against the problem.
 
-    The scheduler object is returned too: an online one (with ``rebalance``)
-    keeps driving the plan during evaluation.
+    The scheduler object is returned too: an online one
+    (:class:`~sim.scheduling.OnlineScheduler`) keeps driving the plan during evaluation.
     """
     cfg = loaded.config.scheduler
     name = scheduler or cfg.name
@@ -69,22 +68,21 @@ def plan_for(loaded: Loaded, problem: Problem, scheduler: str | None = None) -> 
 
 def evaluate(problem: Problem, plan: Plan, evaluator: str, trace: bool = True,
              progress: bool = False, scheduler: Scheduler | None = None) -> RunResult:
-    """Evaluate with ``des`` or ``analytic``; ``progress`` shows a bar of DES iterations
-    (on a terminal only). ``scheduler``: the object that made ``plan``; an online
-    one rebalances during the run (DES) or to its steady state (analytic)."""
-    if evaluator == "des":
-        if not progress:
-            return des.simulate(problem, plan, trace=trace, scheduler=scheduler)
-        from tqdm import tqdm
+    """Evaluate with ``des`` or ``analytic`` (:func:`sim.evaluate.evaluate`, which picks the
+    model of the plan's kind); ``progress`` shows a bar of DES iterations (on a terminal
+    only). ``scheduler``: the object that made ``plan``; an online one rebalances during
+    the run (DES) or to its steady state (analytic)."""
+    if evaluator not in EVALUATORS:
+        raise ConfigError("<command line>", "--evaluator",
+                          f"unknown evaluator {evaluator!r}; use {' or '.join(EVALUATORS)}")
+    if evaluator != "des" or not progress:
+        return evaluation.evaluate(problem, plan, evaluator, scheduler=scheduler, trace=trace)
+    from tqdm import tqdm
 
-        with tqdm(total=problem.job.iterations, desc=f"des {plan.scheduler}", unit="it",
-                  leave=False, disable=None) as bar:
-            return des.simulate(problem, plan, trace=trace,
-                                on_iteration=lambda n: bar.update(n - bar.n), scheduler=scheduler)
-    if evaluator == "analytic":
-        return analytic.evaluate(problem, plan, scheduler=scheduler)
-    raise ConfigError("<command line>", "--evaluator",
-                      f"unknown evaluator {evaluator!r}; use {' or '.join(EVALUATORS)}")
+    with tqdm(total=problem.job.iterations, desc=f"des {plan.scheduler}", unit="it",
+              leave=False, disable=None) as bar:
+        return evaluation.evaluate(problem, plan, evaluator, scheduler=scheduler, trace=trace,
+                                   on_iteration=lambda n: bar.update(n - bar.n))
 
 
 def run_files(result: RunResult, plan: Plan, loaded: Loaded, trace: bool = True) -> dict[str, str]:

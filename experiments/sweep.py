@@ -31,8 +31,8 @@ evaluator; points with the same id run once.
 A base config that names a ``board`` is a robotics config (``hetsim dag``,
 sim/dag_config.py): its points are planned by the config's DAG scheduler and
 run through the frames DES (evaluator ``frames``, the default and only one),
-and results.csv carries the DAG metrics (DAG_HEADLINE) instead of the
-training ones.
+and results.csv carries the DAG metrics (DAG_HEADLINE) before the headline
+every run has (HEADLINE_KEYS: a frame counts as an iteration of one sample).
 
 Python API::
 
@@ -314,7 +314,8 @@ class Sweep:
     def columns(self) -> list[str]:
         """The columns of results.csv."""
         first, *rest = FIXED_COLUMNS
-        return [first, *self.axes(), *rest, *(DAG_HEADLINE if self.kind == "dag" else HEADLINE_KEYS)]
+        metrics = (*DAG_HEADLINE, *HEADLINE_KEYS) if self.kind == "dag" else HEADLINE_KEYS
+        return [first, *self.axes(), *rest, *metrics]
 
     def points(self) -> list[Point]:
         """Every point, in order; a point whose id repeats an earlier one is dropped.

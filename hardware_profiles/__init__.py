@@ -5,6 +5,9 @@ A device type named in a config (``cluster.devices[i].type``) is looked up as
 then in its ``measured/`` subfolder. Every failure is a
 :class:`hardware_profiles.errors.ConfigError` naming one file and one field.
 
+A file of schema 1 (the corrections' parameters and the measurements as top-level
+fields) is read and migrated to schema 2 (:func:`hardware_profiles.migrate.migrate_v1`).
+
 Loaded profiles are cached by resolved path and modification time and shared
 between callers: treat them as read-only (they are frozen pydantic models, but
 their dicts are plain dicts).
@@ -32,8 +35,10 @@ from hardware_profiles.errors import ConfigError
 from hardware_profiles.schema import (
     DTYPES,
     OP_CLASSES,
+    Corrections,
     DeviceProfile,
     EfficiencyCurve,
+    Measurement,
     error_field,
 )
 
@@ -41,8 +46,10 @@ __all__ = [
     "BUILTIN_DIR",
     "DTYPES",
     "OP_CLASSES",
+    "Corrections",
     "DeviceProfile",
     "EfficiencyCurve",
+    "Measurement",
     "list_profiles",
     "load_profile",
     "load_profile_file",

@@ -1,13 +1,16 @@
-"""Device profile format (schema 1): what a device type can do and what it costs.
+"""Device profile format (schema 2): what a device type can do and what it costs.
 
 A profile is a JSON file, ``hardware_profiles/NAME.json`` or in a folder named
 by a config's ``profiles:``. Datasheet profiles carry vendor figures; measured
-profiles (``hetsim profile``) add per-layer tables and network measurements.
+profiles (``hetsim profile``) add per-layer tables, network measurements, the cost
+model's corrections (``corrections``, :mod:`hardware_profiles.corrections`) and the
+measurements they were fitted to (``measurement``). Schema 1 data (the corrections'
+parameters and the measurements as top-level fields) is read and migrated
+(:func:`hardware_profiles.migrate.migrate_v1`).
 """
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Sequence
 from itertools import pairwise
@@ -23,71 +26,49 @@ from pydantic import (
     model_validator,
 )
 
-OP_CLASSES = ("gemm", "conv", "embedding", "elementwise", "attention")
+from hardware_profiles.base import (
+    OP_CLASSES,
+    _Curve,
+    _known_keys,
+    _Strict,
+    check_kind_keys,
+    mem_key,
+)
+from hardware_profiles.corrections import Corrections
+from hardware_profiles.migrate import V1_FIELDS, migrate_v1
+
+__all__ = [
+    "DTYPES",
+    "OP_CLASSES",
+    "QUANT_BITS",
+    "RUNTIME_CPU_TERMS",
+    "BandwidthCurve",
+    "Corrections",
+    "DeviceProfile",
+    "EfficiencyCurve",
+    "Efficiency",
+    "IntensityCurve",
+    "LayerTable",
+    "Measurement",
+    "NetworkMeasurement",
+    "Power",
+    "QuantCost",
+    "RuntimeCpuFit",
+    "Source",
+    "error_field",
+    "mem_key",
+]
+
 DTYPES = ("fp32", "fp16", "bf16", "int8")
 
 
-class _Strict(BaseModel):
-    # allow_inf_nan=False: Python's json module accepts NaN and Infinity, and an
-    # infinite bandwidth or peak would silently make every cost zero.
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+class _EffCurve(_Curve):
+    """A curve of efficiencies (``eff``: the file's y key, written before the x key)."""
 
-
-def _check_curve(xs: list[float], ys: list[float], x_name: str, y_max: float,
-                 y_name: str = "eff", zero: bool = False) -> None:
-    """A curve's points: non-empty, equal lengths, x positive and strictly increasing,
-    every value in (0, y_max] (``zero``: in [0, y_max])."""
-    if len(xs) != len(ys) or not xs:
-        raise ValueError(f"{x_name} and {y_name} must be non-empty lists of equal length")
-    if any(f <= 0 for f in xs) or any(b <= a for a, b in pairwise(xs)):
-        raise ValueError(f"{x_name} must be positive and strictly increasing")
-    if any(not (0 <= e if zero else 0 < e) or e > y_max for e in ys):
-        raise ValueError(f"{y_name} values must lie in {'[' if zero else '('}0, {y_max:g}]")
-
-
-def _known_keys(v: dict[str, Any] | None, known: Sequence[str], what: str) -> dict[str, Any] | None:
-    """``v`` unchanged if every key is one of ``known``; else a ValueError naming the
-    first unknown ``what`` and the known ones."""
-    for k in v or {}:
-        if k not in known:
-            raise ValueError(f"unknown {what} {k!r} (known: {', '.join(known)})")
-    return v
-
-
-def _log_interp(xs_: list[float], ys: list[float], x_: float) -> float:
-    """Piecewise linear in log10(x) through the points, clamped at both ends."""
-    if x_ <= xs_[0]:
-        return ys[0]
-    if x_ >= xs_[-1]:
-        return ys[-1]
-    x = math.log10(x_)
-    xs = [math.log10(f) for f in xs_]
-    for i in range(1, len(xs)):
-        if x <= xs[i]:
-            w = (x - xs[i - 1]) / (xs[i] - xs[i - 1])
-            return ys[i - 1] + w * (ys[i] - ys[i - 1])
-    return ys[-1]  # pragma: no cover (guarded above)
-
-
-class _Curve(_Strict):
-    """Points (x, eff), piecewise linear in log10(x), clamped at both ends; a subclass
-    names its x field (``_x``, the file format's key) and the largest allowed value."""
-
-    _x: ClassVar[str]
-    _max: ClassVar[float]
     eff: list[float]
 
-    @model_validator(mode="after")
-    def _check(self) -> _Curve:
-        _check_curve(getattr(self, self._x), self.eff, self._x, self._max)
-        return self
 
-    def at(self, x: float) -> float:
-        """The curve's value at ``x`` (FLOPs, bytes or intensity of one call)."""
-        return _log_interp(getattr(self, self._x), self.eff, x)
-
-
-class EfficiencyCurve(_Curve):
+class EfficiencyCurve(_EffCurve):
     """Achieved fraction of peak FLOP/s as a function of the work of one call."""
 
     _x: ClassVar[str] = "flops"
@@ -96,7 +77,7 @@ class EfficiencyCurve(_Curve):
     eff: list[float] = Field(description="fraction of peak at each point, in (0, 1.5]")
 
 
-class BandwidthCurve(_Curve):
+class BandwidthCurve(_EffCurve):
     """Achieved fraction of ``mem_bw_Bps`` as a function of the bytes one call moves.
 
     Values above 1 are allowed: small working sets run from cache, faster than
@@ -110,29 +91,9 @@ class BandwidthCurve(_Curve):
 
 
 _EFF_KEY_RE = re.compile(r"^(" + "|".join(OP_CLASSES) + r")/[a-z0-9]+$")
-_MEM_KEY_RE = re.compile(r"^(" + "|".join(OP_CLASSES) + r")/k\d+p?r?i?$")
 
 
-def mem_key(op: str, kernels: int, has_params: bool, reduces: bool = False, inplace: bool = False) -> str:
-    """Key of a layer kind in ``mem_efficiency``: ``OP/kN`` plus ``p`` when the
-    layer has parameters, ``r`` when its output is smaller than its input
-    (pooling) and ``i`` when it works in place, e.g. ``elementwise/k2p`` (two
-    kernels, parameters: a BatchNorm), ``elementwise/k1i`` (``ReLU(inplace=True)``)."""
-    return f"{op}/k{kernels}{'p' if has_params else ''}{'r' if reduces else ''}{'i' if inplace else ''}"
-
-
-def _per_kind(table: dict[str, float] | None, op: str, kernels: int | None, has_params: bool,
-              reduces: bool, inplace: bool = False) -> float:
-    """``table``'s entry of the layer's kind (:func:`mem_key`), else its op class's, else 0."""
-    if not table:
-        return 0.0
-    for k in [op] if kernels is None else [mem_key(op, kernels, has_params, reduces, inplace), op]:
-        if k in table:
-            return float(table[k])
-    return 0.0
-
-
-class IntensityCurve(_Curve):
+class IntensityCurve(_EffCurve):
     """Achieved fraction of peak FLOP/s as a function of a call's arithmetic intensity.
 
     Intensity is FLOPs per byte the call moves (the cost model's bytes term). On
@@ -173,26 +134,6 @@ def error_field(loc: Sequence[int | str]) -> str:
     if len(parts) >= 3 and parts[0] in ("efficiency", "efficiency_bwd") and parts[2] in _EFFICIENCY_TAGS:
         del parts[2]
     return ".".join(parts)
-
-
-class ColdCurve(_Strict):
-    """Extra seconds a call pays right after passes that moved ``bytes``: the cold-call
-    benchmark of ``hetsim profile`` (a small call timed right after a copy, less the
-    same call timed again at once). Piecewise linear in log10(bytes), clamped at both
-    ends: below its first point (the benchmark's smallest size, 0.25 MiB, which the
-    caches hold) a pass pays that point's seconds (0.0-0.5 us on the AMD EPYC)."""
-
-    bytes: list[float] = Field(description="bytes the passes before the call moved, increasing")
-    s: list[float] = Field(description="extra seconds of the call at each point, in [0, 0.01]")
-
-    @model_validator(mode="after")
-    def _check(self) -> ColdCurve:
-        _check_curve(self.bytes, self.s, "bytes", 0.01, y_name="s", zero=True)
-        return self
-
-    def at(self, nbytes: float) -> float:
-        """Extra seconds after passes that moved ``nbytes``."""
-        return _log_interp(self.bytes, self.s, nbytes)
 
 
 class LayerTable(_Strict):
@@ -277,10 +218,26 @@ class NetworkMeasurement(BaseModel):
         default=None, description="the runtime CPU model fitted on this machine (hetsim validate applies it)")
 
 
-class DeviceProfile(_Strict):
-    """One device type (schema 1). Units are in the field names; time in seconds."""
+class Measurement(_Strict):
+    """What a measured profile was fitted to: free-form records of ``hetsim profile``."""
 
-    schema_: Literal[1] = Field(1, alias="schema", description="format version")
+    spread: dict[str, Any] | None = Field(default=None, description="spread of the repeats "
+                                          "(calibration.calibrate.spread_of)")
+    raw: dict[str, Any] | None = Field(default=None, description="raw measurements, the "
+                                       "calibration's input")
+
+
+class DeviceProfile(_Strict):
+    """One device type (schema 2). Units are in the field names; time in seconds.
+
+    The cost model's roofline reads the peaks, the bandwidth, the launch overhead and
+    the efficiency tables (``efficiency``, ``efficiency_bwd``, ``mem_efficiency``,
+    ``mem_efficiency_bwd``); ``corrections`` lists what it adds to or changes in the
+    roofline for this device (none for a datasheet profile); ``layers`` (measured
+    per-layer tables) replaces both for the layers it holds.
+    """
+
+    schema_: Literal[2] = Field(2, alias="schema", description="format version")
     name: str = Field(min_length=1, description="type name used in configs, e.g. 'v100'")
     kind: Literal["cpu", "gpu", "accel"]
     peak_flops: dict[str, float] = Field(description="peak FLOP/s per dtype; fp32 required")
@@ -306,50 +263,26 @@ class DeviceProfile(_Strict):
     mem_efficiency_bwd: dict[str, Annotated[float, Field(gt=0, le=100)] | BandwidthCurve] | None = Field(
         default=None, description="fraction of mem_bw_Bps per op class, backward (missing: forward's)"
     )
-    call_overhead_s: dict[str, Annotated[float, Field(ge=0, le=1)]] | None = Field(
-        default=None, description="fixed seconds per call, forward, added to a layer's time: a "
-        "memory-bound layer's kind's entry (else its op class's), a compute layer's op class's "
-        "(missing: 0); keys as mem_efficiency's")
-    call_overhead_bwd_s: dict[str, Annotated[float, Field(ge=0, le=1)]] | None = Field(
-        default=None, description="fixed seconds per call, backward, as call_overhead_s "
-        "(missing: 0; no fallback to the forward's); keys as mem_efficiency's")
-    row_cost_s: dict[str, Annotated[float, Field(ge=0, le=1e-3)]] | None = Field(
-        default=None, description="seconds per row a sparse (embedding) layer looks up (batch x "
-        "rows_per_sample), forward, added to its time (missing: 0); keys as mem_efficiency's")
-    row_cost_bwd_s: dict[str, Annotated[float, Field(ge=0, le=1e-3)]] | None = Field(
-        default=None, description="seconds per row a sparse layer looks up, backward (missing: 0; "
-        "no fallback to the forward's); keys as mem_efficiency's")
-    layer_glue_s: dict[Literal["fwd", "bwd"], tuple[Annotated[float, Field(ge=0, le=1)],
-                                                      Annotated[float, Field(ge=0, le=1)]]] | None = Field(
-        default=None, description="glue charged to each layer priced by the curves, per pass "
-        "('fwd', 'bwd'): [seconds per layer, seconds per byte of the layer's output]: the work of "
-        "no layer (module calls, residual adds, concatenations, gradient accumulation, the loss) "
-        "that falls between layers and that the curves, fitted to the layers' own times, leave "
-        "out (missing: none)")
-    cold_call_s: dict[str, ColdCurve] | None = Field(
-        default=None, description="per op class: extra seconds of a layer's pass priced by the "
-        "curves after the passes before it (the profile's cold_window of them, in execution order) "
-        "moved that many bytes: caches they flushed (missing: 0)")
-    cold_window: int | None = Field(
-        default=None, ge=1, le=8, description="how many passes before a pass count for "
-        "cold_call_s (hetsim calibrate chooses it among 1, 2, 3, 5 and 8; missing with "
-        "cold_call_s: 1)")
-    dense_sparse_grad: bool = Field(
-        default=False, description="the backward of a sparse (embedding) layer writes a dense "
-        "gradient of its whole table (torch's nn.Embedding default): adds param_bytes to its bytes")
-    weight_grad_only_bwd: bool = Field(
-        default=False, description="the backward of a GEMM or convolution that computes no input "
-        "gradient (its input needs none: a model's first layer; backward FLOPs equal to its "
-        "forward FLOPs, see sim.costmodel.computes_input_grad) moves param_bytes + batch * "
-        "(input + output bytes): it writes the weight gradient and reads its input and the output "
-        "gradient, but reads no weights and writes no input gradient (missing: priced with the "
-        "bytes of a layer computing both gradients)")
+    corrections: Corrections = Field(
+        default_factory=Corrections, description="the cost model's corrections to the roofline, "
+        "{name: parameters} (missing: none; hardware_profiles.corrections)")
     quant: dict[str, QuantCost] | None = Field(
         default=None, description="measured (de)quantization cost per bit width ('2', '4', '8', '16'); "
         "missing: one memory pass over the fp32 and packed bytes")
     network: NetworkMeasurement | None = None
-    spread: dict[str, Any] | None = Field(default=None, description="measurement spread (measured only)")
-    raw: dict[str, Any] | None = Field(default=None, description="raw measurements (measured only)")
+    measurement: Measurement = Field(
+        default_factory=Measurement, description="spread and raw measurements (measured only)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _schema_1(cls, data: Any) -> Any:
+        """Schema 1 data (``"schema": 1``, or no ``schema``, 1's default, and a field only
+        schema 1 has) is migrated to schema 2 before it is validated
+        (:func:`hardware_profiles.migrate.migrate_v1`)."""
+        if isinstance(data, dict) and (data.get("schema") == 1 or (
+                "schema" not in data and any(k in data for k in V1_FIELDS))):
+            return migrate_v1(data)
+        return data
 
     @field_validator("peak_flops")
     @classmethod
@@ -374,20 +307,10 @@ class DeviceProfile(_Strict):
             return None
         return q.pack_s_per_value if side == "pack" else q.unpack_s_per_value
 
-    @field_validator("mem_efficiency", "mem_efficiency_bwd", "call_overhead_s", "call_overhead_bwd_s",
-                     "row_cost_s", "row_cost_bwd_s")
+    @field_validator("mem_efficiency", "mem_efficiency_bwd")
     @classmethod
     def _mem_eff(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
-        for k in v or {}:
-            if k not in OP_CLASSES and not _MEM_KEY_RE.match(k):
-                raise ValueError(f"unknown key {k!r}: an op class ({', '.join(OP_CLASSES)}) "
-                                 "or OP/kN[p][r][i] (N kernels, p: parameters, r: reducing, i: in place)")
-        return v
-
-    @field_validator("cold_call_s")
-    @classmethod
-    def _cold_ops(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
-        return _known_keys(v, OP_CLASSES, "op class")
+        return check_kind_keys(v)
 
     @field_validator("efficiency", "efficiency_bwd")
     @classmethod
@@ -470,45 +393,3 @@ class DeviceProfile(_Strict):
         if isinstance(e, BandwidthCurve):
             return e.at(nbytes)
         return float(e)
-
-    def glue(self, phase: str, out_bytes: float) -> float:
-        """Glue seconds charged to one ``phase`` pass of a layer whose output is ``out_bytes``:
-        ``a + c * out_bytes`` from ``layer_glue_s[phase] = [a, c]``; 0 when missing."""
-        g = (self.layer_glue_s or {}).get(phase)  # type: ignore[call-overload]
-        return 0.0 if g is None else float(g[0] + g[1] * out_bytes)
-
-    def call_overhead(self, op: str, phase: str = "fwd", kernels: int | None = None,
-                      has_params: bool = False, reduces: bool = False, inplace: bool = False) -> float:
-        """Fixed seconds of one call of a layer, beyond ``launch_overhead_s`` per kernel.
-
-        From ``call_overhead_s`` (forward) or ``call_overhead_bwd_s`` (backward; no
-        fallback between the two): the entry of the layer's kind (:func:`mem_key`)
-        where present, else the op class's, else 0; with ``kernels=None`` the op
-        class's only (how the cost model asks for a layer with FLOPs). ``hetsim
-        calibrate`` fits one per bandwidth curve it fits (the per-call cost of
-        framework dispatch that a curve over bytes cannot take on: it would flatten
-        below its first knot) and one per compute op class (a small layer's call
-        costs about the same whatever its FLOPs, which a curve over intensity would
-        read as a low efficiency).
-        """
-        return _per_kind(self.call_overhead_bwd_s if phase == "bwd" else self.call_overhead_s,
-                         op, kernels, has_params, reduces, inplace)
-
-    def cold_s(self, op: str, streamed_bytes: float) -> float:
-        """Extra seconds of a pass of op class ``op`` after passes that moved
-        ``streamed_bytes`` (``cold_call_s``; 0 where the profile has none for ``op``)."""
-        curve = (self.cold_call_s or {}).get(op)
-        return 0.0 if curve is None or streamed_bytes <= 0 else curve.at(streamed_bytes)
-
-    def row_cost(self, op: str, phase: str = "fwd", kernels: int | None = None,
-                 has_params: bool = False, reduces: bool = False, inplace: bool = False) -> float:
-        """Seconds per row a sparse layer looks up, beyond its bytes and call overhead.
-
-        From ``row_cost_s`` (forward) or ``row_cost_bwd_s`` (backward; no fallback
-        between the two), keyed as :meth:`call_overhead`; 0 where missing. ``hetsim
-        calibrate`` fits one per bandwidth curve of lookups: a lookup's cost is per row
-        (an index to read, sort or scatter-add) more than per byte, which a curve over
-        bytes cannot tell from the bytes of the table itself.
-        """
-        return _per_kind(self.row_cost_bwd_s if phase == "bwd" else self.row_cost_s,
-                         op, kernels, has_params, reduces, inplace)

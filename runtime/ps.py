@@ -47,26 +47,10 @@ from runtime.pulls import ShardPulls, weighted_mean
 from runtime.spec import RunSpec
 from sim.observation import Observation, WorkerStatus, accepted_shares, full_membership, rate_sps
 from sim.result import DeviceUsage, RunResult, Trace
+from sim.shares import proportional_fill
 
 POLL_S = 0.05
 MAX_PUSH_LOG = 10_000
-
-
-def proportional_fill(shares: list[int], alive: list[bool], total: int) -> list[int]:
-    """Shares of the live workers scaled to sum to ``total`` (largest remainder,
-    ties to the lower index); failed workers get 0. Equal split when no live
-    worker had a share."""
-    w = [float(s) if a else 0.0 for s, a in zip(shares, alive)]
-    if sum(w) <= 0:
-        w = [1.0 if a else 0.0 for a in alive]
-    if sum(w) <= 0:
-        return [0] * len(shares)
-    quota = [x / sum(w) * total for x in w]
-    base = [int(q) for q in quota]
-    order = sorted(range(len(w)), key=lambda i: (-(quota[i] - base[i]), i))
-    for i in order[: total - sum(base)]:
-        base[i] += 1
-    return base
 
 
 class Shard:
@@ -654,6 +638,18 @@ class Coordinator(Shard):
     # -------------------------------------------------------------- result
     def result(self) -> RunResult:
         spec = self.spec
+        devices, trace = self.usage_and_trace()
+        return RunResult(
+            name=spec.name, evaluator="runtime", scheduler=spec.plan.scheduler, seed=spec.seed,
+            iter_end_s=list(self.iter_end), iter_samples=list(self.iter_samples), devices=devices,
+            warmup=spec.warmup, failures=self.failures, extra=self.result_extra(), trace=trace.events,
+            iter_loss=list(self.iter_loss),
+        )
+
+    def usage_and_trace(self) -> tuple[list[DeviceUsage], Trace]:
+        """Every worker's and shard's DeviceUsage, and the trace: the workers' spans as they
+        reported them (relative to this clock), the PS's applies and checkpoints."""
+        spec = self.spec
         trace = Trace()
         devices = []
         for w, ws in enumerate(spec.workers):
@@ -679,39 +675,14 @@ class Coordinator(Shard):
             trace.span("ps", 0, spec.shards[0], "apply", a, b)
         for a, b in self.checkpoint_spans[: spec.max_trace_spans]:
             trace.span("ps", 0, spec.shards[0], "checkpoint", a, b)
-        extra: dict[str, Any] = {
-            "runtime": {
-                "sync": spec.sync, "workers": [w.device for w in spec.workers], "shards": spec.shards,
-                "lr": spec.lr, "model": spec.model, "model_kwargs": spec.model_kwargs,
-                "worker_samples": self.iter_worker_samples, "shares": self.share_history,
-                "pushes": self.push_log, "final_loss": self.iter_loss[-1] if self.iter_loss else None,
-                "pushed_bytes": {spec.workers[w].device: self.reports.get(w, {}).get("pushed_bytes")
-                                 for w in range(self.W)},
-                "pulled_bytes": {spec.workers[w].device: self.reports.get(w, {}).get("pulled_bytes")
-                                 for w in range(self.W)},
-                # what each worker process actually ran with (threads, CPUs, slowdown steps),
-                # and each shard (threads, CPUs)
-                "emulation": {**{spec.workers[w].device: self.reports.get(w, {}).get("emulation")
-                                 for w in range(self.W)},
-                              **{sid: self.shard_emulation.get(k) for k, sid in enumerate(spec.shards)}},
-                # each process's CPU over its loop, in all and by thread name (CpuMeter.read),
-                # and over the iterations after the warm-up (runtime.affinity.cpu_windows)
-                "cpu": cpu_windows(
-                    {**{spec.workers[w].device: self.reports.get(w, {}).get("cpu") for w in range(self.W)},
-                     **{sid: self.shard_cpu.get(k) for k, sid in enumerate(spec.shards)}},
-                    spec.warmup, self.t0, self.iter_end, resumed=spec.resume is not None),
-                "pipeline": spec.pipeline,
-                "pipeline_pulls": spec.pipeline_pulls,
-            },
-        }
-        if spec.multistage:
-            extra["runtime"]["stages"] = [
-                {"layers": list(st.layers), "blocks": list(st.blocks),
-                 "workers": [spec.workers[w].device for w in st.workers], "shares": st.shares,
-                 "boundary_sent_bytes": [self.reports.get(w, {}).get("boundary_sent_bytes") for w in st.workers]}
-                for st in spec.stages]
-            extra["runtime"]["micro_batches"] = spec.micro_batches
-            extra["runtime"]["schedule"] = "1f1b"
+        return devices, trace
+
+    def result_extra(self) -> dict[str, Any]:
+        """RunResult.extra: what the run did (``runtime``) and, where they apply, the
+        scheduler's rebalances, staleness, quantisation, checkpoints, resumes and
+        whether the run ended early."""
+        spec = self.spec
+        extra: dict[str, Any] = {"runtime": self.runtime_extra()}
         if spec.scheduler is not None:
             extra["rebalances"] = self.rebalances
             extra["final_shares"] = {spec.workers[w].device: self.shares[w] for w in range(self.W)}
@@ -729,9 +700,42 @@ class Coordinator(Shard):
             extra["resumed"] = self.resumes
         if len(self.iter_end) < spec.iterations:
             extra["incomplete"] = f"{len(self.iter_end)} of {spec.iterations} iterations completed"
-        return RunResult(
-            name=spec.name, evaluator="runtime", scheduler=spec.plan.scheduler, seed=spec.seed,
-            iter_end_s=list(self.iter_end), iter_samples=list(self.iter_samples), devices=devices,
-            warmup=spec.warmup, failures=self.failures, extra=extra, trace=trace.events,
-            iter_loss=list(self.iter_loss),
-        )
+        return extra
+
+    def reported(self, key: str) -> dict[str, Any]:
+        """Each worker's (device's) ``key`` from its final report (None if it sent none)."""
+        return {self.spec.workers[w].device: self.reports.get(w, {}).get(key) for w in range(self.W)}
+
+    def runtime_extra(self) -> dict[str, Any]:
+        """extra["runtime"]: the run's set-up, per-iteration samples and shares, pushes,
+        bytes moved, each process's emulation and CPU, and a pipeline's stages."""
+        spec = self.spec
+        reported = self.reported
+        out: dict[str, Any] = {
+            "sync": spec.sync, "workers": [w.device for w in spec.workers], "shards": spec.shards,
+            "lr": spec.lr, "model": spec.model, "model_kwargs": spec.model_kwargs,
+            "worker_samples": self.iter_worker_samples, "shares": self.share_history,
+            "pushes": self.push_log, "final_loss": self.iter_loss[-1] if self.iter_loss else None,
+            "pushed_bytes": reported("pushed_bytes"),
+            "pulled_bytes": reported("pulled_bytes"),
+            # what each worker process actually ran with (threads, CPUs, slowdown steps),
+            # and each shard (threads, CPUs)
+            "emulation": {**reported("emulation"),
+                          **{sid: self.shard_emulation.get(k) for k, sid in enumerate(spec.shards)}},
+            # each process's CPU over its loop, in all and by thread name (CpuMeter.read),
+            # and over the iterations after the warm-up (runtime.affinity.cpu_windows)
+            "cpu": cpu_windows(
+                {**reported("cpu"), **{sid: self.shard_cpu.get(k) for k, sid in enumerate(spec.shards)}},
+                spec.warmup, self.t0, self.iter_end, resumed=spec.resume is not None),
+            "pipeline": spec.pipeline,
+            "pipeline_pulls": spec.pipeline_pulls,
+        }
+        if spec.multistage:
+            out["stages"] = [
+                {"layers": list(st.layers), "blocks": list(st.blocks),
+                 "workers": [spec.workers[w].device for w in st.workers], "shares": st.shares,
+                 "boundary_sent_bytes": [self.reports.get(w, {}).get("boundary_sent_bytes") for w in st.workers]}
+                for st in spec.stages]
+            out["micro_batches"] = spec.micro_batches
+            out["schedule"] = "1f1b"
+        return out

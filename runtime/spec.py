@@ -28,6 +28,7 @@ from sim.config import validation_error
 from sim.plan import Plan
 from sim.problem import Problem
 from sim.quantization import Adaptive
+from sim.scheduling import OnlineScheduler
 
 if TYPE_CHECKING:
     from runtime.stages import BoundarySpec
@@ -226,15 +227,7 @@ def build_spec(problem: Problem, plan: Plan, opts: RuntimeOptions, scheduler: An
     sparse: dict[int, int] = {}
     if len(plan.stages) > 1:
         stages, sparse = pipeline_stages(problem, plan, opts, source, plan_source or source)
-    if opts.checkpoint_every and job.sync != "bsp":
-        raise ConfigError(source, "runtime.checkpoint_every", f"checkpoints are built for job.sync: bsp "
-                          f"only, not {job.sync} (shards applying pushes on arrival have no common cut)")
-    if opts.pipeline_pulls:
-        why = ("needs job.pipeline: true (the pushes pipelined)" if not job.pipeline
-               else f"is built for job.sync: bsp only, not {job.sync}" if job.sync != "bsp"
-               else "is built for one-stage plans only" if stages else "")
-        if why:
-            raise ConfigError(source, "runtime.pipeline_pulls", why)
+    check_run_options(problem, opts, bool(stages), source)
     devices = [r.device for r in plan.replicas]
     if len(opts.workers) > len(devices):
         raise ConfigError(source, "runtime.workers",
@@ -242,6 +235,48 @@ def build_spec(problem: Problem, plan: Plan, opts: RuntimeOptions, scheduler: An
     pinned = [(f"runtime.workers[{w}].affinity", o.affinity) for w, o in enumerate(opts.workers)]
     for field_name, cpus in [*pinned, ("runtime.ps_affinity", opts.ps_affinity)]:
         check_cpus(cpus, source, field_name)
+    workers, ignored = worker_specs(problem, devices, opts, bool(stages))
+    # a pipeline's shares are fixed per stage: no online rebalancing of multi-stage plans
+    online = scheduler if isinstance(scheduler, OnlineScheduler) and not stages else None
+    return RunSpec(
+        name=problem.name, seed=problem.seed, model=name, model_kwargs=dict(opts.model_kwargs),
+        global_batch=job.global_batch, iterations=iterations or job.iterations, sync=job.sync,
+        staleness=job.staleness, bits=job.quant_bits, adaptive=job.quant_adaptive,
+        quant_every=job.quant_every, lr=opts.lr, failure_timeout_s=job.failure_timeout_s,
+        warmup=job.warmup_iterations, workers=workers, shards=list(plan.ps_shards), plan=plan,
+        pipeline=job.pipeline, pipeline_pulls=opts.pipeline_pulls, device=opts.device, threads=opts.threads,
+        ps_affinity=opts.ps_affinity, timeout_s=timeout_s,
+        max_trace_spans=opts.max_trace_spans, scheduler=online, devices=priced_devices(problem, plan),
+        ignored=ignored, checkpoint_every=opts.checkpoint_every, crash_after_iteration=opts.crash_after_iteration,
+        stages=stages, micro_batches=(opts.micro_batches or len(plan.stages)) if stages else 1,
+        sparse=sparse,
+    )
+
+
+def check_run_options(problem: Problem, opts: RuntimeOptions, multistage: bool, source: str) -> None:
+    """Refuse runtime options the job cannot run with: checkpoints off BSP, pipelined pulls
+    without pipelined pushes, off BSP or on a multi-stage plan.
+
+    Raises:
+        ConfigError: naming the option and why.
+    """
+    job = problem.job
+    if opts.checkpoint_every and job.sync != "bsp":
+        raise ConfigError(source, "runtime.checkpoint_every", f"checkpoints are built for job.sync: bsp "
+                          f"only, not {job.sync} (shards applying pushes on arrival have no common cut)")
+    if opts.pipeline_pulls:
+        why = ("needs job.pipeline: true (the pushes pipelined)" if not job.pipeline
+               else f"is built for job.sync: bsp only, not {job.sync}" if job.sync != "bsp"
+               else "is built for one-stage plans only" if multistage else "")
+        if why:
+            raise ConfigError(source, "runtime.pipeline_pulls", why)
+
+
+def worker_specs(problem: Problem, devices: list[str], opts: RuntimeOptions,
+                 multistage: bool) -> tuple[list[WorkerSpec], list[str]]:
+    """One WorkerSpec per plan replica (device ``devices[w]``): its options (threads,
+    affinity, slowdown, failure) merged with the problem's dynamics events for that
+    device; and the events the runtime cannot emulate (free-memory changes), named."""
     inventory = [d.id for d in problem.cluster.devices]
     workers, ignored = [], []
     for w, dev in enumerate(devices):
@@ -259,31 +294,22 @@ def build_spec(problem: Problem, plan: Plan, opts: RuntimeOptions, scheduler: An
                 ignored.append(f"free_memory event of {dev} at {d.at_s} s")
         # a pipeline's stages run where the plan put them: a CPU type's replicas (the
         # embedding stage of a HeterPS placement, typically) stay on CPU under device: cuda
-        on_cpu = bool(stages) and problem.cluster.device(dev).type.kind == "cpu"
+        on_cpu = multistage and problem.cluster.device(dev).type.kind == "cpu"
         workers.append(WorkerSpec(dev, o.threads or opts.threads, o.affinity, sorted(slow),
                                   o.fail_at_iteration, fail_s, o.free_memory_bytes, on_cpu))
+    return workers, ignored
+
+
+def priced_devices(problem: Problem, plan: Plan) -> list[tuple[str, str, float, float, float]]:
+    """(id, role, price per hour, idle W, active W) of the plan's workers, then its PS shards."""
     devs = []
-    for dev in devices:
+    for dev in (r.device for r in plan.replicas):
         t = problem.cluster.device(dev).type
         devs.append((dev, "worker", t.price_per_hour, t.power_w.idle, t.power_w.active))
     for sid in plan.ps_shards:
         t = problem.cluster.device(sid).type
         devs.append((sid, "ps", t.price_per_hour, t.power_w.idle, t.power_w.active))
-    # a pipeline's shares are fixed per stage: no online rebalancing of multi-stage plans
-    online = scheduler if callable(getattr(scheduler, "rebalance", None)) and not stages else None
-    return RunSpec(
-        name=problem.name, seed=problem.seed, model=name, model_kwargs=dict(opts.model_kwargs),
-        global_batch=job.global_batch, iterations=iterations or job.iterations, sync=job.sync,
-        staleness=job.staleness, bits=job.quant_bits, adaptive=job.quant_adaptive,
-        quant_every=job.quant_every, lr=opts.lr, failure_timeout_s=job.failure_timeout_s,
-        warmup=job.warmup_iterations, workers=workers, shards=list(plan.ps_shards), plan=plan,
-        pipeline=job.pipeline, pipeline_pulls=opts.pipeline_pulls, device=opts.device, threads=opts.threads,
-        ps_affinity=opts.ps_affinity, timeout_s=timeout_s,
-        max_trace_spans=opts.max_trace_spans, scheduler=online, devices=devs, ignored=ignored,
-        checkpoint_every=opts.checkpoint_every, crash_after_iteration=opts.crash_after_iteration,
-        stages=stages, micro_batches=(opts.micro_batches or len(plan.stages)) if stages else 1,
-        sparse=sparse,
-    )
+    return devs
 
 
 def pipeline_stages(problem: Problem, plan: Plan, opts: RuntimeOptions, source: str,

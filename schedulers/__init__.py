@@ -2,8 +2,6 @@
 
 from schedulers import dag, equal, exact, hps, lbbsp, placement, proportional  # noqa: F401  (registration side effect)
 from schedulers.base import (
-    OnlineScheduler,
-    Scheduler,
     capped_largest_remainder,
     largest_remainder,
     make,
@@ -11,6 +9,7 @@ from schedulers.base import (
     register,
     register_lazy,
 )
+from sim.scheduling import OnlineScheduler, Scheduler
 
 # torch and stable-baselines3 load only when `rl` or `rl-dag` is chosen
 register_lazy("rl", "schedulers.rl.scheduler:RL")

@@ -1,4 +1,6 @@
-"""The scheduler contract and its registry.
+"""The scheduler registry (the contracts, :class:`Scheduler` and
+:class:`OnlineScheduler`, are in :mod:`sim.scheduling`, where the evaluators
+read them).
 
 A scheduler reads a Problem and returns a Plan; it never reaches into an
 evaluator. Online schedulers also answer ``rebalance(plan, observation)``.
@@ -12,37 +14,17 @@ from __future__ import annotations
 import importlib
 import inspect
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar, Protocol, runtime_checkable
-
-import numpy as np
+from typing import Any
 
 from hardware_profiles.errors import ConfigError
 from sim.observation import Observation
-from sim.plan import Plan, Replica, Stage
+from sim.plan import Plan, PlanKind, Replica, Stage
 from sim.problem import Problem
+from sim.scheduling import OnlineScheduler, Scheduler  # noqa: F401  (the contracts, re-exported)
 
-
-@runtime_checkable
-class Scheduler(Protocol):
-    name: ClassVar[str]
-
-    def plan(self, problem: Problem) -> Plan: ...
-
-
-@runtime_checkable
-class OnlineScheduler(Scheduler, Protocol):
-    """A scheduler that also re-plans while the job runs (H-PS, LB-BSP).
-
-    The evaluator (DES, analytic steady state, runtime) calls ``rebalance`` at
-    the end of every global iteration. ``plan`` is the plan in force and lists
-    every worker of the run (idle and failed ones with batch 0);
-    ``obs.workers`` is in the same order. Return None to keep the plan, or a
-    plan over the same workers (``plan.with_shares``) whose live workers'
-    shares sum to ``obs.global_batch`` and that gives failed workers 0. New
-    shares take effect from the next iteration each worker starts.
-    """
-
-    def rebalance(self, plan: Plan, obs: Observation) -> Plan | None: ...
+# the apportionment schedulers use, re-exported: its one implementation lives in sim/shares.py
+from sim.shares import capped_largest_remainder as capped_largest_remainder
+from sim.shares import largest_remainder as largest_remainder
 
 
 class RateEstimate:
@@ -149,74 +131,10 @@ def instantiate(name: str, params: dict[str, Any] | None, source: str, kind: str
         raise ConfigError(source, "scheduler.params", str(e)) from None
 
 
-def largest_remainder(weights: Sequence[float] | np.ndarray, total: int) -> list[int]:
-    """Non-negative integers proportional to ``weights`` that sum to ``total``.
-
-    Floors of the exact quotas, then one more to the largest remainders
-    (ties to the lower index), so the result is deterministic.
-    """
-    return capped_largest_remainder(weights, [None] * len(weights), total)[0]
-
-
 def data_parallel_plan(problem: Problem, shares: Sequence[int], scheduler: str) -> Plan:
     """A one-stage plan over the inventory in order; devices with a zero share are left out."""
     devs = problem.cluster.devices
     reps = tuple(Replica(d.id, int(b)) for d, b in zip(devs, shares) if b > 0)
     types = {problem.cluster.device(r.device).type.name for r in reps}
     stage = Stage(0, len(problem.job.model.layers), reps, types.pop() if len(types) == 1 else None)
-    return Plan((stage,), tuple(s.id for s in problem.cluster.shards), scheduler)
-
-
-def capped_largest_remainder(weights: Sequence[float] | np.ndarray, caps: Sequence[int | None],
-                             total: int) -> tuple[list[int], int]:
-    """Integers proportional to ``weights`` summing to ``total`` with ``share_i <= caps[i]``.
-
-    Water-filling: shares proportional to weight; every share above its cap is
-    fixed at the cap and the remainder is spread over the uncapped workers in
-    proportion to their weights, until no cap is violated. Then the quotas are
-    rounded by largest remainder (ties to the lower index) without passing a
-    cap. A weight of 0 gets 0; a cap of None is no cap. If the caps of the
-    positive-weight workers cannot hold ``total``, every such worker gets its
-    cap.
-
-    Returns:
-        (shares, short): ``short = total - sum(shares)``, 0 unless memory is short.
-    """
-    w = np.asarray(weights, dtype=float)
-    if total < 0 or w.size == 0 or np.any(w < 0) or not np.isfinite(w).all() or w.sum() <= 0:
-        raise ValueError("weights must be non-negative, finite and not all zero; total >= 0")
-    if len(caps) != w.size or any(c is not None and c < 0 for c in caps):
-        raise ValueError("one non-negative cap (or None) per weight")
-    cap = np.array([float(total) if c is None else float(min(c, total)) for c in caps])
-    cap[w <= 0] = 0.0
-    if cap.sum() <= total:
-        shares = [int(x) for x in cap]
-        return shares, total - sum(shares)
-    quota = np.zeros(w.size)
-    fixed = np.zeros(w.size, dtype=bool)
-    fixed[w <= 0] = True
-    while True:
-        free = ~fixed
-        if not free.any():
-            break
-        rest = total - cap[fixed & (w > 0)].sum()
-        quota[free] = w[free] / w[free].sum() * rest
-        over = free & (quota > cap)
-        if not over.any():
-            break
-        fixed |= over
-        quota[over] = cap[over]
-    quota[w <= 0] = 0.0
-    base = np.minimum(np.floor(quota), cap).astype(int)
-    short = total - int(base.sum())
-    order = sorted(range(w.size), key=lambda i: (-(quota[i] - base[i]), i))
-    while short > 0:  # one pass suffices in exact arithmetic; more guard float rounding
-        progress = False
-        for i in order:
-            if short > 0 and base[i] + 1 <= cap[i] and w[i] > 0:
-                base[i] += 1
-                short -= 1
-                progress = True
-        if not progress:
-            break
-    return [int(x) for x in base], short
+    return Plan((stage,), tuple(s.id for s in problem.cluster.shards), scheduler, kind=PlanKind.DATA_PARALLEL)

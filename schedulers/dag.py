@@ -27,19 +27,14 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 
 from schedulers.base import instantiate, register
 from sim.dag import DagCosts, DagPlan, DagProblem, dag_costs
-
-
-class DagScheduler(Protocol):
-    name: ClassVar[str]
-
-    def plan(self, problem: DagProblem) -> DagPlan: ...
+from sim.scheduling import DagScheduler
 
 
 def make_dag(name: str, params: dict[str, Any] | None = None, source: str = "<config>") -> DagScheduler:

@@ -150,86 +150,120 @@ def rc_dp_min_rate(space: PlacementSpace, allowed: np.ndarray, binding: list[int
     stage's predecessor for the value it was computed from (the same float
     sum, so equality is exact), which spares an argmin per group.
     """
-    L, K = space.L, space.K
-    inv_dims = [int(space.counts[k]) + 1 for k in binding]
-    inv = int(np.prod(inv_dims)) if inv_dims else 1
-    g = int(extra[1]) + 1 if extra else 1
-    units = extra[0] if extra else np.zeros(space.rate.shape, dtype=int)
-    rate = np.where(allowed & (units < g), space.rate, np.inf)
-    finite = np.isfinite(rate)
-    pad = int(units[finite].max(initial=0))
-    axis = {k: a for a, k in enumerate(binding)}
-    # excl[j, k, v, pad + u]: the least rate up to boundary j with inventory state v and
-    # u extra units used, its last stage's type not k (at j = 0: nothing placed). The
-    # first ``pad`` entries of the last axis stay inf: a stage of d units reads its
-    # predecessors at [pad - d, pad - d + g), and the part below zero is unreachable.
-    excl = np.full((L + 1, K, inv, pad + g), np.inf)
-    excl_k = np.full((L + 1, K, inv, g), -1, dtype=np.int8)
-    excl[0, :, 0, pad] = 0.0
-    best = np.full((K, inv, g), np.inf)
-
-    def after(k: int, n: int, v: np.ndarray) -> np.ndarray:
-        """Inventory states ``v`` (inv, g) moved on by a stage of n replicas of type k."""
-        if k not in axis:
-            return v
-        a = axis[k]
-        y = np.full(inv_dims + [g], np.inf)
-        if n < inv_dims[a]:
-            src = v.reshape(inv_dims + [g])
-            y[(slice(None),) * a + (slice(n, None),)] = src[(slice(None),) * a + (slice(0, inv_dims[a] - n),)]
-        return y.reshape(inv, g)
-
-    for i in range(1, L + 1):
-        best.fill(np.inf)
-        segs = space.seg_index[np.arange(i), i]
-        for k in range(K):
-            ok = finite[segs, k]
-            if not ok.any():
-                continue
-            win = np.lib.stride_tricks.sliding_window_view(excl[:i, k], g, axis=-1)   # (i, inv, pad + 1, g)
-            ns = space.n[segs, k]
-            for n in np.unique(ns[ok]):
-                js = np.flatnonzero(ok & (ns == n))
-                cand = win[js, :, pad - units[segs[js], k], :]         # (m, inv, g), a copy
-                cand += rate[segs[js], k][:, None, None]
-                np.minimum(best[k], after(k, int(n), cand.min(axis=0)), out=best[k])
-        if i < L:   # excl: the best over the other types, from the two best per state
-            order = np.argsort(best, axis=0, kind="stable")
-            k1 = order[0]
-            m1 = np.take_along_axis(best, k1[None], axis=0)[0]
-            k2 = order[1] if K > 1 else np.full_like(k1, -1)
-            m2 = np.take_along_axis(best, k2[None], axis=0)[0] if K > 1 else np.full_like(m1, np.inf)
-            for k in range(K):
-                use2 = k1 == k
-                excl[i, k, :, pad:] = np.where(use2, m2, m1)
-                excl_k[i, k] = np.where(use2, k2, k1)
+    dp = _InventoryDP(space, allowed, binding, extra)
+    best = dp.fill()
     flat = int(np.argmin(best))
     k, v, u = (int(x) for x in np.unravel_index(flat, best.shape))
     val = float(best[k, v, u])
     if not np.isfinite(val):
         return np.inf, None
-    a_out = np.empty(L, dtype=int)
-    i = L
-    while i > 0:
-        for j in range(i):
-            seg = space.seg_index[j, i]
-            if not finite[seg, k]:
-                continue
-            vs = list(np.unravel_index(v, inv_dims)) if inv_dims else []
-            if k in axis:
-                vs[axis[k]] -= int(space.n[seg, k])
-            up = u - int(units[seg, k])
-            if up < 0 or any(x < 0 for x in vs):
-                continue
-            vp = int(np.ravel_multi_index(tuple(vs), inv_dims)) if inv_dims else 0
-            if excl[j, k, vp, pad + up] + rate[seg, k] == val:
-                break
-        else:   # unreachable: the value came from one of these sums
-            raise AssertionError("rc_dp_min_rate: no predecessor reproduces the DP value")
-        a_out[j:i] = k
-        val = float(excl[j, k, vp, pad + up])
-        i, k, v, u = j, int(excl_k[j, k, vp, up]), vp, up
-    return float(best.min()), a_out
+    return float(best.min()), dp.placement(k, v, u, val)
+
+
+class _InventoryDP:
+    """The tables of :func:`rc_dp_min_rate` and the layout of its state.
+
+    A state is (inventory used of each binding type, flattened to ``v`` in
+    ``range(inv)``; extra units used ``u`` in ``range(g)``).
+    ``excl[j, k, v, pad + u]``: the least rate up to boundary j in state (v, u),
+    its last stage's type not k (at j = 0: nothing placed); ``excl_k``: the
+    last stage's type it comes from. The first ``pad`` entries of excl's last
+    axis stay inf: a stage of d units reads its predecessors at
+    ``[pad - d, pad - d + g)``, and the part below zero is unreachable.
+    """
+
+    def __init__(self, space: PlacementSpace, allowed: np.ndarray, binding: list[int],
+                 extra: tuple[np.ndarray, int] | None) -> None:
+        self.space = space
+        L, K = space.L, space.K
+        self.inv_dims = [int(space.counts[k]) + 1 for k in binding]
+        self.inv = int(np.prod(self.inv_dims)) if self.inv_dims else 1
+        self.g = g = int(extra[1]) + 1 if extra else 1
+        self.units = units = extra[0] if extra else np.zeros(space.rate.shape, dtype=int)
+        self.rate = np.where(allowed & (units < g), space.rate, np.inf)
+        self.finite = np.isfinite(self.rate)
+        self.pad = pad = int(units[self.finite].max(initial=0))
+        self.axis = {k: a for a, k in enumerate(binding)}
+        self.excl = np.full((L + 1, K, self.inv, pad + g), np.inf)
+        self.excl_k = np.full((L + 1, K, self.inv, g), -1, dtype=np.int8)
+        self.excl[0, :, 0, pad] = 0.0
+
+    def after(self, k: int, n: int, v: np.ndarray) -> np.ndarray:
+        """Inventory states ``v`` (inv, g) moved on by a stage of n replicas of type k."""
+        if k not in self.axis:
+            return v
+        a, dims, g = self.axis[k], self.inv_dims, self.g
+        y = np.full(dims + [g], np.inf)
+        if n < dims[a]:
+            src = v.reshape(dims + [g])
+            y[(slice(None),) * a + (slice(n, None),)] = src[(slice(None),) * a + (slice(0, dims[a] - n),)]
+        return y.reshape(self.inv, g)
+
+    def fill(self) -> np.ndarray:
+        """Fill the tables boundary by boundary; returns ``best[k, v, u]``, the least rate of
+        a whole placement ending with type k in state (v, u)."""
+        space, pad, g, units, rate = self.space, self.pad, self.g, self.units, self.rate
+        L, K = space.L, space.K
+        best = np.full((K, self.inv, g), np.inf)
+        for i in range(1, L + 1):
+            best.fill(np.inf)
+            segs = space.seg_index[np.arange(i), i]
+            for k in range(K):
+                ok = self.finite[segs, k]
+                if not ok.any():
+                    continue
+                win = np.lib.stride_tricks.sliding_window_view(self.excl[:i, k], g, axis=-1)  # (i, inv, pad + 1, g)
+                ns = space.n[segs, k]
+                for n in np.unique(ns[ok]):
+                    js = np.flatnonzero(ok & (ns == n))
+                    cand = win[js, :, pad - units[segs[js], k], :]         # (m, inv, g), a copy
+                    cand += rate[segs[js], k][:, None, None]
+                    np.minimum(best[k], self.after(k, int(n), cand.min(axis=0)), out=best[k])
+            if i < L:
+                self._exclude(i, best)
+        return best
+
+    def _exclude(self, i: int, best: np.ndarray) -> None:
+        """excl[i] from ``best`` at boundary i: per state, the best over the other types,
+        from the two best types."""
+        K = self.space.K
+        order = np.argsort(best, axis=0, kind="stable")
+        k1 = order[0]
+        m1 = np.take_along_axis(best, k1[None], axis=0)[0]
+        k2 = order[1] if K > 1 else np.full_like(k1, -1)
+        m2 = np.take_along_axis(best, k2[None], axis=0)[0] if K > 1 else np.full_like(m1, np.inf)
+        for k in range(K):
+            use2 = k1 == k
+            self.excl[i, k, :, self.pad:] = np.where(use2, m2, m1)
+            self.excl_k[i, k] = np.where(use2, k2, k1)
+
+    def placement(self, k: int, v: int, u: int, val: float) -> np.ndarray:
+        """The placement whose last stage has type k and ends in state (v, u) at rate ``val``:
+        each stage's predecessor is the one whose table entry plus the stage's rate
+        reproduces the value (the same float sum, so equality is exact)."""
+        space, inv_dims, pad, excl = self.space, self.inv_dims, self.pad, self.excl
+        a_out = np.empty(space.L, dtype=int)
+        i = space.L
+        while i > 0:
+            for j in range(i):
+                seg = space.seg_index[j, i]
+                if not self.finite[seg, k]:
+                    continue
+                vs = list(np.unravel_index(v, inv_dims)) if inv_dims else []
+                if k in self.axis:
+                    vs[self.axis[k]] -= int(space.n[seg, k])
+                up = u - int(self.units[seg, k])
+                if up < 0 or any(x < 0 for x in vs):
+                    continue
+                vp = int(np.ravel_multi_index(tuple(vs), inv_dims)) if inv_dims else 0
+                if excl[j, k, vp, pad + up] + self.rate[seg, k] == val:
+                    break
+            else:   # unreachable: the value came from one of these sums
+                raise AssertionError("rc_dp_min_rate: no predecessor reproduces the DP value")
+            a_out[j:i] = k
+            val = float(excl[j, k, vp, pad + up])
+            i, k, v, u = j, int(self.excl_k[j, k, vp, up]), vp, up
+        return a_out
 
 
 def resources(space: PlacementSpace, ps_threshold: float | None) -> tuple[np.ndarray, np.ndarray]:
@@ -343,80 +377,118 @@ def milp_min_rate(space: PlacementSpace, allowed: np.ndarray, ps_threshold: floa
 
 def solve(space: PlacementSpace, time_limit_s: float = 60.0) -> ExactResult:
     """Branch and bound over the plan's throughput T (module docstring)."""
-    t0 = time.perf_counter()
-    feas = space.n > 0
-    V = np.unique(space.tput[feas])
-    hours = space.samples / 3600.0
-    memo: dict[int, tuple[float, np.ndarray | None]] = {}
-    ps_memo: dict[tuple[float, bool], tuple[float, np.ndarray | None]] = {}
-    state: dict = {"best": np.inf, "a": None, "milp": 0, "rc_dp": 0}
+    bb = _BranchAndBound(space, time_limit_s)
+    bb.seed_incumbent()
+    return bb.run()
 
-    def left_s() -> float:
-        return time_limit_s - (time.perf_counter() - t0)
 
-    def consider(a: np.ndarray | None) -> None:
+class _BranchAndBound:
+    """One run of :func:`solve`: the incumbent, the memos of the bounds per threshold, the
+    solver counters, and the search over intervals of T.
+
+    ``V`` holds the distinct stage throughputs (the thresholds); a threshold is
+    named by its index into it. Every bound method memoises per threshold
+    (``memo``: R, ``ps_memo``: Q, ``sep_memo`` and ``ps_min_memo``: the
+    per-sample rate and least PS load) and offers every placement it meets to
+    the incumbent (:meth:`consider`).
+    """
+
+    def __init__(self, space: PlacementSpace, time_limit_s: float) -> None:
+        self.t0 = time.perf_counter()
+        self.space = space
+        self.time_limit_s = time_limit_s
+        self.feas = space.n > 0
+        self.V = np.unique(space.tput[self.feas])
+        self.hours = space.samples / 3600.0
+        self.memo: dict[int, tuple[float, np.ndarray | None]] = {}
+        self.ps_memo: dict[tuple[float, bool], tuple[float, np.ndarray | None]] = {}
+        self.sep_memo: dict[int, float] = {}
+        self.ps_min_memo: dict[int, float] = {}
+        self.best = np.inf                  # the incumbent's cost and placement
+        self.a: np.ndarray | None = None
+        self.milp = 0                       # MILP calls
+        self.rc_dp = 0                      # DPs with inventory (and PS) state
+        with np.errstate(divide="ignore", invalid="ignore"):
+            self.per_sample = np.where(self.feas, space.rate / space.tput, np.inf)   # $/h per (sample/s)
+
+    # ------------------------------------------------------------ incumbent
+    def left_s(self) -> float:
+        return self.time_limit_s - (time.perf_counter() - self.t0)
+
+    def consider(self, a: np.ndarray | None) -> None:
+        """Keep placement ``a`` if it is feasible and cheaper than the incumbent."""
         if a is None:
             return
-        ev = space.evaluate(a[None, :])
-        if ev.feasible[0] and ev.cost_usd[0] < state["best"]:
-            state["best"], state["a"] = float(ev.cost_usd[0]), a
+        ev = self.space.evaluate(a[None, :])
+        if ev.feasible[0] and ev.cost_usd[0] < self.best:
+            self.best, self.a = float(ev.cost_usd[0]), a
 
-    def consider_many(A: np.ndarray) -> None:
-        ev = space.evaluate(A)
+    def consider_many(self, A: np.ndarray) -> None:
+        """Keep the cheapest of placements ``A`` (rows) if it is feasible and beats the incumbent."""
+        ev = self.space.evaluate(A)
         i = int(np.argmin(ev.cost_usd))
-        if ev.feasible[i] and ev.cost_usd[i] < state["best"]:
-            state["best"], state["a"] = float(ev.cost_usd[i]), A[i]
+        if ev.feasible[i] and ev.cost_usd[i] < self.best:
+            self.best, self.a = float(ev.cost_usd[i]), A[i]
 
-    def allowed_at(idx: int) -> np.ndarray:
-        return feas & (space.tput >= V[idx])
+    def seed_incumbent(self) -> None:
+        """Incumbents from the heuristics: single-type plans, greedy and a short genetic run."""
+        space = self.space
+        self.consider_many(np.repeat(np.arange(space.K)[:, None], space.L, axis=1))
+        self.consider(Greedy().search(space, "cost"))
+        self.consider(Genetic(generations=INCUMBENT_GENERATIONS, seed=0).search(space, "cost"))
 
-    def rate_at(idx: int) -> float:
-        """A lower bound on R(V[idx]), the least rate with every T_s >= V[idx] under the
-        inventory (the PS row left out); records candidate placements."""
-        if idx in memo:
-            return memo[idx][0]
-        allowed = allowed_at(idx)
-        r, a = dp_min_rate(space, allowed)
-        if a is not None:
-            consider(a)
-            if violated(space, a):          # binding types into the DP state
-                r, a = inventory_min_rate(allowed, a)
-                consider(a)
-        memo[idx] = (r, a)
-        return r
-
-    def inventory_min_rate(allowed: np.ndarray, a: np.ndarray) -> tuple[float, np.ndarray | None]:
-        """Exact R(V) under the inventory: add violated types to the DP state until none is
-        violated; past RC_DP_MAX_STATES states, a Lagrangian bound and a time-capped MILP."""
-        r, a2, runs, done = inventory_dp(space, allowed, a, RC_DP_MAX_STATES)
-        state["rc_dp"] += runs
-        if done:
-            return r, a2
-        lb, ub, a1 = lagrangian_min_rate(space, allowed, None)
-        consider(a1)
-        return polish(allowed, None, lb, ub), a1
-
-    def polish(allowed: np.ndarray, ps_v: float | None, lb: float, ub: float) -> float:
-        """Close a Lagrangian duality gap with a time-capped MILP; return the best bound."""
-        if closed(lb, ub) or left_s() <= 0:
-            return lb
-        state["milp"] += 1
-        r_m, a_m = milp_min_rate(space, allowed, ps_v, min(left_s(), MILP_CALL_LIMIT_S))
-        consider(a_m)
-        return max(lb, r_m)
-
-    def attains(a: np.ndarray | None, t: float, lb: float) -> float:
+    def attains(self, a: np.ndarray | None, t: float, lb: float) -> float:
         """T(a) when placement ``a`` is feasible, has T >= t and a rate within rounding of
         the lower bound ``lb`` (so it is a least-rate placement with T >= t); else 0."""
         if a is None:
             return 0.0
-        ev = space.evaluate(a[None, :])
+        ev = self.space.evaluate(a[None, :])
         T = float(ev.throughput_sps[0])
         ok = ev.feasible[0] and T >= t * (1 - 1e-12) and \
-            rate_of(space, a) <= lb * (1 + 1e-12)
+            rate_of(self.space, a) <= lb * (1 + 1e-12)
         return T if ok else 0.0
 
-    def ps_q(t: float, idx: int, milp: bool = False) -> tuple[float, np.ndarray | None]:
+    # -------------------------------------------------------- R: no PS row
+    def allowed_at(self, idx: int) -> np.ndarray:
+        return self.feas & (self.space.tput >= self.V[idx])
+
+    def rate_at(self, idx: int) -> float:
+        """A lower bound on R(V[idx]), the least rate with every T_s >= V[idx] under the
+        inventory (the PS row left out); records candidate placements."""
+        if idx in self.memo:
+            return self.memo[idx][0]
+        allowed = self.allowed_at(idx)
+        r, a = dp_min_rate(self.space, allowed)
+        if a is not None:
+            self.consider(a)
+            if violated(self.space, a):          # binding types into the DP state
+                r, a = self.inventory_min_rate(allowed, a)
+                self.consider(a)
+        self.memo[idx] = (r, a)
+        return r
+
+    def inventory_min_rate(self, allowed: np.ndarray, a: np.ndarray) -> tuple[float, np.ndarray | None]:
+        """Exact R(V) under the inventory: add violated types to the DP state until none is
+        violated; past RC_DP_MAX_STATES states, a Lagrangian bound and a time-capped MILP."""
+        r, a2, runs, done = inventory_dp(self.space, allowed, a, RC_DP_MAX_STATES)
+        self.rc_dp += runs
+        if done:
+            return r, a2
+        lb, ub, a1 = lagrangian_min_rate(self.space, allowed, None)
+        self.consider(a1)
+        return self.polish(allowed, None, lb, ub), a1
+
+    def polish(self, allowed: np.ndarray, ps_v: float | None, lb: float, ub: float) -> float:
+        """Close a Lagrangian duality gap with a time-capped MILP; return the best bound."""
+        if closed(lb, ub) or self.left_s() <= 0:
+            return lb
+        self.milp += 1
+        r_m, a_m = milp_min_rate(self.space, allowed, ps_v, min(self.left_s(), MILP_CALL_LIMIT_S))
+        self.consider(a_m)
+        return max(lb, r_m)
+
+    # ------------------------------------------------------ Q: with PS row
+    def ps_q(self, t: float, idx: int, milp: bool = False) -> tuple[float, np.ndarray | None]:
         """A lower bound on Q(t), the least rate with every T_s >= t, T_ps >= t and the
         inventory, and a placement that attains it (None if none found does).
 
@@ -425,31 +497,22 @@ def solve(space: PlacementSpace, time_limit_s: float = 60.0) -> ExactResult:
         (a feasible placement). With ``milp`` (or past RC_DP_MAX_STATES states) a
         time-capped MILP keeps the PS row exact instead. R(V[idx]) (no PS row)
         bounds Q(t) from below too."""
-        if (t, milp) in ps_memo:
-            return ps_memo[t, milp]
-        allowed = allowed_at(idx)
+        if (t, milp) in self.ps_memo:
+            return self.ps_memo[t, milp]
+        space = self.space
+        allowed = self.allowed_at(idx)
         scale = PS_UNITS * t / space.ps_capacity
         down = np.floor(space.ps * scale + 1e-9).astype(int)
         up = np.ceil(space.ps * scale - 1e-9).astype(int)
         _, a = dp_min_rate(space, allowed)
         binding = violated(space, a) if a is not None else []
-        r, found = memo[idx][0], []
+        r = self.memo[idx][0]
+        found: list[np.ndarray | None] = []
         while a is not None:
             if milp or np.prod([space.counts[k] + 1 for k in binding]) * (PS_UNITS + 1) > RC_DP_MAX_STATES:
-                # HiGHS meets the PS row within its tolerance: a placement it returns whose
-                # T_ps falls short of t is cut off (keeping the bound valid) and it re-solves
-                cut: list[np.ndarray] = []
-                while left_s() > 0 and len(cut) < MILP_CUTS:
-                    state["milp"] += 1
-                    r_m, a_m = milp_min_rate(space, allowed, t, min(left_s(), MILP_CALL_LIMIT_S), cut)
-                    r = max(r, r_m)
-                    found.append(a_m)
-                    if a_m is None or attains(a_m, t, r) or \
-                            space.evaluate(a_m[None, :]).throughput_sps[0] >= t * (1 - 1e-12):
-                        break
-                    cut.append(a_m)
+                r = self.ps_q_milp(t, allowed, r, found)
                 break
-            state["rc_dp"] += 1
+            self.rc_dp += 1
             r_d, a = rc_dp_min_rate(space, allowed, binding, (down, PS_UNITS))
             if a is None:
                 r = np.inf
@@ -458,49 +521,69 @@ def solve(space: PlacementSpace, time_limit_s: float = 60.0) -> ExactResult:
             if not more:                        # the relaxed optimum; if it breaks the PS
                 r = max(r, r_d)                 # row, the rounded-up DP finds a feasible one
                 found.append(a)
-                if not attains(a, t, r):
-                    state["rc_dp"] += 1
+                if not self.attains(a, t, r):
+                    self.rc_dp += 1
                     found.append(rc_dp_min_rate(space, allowed, binding, (up, PS_UNITS))[1])
                 break
             binding += more
         for a_f in found:
-            consider(a_f)
-        ps_memo[t, milp] = (r, next((a_f for a_f in found if attains(a_f, t, r)), None))
-        return ps_memo[t, milp]
+            self.consider(a_f)
+        self.ps_memo[t, milp] = (r, next((a_f for a_f in found if self.attains(a_f, t, r)), None))
+        return self.ps_memo[t, milp]
 
-    # incumbents from the heuristics: single-type plans, greedy and a short genetic run
-    consider_many(np.repeat(np.arange(space.K)[:, None], space.L, axis=1))
-    consider(Greedy().search(space, "cost"))
-    consider(Genetic(generations=INCUMBENT_GENERATIONS, seed=0).search(space, "cost"))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        per_sample = np.where(feas, space.rate / space.tput, np.inf)   # $/h per (sample/s)
-    sep_memo: dict[int, float] = {}
-    ps_min_memo: dict[int, float] = {}
+    def ps_q_milp(self, t: float, allowed: np.ndarray, r: float, found: list[np.ndarray | None]) -> float:
+        """Q(t) by the time-capped MILP with the exact PS row: the bound ``r`` raised by its
+        bounds; the placements it returns are appended to ``found``.
 
-    def sep_at(idx: int) -> float:
+        HiGHS meets the PS row within its tolerance: a placement it returns whose
+        T_ps falls short of t is cut off (keeping the bound valid) and it re-solves,
+        at most MILP_CUTS times."""
+        space = self.space
+        cut: list[np.ndarray] = []
+        while self.left_s() > 0 and len(cut) < MILP_CUTS:
+            self.milp += 1
+            r_m, a_m = milp_min_rate(space, allowed, t, min(self.left_s(), MILP_CALL_LIMIT_S), cut)
+            r = max(r, r_m)
+            found.append(a_m)
+            if a_m is None or self.attains(a_m, t, r) or \
+                    space.evaluate(a_m[None, :]).throughput_sps[0] >= t * (1 - 1e-12):
+                break
+            cut.append(a_m)
+        return r
+
+    # ---------------------------------------------------------- node bound
+    def sep_at(self, idx: int) -> float:
         """min over placements with every stage >= V[idx] of sum_s rate_s / T_s (inventory
         relaxed): since T <= T_s, cost >= hours * (this + R_ps / T)."""
-        if idx not in sep_memo:
-            r, a = dp_min_rate(space, allowed_at(idx), per_sample)
-            consider(a)
-            sep_memo[idx] = r
-        return sep_memo[idx]
+        if idx not in self.sep_memo:
+            r, a = dp_min_rate(self.space, self.allowed_at(idx), self.per_sample)
+            self.consider(a)
+            self.sep_memo[idx] = r
+        return self.sep_memo[idx]
 
-    def t_ps_max(idx: int) -> float:
+    def t_ps_max(self, idx: int) -> float:
         """The highest T_ps of a placement with every stage >= V[idx] (inventory relaxed):
         ps_capacity over the least PS load, by the same DP with the load as the rate."""
-        if idx not in ps_min_memo:
-            p, _ = dp_min_rate(space, allowed_at(idx), space.ps)
-            ps_min_memo[idx] = space.ps_capacity / p if p > 0 else np.inf
-        return ps_min_memo[idx]
+        if idx not in self.ps_min_memo:
+            p, _ = dp_min_rate(self.space, self.allowed_at(idx), self.space.ps)
+            self.ps_min_memo[idx] = self.space.ps_capacity / p if p > 0 else np.inf
+        return self.ps_min_memo[idx]
 
-    def bound(idx: int, r: float, tb: float) -> float:
+    def bound(self, idx: int, r: float, tb: float) -> float:
         """Least cost of a placement with T <= tb, every stage >= V[idx] and rate >= r."""
-        t_hi = min(tb, t_ps_max(idx))
+        t_hi = min(tb, self.t_ps_max(idx))
         if t_hi <= 0:
             return np.inf
-        return hours * max((r + space.ps_rate) / t_hi, sep_at(idx) + space.ps_rate / t_hi)
+        ps_rate = self.space.ps_rate
+        return self.hours * max((r + ps_rate) / t_hi, self.sep_at(idx) + ps_rate / t_hi)
 
+    def t_star(self, r: float) -> float:
+        """T up to which a placement of rate >= r costs no less than the incumbent."""
+        if not np.isfinite(self.best):
+            return 0.0
+        return (r + self.space.ps_rate) * self.hours / (self.best * (1 - 1e-12))
+
+    # -------------------------------------------------------------- search
     # Branch and bound over intervals [ta, tb] of T. Every placement with T in there
     # has every stage >= ta (the first threshold V[idx] >= ta), T_ps >= ta and T <= tb.
     # The least-rate placement p under those rows closes [ta, T(p)] at once: any
@@ -508,67 +591,84 @@ def solve(space: PlacementSpace, time_limit_s: float = 60.0) -> ExactResult:
     # (R(V[idx]), exact with the inventory DP) p may break it (T(p) < ta, the PS holds
     # it back); then Q(ta) with the PS row discretised bounds the interval, and closes
     # it when its placement attains the bound.
-    def t_star(r: float) -> float:
-        """T up to which a placement of rate >= r costs no less than the incumbent."""
-        return (r + space.ps_rate) * hours / (state["best"] * (1 - 1e-12)) if np.isfinite(state["best"]) else 0.0
+    def run(self) -> ExactResult:
+        """Search the intervals of T to the end or the time limit; the result with its gap."""
+        V = self.V
+        lower = np.inf
+        # (ta, tb, r): r is a lower bound on the rate over [ta, tb], inherited from the node
+        # that split it (Q is non-decreasing in t, so a bound at a lower ta holds)
+        stack = [(max(self.space.target, float(V[0]) * 1e-6), float(V[-1]), 0.0)] if V.size else []
+        timed_out = False
+        while stack:
+            if self.left_s() <= 0:
+                timed_out = True
+                break
+            ta, tb, r = stack.pop()
+            lower = min(lower, self.branch(ta, tb, r, stack))
+        if timed_out:
+            lower = min(lower, self.open_bound(stack))
+        return self.result(lower, timed_out)
 
-    lower = np.inf
-    # (ta, tb, r): r is a lower bound on the rate over [ta, tb], inherited from the node
-    # that split it (Q is non-decreasing in t, so a bound at a lower ta holds)
-    stack = [(max(space.target, float(V[0]) * 1e-6), float(V[-1]), 0.0)] if V.size else []
-    timed_out = False
-    while stack:
-        if left_s() <= 0:
-            timed_out = True
-            break
-        ta, tb, r = stack.pop()
+    def branch(self, ta: float, tb: float, r: float, stack: list[tuple[float, float, float]]) -> float:
+        """Bound the node [ta, tb] (rate >= r); unless it is pruned or closed, push its two
+        halves onto ``stack``. Returns the bound the node leaves open (a PS-held interval
+        too narrow to split), else inf."""
+        V = self.V
         idx = int(np.searchsorted(V, ta, side="left"))
-        if idx >= V.size or t_ps_max(idx) < ta * (1 - 1e-12):
-            continue                            # no placement has every stage and T_ps >= ta
-        r = max(r, rate_at(idx))
-        if not np.isfinite(r) or bound(idx, r, tb) >= state["best"] * (1 - 1e-12):
-            continue
-        t_closed = attains(memo[idx][1], ta, r)
+        if idx >= V.size or self.t_ps_max(idx) < ta * (1 - 1e-12):
+            return np.inf                       # no placement has every stage and T_ps >= ta
+        r = max(r, self.rate_at(idx))
+        if not np.isfinite(r) or self.bound(idx, r, tb) >= self.best * (1 - 1e-12):
+            return np.inf
+        t_closed = self.attains(self.memo[idx][1], ta, r)
         if not t_closed:
             # Held back by the PS: Q(ta) with the PS row discretised. When that bound is
             # attained by no placement and prunes nothing above ta (t_star(r) <= ta), no
             # split raises it at ta itself, so the MILP keeps the PS row exact.
             for milp in (False, True):
-                q, p = ps_q(ta, idx, milp)
+                q, p = self.ps_q(ta, idx, milp)
                 r = max(r, q)
-                t_closed = attains(p, ta, r)
-                if t_closed or t_star(r) > ta or bound(idx, r, tb) >= state["best"] * (1 - 1e-12):
+                t_closed = self.attains(p, ta, r)
+                if t_closed or self.t_star(r) > ta or self.bound(idx, r, tb) >= self.best * (1 - 1e-12):
                     break
-            b = bound(idx, r, tb)
-            if b >= state["best"] * (1 - 1e-12):
-                continue
+            b = self.bound(idx, r, tb)
+            if b >= self.best * (1 - 1e-12):
+                return np.inf
             if not t_closed and tb <= ta * (1 + PS_REL_TOL):
-                lower = min(lower, b)           # too narrow to split: its bound counts in the gap
-                continue
+                return b                        # too narrow to split: its bound counts in the gap
         # [ta, T(p)] is closed (attains() accepts T(p) a rounding error below ta, so step
         # past the larger of them), and below t_star(r) nothing beats the incumbent
-        ta = max(ta * (1 + 1e-12) if t_closed else ta, t_closed * (1 + 1e-12), t_star(r))
+        ta = max(ta * (1 + 1e-12) if t_closed else ta, t_closed * (1 + 1e-12), self.t_star(r))
         if ta > tb:
-            continue
+            return np.inf
         ia = int(np.searchsorted(V, ta, side="left"))
         ib = int(np.searchsorted(V, tb, side="right")) - 1
         mid = float(V[(ia + ib) // 2]) if ib - ia >= 2 else (ta * tb) ** 0.5
         stack.append((mid, tb, r))
         stack.append((ta, mid, r))
-    if timed_out:  # open intervals: R is non-decreasing, so the nearest solved threshold below bounds it
+        return np.inf
+
+    def open_bound(self, stack: list[tuple[float, float, float]]) -> float:
+        """The least bound over the intervals left open at the time limit: R is
+        non-decreasing, so the nearest solved threshold below each one bounds it."""
+        V, lower = self.V, np.inf
         for ta, tb, r in stack:
             i = min(int(np.searchsorted(V, ta, side="left")), V.size - 1)
-            ra = max([r] + [memo[j][0] for j in memo if j <= i])
-            lower = min(lower, bound(i, ra, tb))
-    best = state["best"]
-    lb = min(lower, best)
-    if not np.isfinite(best):
-        # nothing found: proven infeasible only when no interval was left open
-        gap = np.inf if timed_out or np.isfinite(lower) else 0.0
-    else:
-        gap = 0.0 if lb >= best else (best - lb) / best
-    return ExactResult(state["a"], best, lb, gap, int(V.size), len(memo),
-                       state["milp"], state["rc_dp"], time.perf_counter() - t0, timed_out)
+            ra = max([r] + [self.memo[j][0] for j in self.memo if j <= i])
+            lower = min(lower, self.bound(i, ra, tb))
+        return lower
+
+    def result(self, lower: float, timed_out: bool) -> ExactResult:
+        """The incumbent with its lower bound and gap."""
+        best = self.best
+        lb = min(lower, best)
+        if not np.isfinite(best):
+            # nothing found: proven infeasible only when no interval was left open
+            gap = np.inf if timed_out or np.isfinite(lower) else 0.0
+        else:
+            gap = 0.0 if lb >= best else (best - lb) / best
+        return ExactResult(self.a, best, lb, gap, int(self.V.size), len(self.memo),
+                           self.milp, self.rc_dp, time.perf_counter() - self.t0, timed_out)
 
 
 @register("exact")

@@ -45,6 +45,7 @@ steady time and effective samples of the plan evaluated at its width; see
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -53,11 +54,11 @@ from sim.cluster import thread_rates
 from sim.convergence import effective_to_target_iterations, model_tensor_elems
 from sim.costmodel import PlanCosts, plan_costs
 from sim.des.engine import TARGET_CAP
-from sim.multistage import evaluate_analytic
 from sim.observation import Observation, WorkerStatus, accepted_shares, full_membership, rate_sps
-from sim.plan import Plan
+from sim.plan import Plan, PlanKind, require_kind
 from sim.problem import Problem, initial_free_memory_bytes
 from sim.result import DeviceUsage, RunResult
+from sim.scheduling import OnlineScheduler
 
 #: An online scheduler is driven to its steady state by at most this many plan changes ...
 MAX_REBALANCES = 20
@@ -65,6 +66,7 @@ MAX_REBALANCES = 20
 MAX_CALLS_WITHOUT_CHANGE = 200
 
 _FIXED_POINT_PASSES = 16
+_MVA_PASSES = 200  # at most this many passes of the ASP / SSP mean-value analysis
 
 
 _SAMPLES = 48  # points per flow lifetime at which the link loads are read
@@ -229,10 +231,10 @@ class _BSP:
 
 
 def evaluate(problem: Problem, plan: Plan, scheduler: Any = None) -> RunResult:
-    """Evaluate ``plan`` analytically; same RunResult schema as the DES.
+    """Evaluate the data-parallel ``plan`` analytically; same RunResult schema as the DES.
 
-    ``scheduler``: the object that made ``plan``. If it has a callable
-    ``rebalance`` (an online scheduler), the steady state of its rebalancing is
+    ``scheduler``: the object that made ``plan``. If it is an
+    :class:`~sim.scheduling.OnlineScheduler`, the steady state of its rebalancing is
     evaluated instead: plan -> evaluate -> Observation of the modelled
     per-worker compute (one iteration per window; free memory at t = 0) ->
     rebalance, until the plan stops changing (``MAX_CALLS_WITHOUT_CHANGE``
@@ -240,13 +242,11 @@ def evaluate(problem: Problem, plan: Plan, scheduler: Any = None) -> RunResult:
     changes. ``extra["rebalances"]`` counts the changes and
     ``extra["final_shares"]`` gives the plan evaluated.
 
-    Layer-placement plans (:attr:`Plan.is_placement`) go to
-    :func:`sim.multistage.evaluate_analytic`.
+    Plans of another kind are refused (ValueError): :func:`sim.evaluate.evaluate`
+    sends layer placements to :func:`sim.multistage.evaluate_analytic`.
     """
-    if plan.is_placement:  # layer placement: the pipeline's steady state
-        return evaluate_analytic(problem, plan)
-    fn = getattr(scheduler, "rebalance", None)
-    if not callable(fn):
+    require_kind(plan, PlanKind.DATA_PARALLEL, "sim.analytic.evaluate")
+    if not isinstance(scheduler, OnlineScheduler):
         return _evaluate(problem, plan)
     workers = tuple(r.device for r in plan.replicas)
     current, result = full_membership(plan, workers), _evaluate(problem, plan)
@@ -256,7 +256,7 @@ def evaluate(problem: Problem, plan: Plan, scheduler: Any = None) -> RunResult:
         calls += 1
         t_s += result.iteration_times()[-1] if result.iter_end_s else 0.0
         obs = _observation(problem, current, calls, t_s)
-        new = fn(current, obs)
+        new = scheduler.rebalance(current, obs)
         shares = accepted_shares(new, obs, problem.job.global_batch) if new is not None else None
         if shares is None or shares == [r.batch for r in current.replicas]:
             quiet += 1
@@ -449,50 +449,15 @@ def _async_steady(problem: Problem, plan: Plan, c: PlanCosts) -> tuple[RunResult
     transfer from below. With pipelining only the round trip of the first
     layer's chunks is exposed, as long as the link can carry the volume.
     SSP: in steady state every worker runs at the slowest one's rate.
+    (The cycle times: :func:`_mva_cycles`.)
     """
     job = problem.job
     N, S = len(c.workers), len(c.shards)
-    fair = problem.cluster.network.sharing == "fair"
     compute = c.fwd_s.sum(axis=1) + c.bwd_s.sum(axis=1)
     service = c.agg_s + c.apply_one_s
     on = [c.chunk_shard == s for s in range(S)]
     per_shard = [lambda a, s=s: a[:, on[s]].sum(axis=1) for s in range(S)]
-    D_up = np.max([f(c.pull_bytes) / c.shard_bw[s] for s, f in enumerate(per_shard)], axis=0)
-    D_dn = np.max([f(c.push_bytes) / c.shard_bw[s] for s, f in enumerate(per_shard)], axis=0)
-    D_cpu = np.max([f(service) for f in per_shard], axis=0)
-    own_up = c.pull_bytes.sum(axis=1) / c.worker_bw
-    own_dn = c.push_bytes.sum(axis=1) / c.worker_bw
-    if not fair:  # each chunk at its slower endpoint, chunks in parallel
-        bw_pair = np.minimum(c.worker_bw[:, None], c.shard_bw[c.chunk_shard][None, :])
-        own_up = (c.pull_bytes / bw_pair).max(axis=1)
-        own_dn = (c.push_bytes / bw_pair).max(axis=1)
-        D_up = np.zeros(N)
-        D_dn = np.zeros(N)
-    first = c.chunk_group == 0
-    f1 = np.where(c.pull_bytes.sum(axis=1) > 0,
-                  c.pull_bytes[:, first].sum(axis=1) / np.maximum(c.pull_bytes.sum(axis=1), 1e-300), 1.0)
-    Z = compute + 2 * c.latency_s
-    Q = np.zeros((3, N))
-    cycle = Z + np.maximum(own_up, D_up) + np.maximum(own_dn, D_dn) + D_cpu
-    for _ in range(200):
-        seen = Q.sum(axis=1, keepdims=True) - Q  # queue each worker finds at each station
-        R_up = np.maximum(own_up, D_up * (1 + seen[0]))
-        R_dn = np.maximum(own_dn, D_dn * (1 + seen[1]))
-        R_cpu = D_cpu * (1 + seen[2])
-        comm = R_up + R_dn + R_cpu
-        if job.pipeline:
-            new = np.maximum(Z + f1 * comm, comm + 2 * c.latency_s)
-        else:
-            new = Z + comm
-        if job.sync == "ssp":
-            new = np.full(N, new.max())
-        X = 1.0 / new
-        Q_new = np.stack([X * R_up, X * R_dn, X * R_cpu])
-        done = np.allclose(Q_new, Q, rtol=1e-10, atol=1e-12)
-        Q = 0.5 * (Q + Q_new)
-        cycle = new
-        if done:
-            break
+    cycle = _mva_cycles(problem, c, compute, service, per_shard)
     rate = float((c.batch / cycle).sum())
     B = job.global_batch
     d = B / rate
@@ -521,6 +486,60 @@ def _async_steady(problem: Problem, plan: Plan, c: PlanCosts) -> tuple[RunResult
     return res, eff_rate * d  # and the effective samples of one global iteration
 
 
+def _mva_cycles(problem: Problem, c: PlanCosts, compute: np.ndarray, service: np.ndarray,
+                per_shard: Sequence[Callable[..., np.ndarray]]) -> np.ndarray:
+    """Each worker's steady cycle time (s) under ASP / SSP: the Bard-Schweitzer fixed point.
+
+    Demands of a worker: its compute and two latencies (delays); the largest
+    per-shard transfer up and down over the shards' shared links (with sharing
+    "none": none, each chunk moving at its slower endpoint instead); the largest
+    per-shard aggregation and update (``service``). Its own NIC bounds each
+    transfer from below. ``per_shard[s](a)`` sums a [worker, chunk] array over
+    shard s's chunks. The queue lengths are iterated, damped by half, until they
+    settle (at most ``_MVA_PASSES`` passes).
+    """
+    job = problem.job
+    N = len(c.workers)
+    fair = problem.cluster.network.sharing == "fair"
+    D_up = np.max([f(c.pull_bytes) / c.shard_bw[s] for s, f in enumerate(per_shard)], axis=0)
+    D_dn = np.max([f(c.push_bytes) / c.shard_bw[s] for s, f in enumerate(per_shard)], axis=0)
+    D_cpu = np.max([f(service) for f in per_shard], axis=0)
+    own_up = c.pull_bytes.sum(axis=1) / c.worker_bw
+    own_dn = c.push_bytes.sum(axis=1) / c.worker_bw
+    if not fair:  # each chunk at its slower endpoint, chunks in parallel
+        bw_pair = np.minimum(c.worker_bw[:, None], c.shard_bw[c.chunk_shard][None, :])
+        own_up = (c.pull_bytes / bw_pair).max(axis=1)
+        own_dn = (c.push_bytes / bw_pair).max(axis=1)
+        D_up = np.zeros(N)
+        D_dn = np.zeros(N)
+    first = c.chunk_group == 0
+    f1 = np.where(c.pull_bytes.sum(axis=1) > 0,
+                  c.pull_bytes[:, first].sum(axis=1) / np.maximum(c.pull_bytes.sum(axis=1), 1e-300), 1.0)
+    Z = compute + 2 * c.latency_s
+    Q = np.zeros((3, N))
+    cycle = Z + np.maximum(own_up, D_up) + np.maximum(own_dn, D_dn) + D_cpu
+    for _ in range(_MVA_PASSES):
+        seen = Q.sum(axis=1, keepdims=True) - Q  # queue each worker finds at each station
+        R_up = np.maximum(own_up, D_up * (1 + seen[0]))
+        R_dn = np.maximum(own_dn, D_dn * (1 + seen[1]))
+        R_cpu = D_cpu * (1 + seen[2])
+        comm = R_up + R_dn + R_cpu
+        if job.pipeline:
+            new = np.maximum(Z + f1 * comm, comm + 2 * c.latency_s)
+        else:
+            new = Z + comm
+        if job.sync == "ssp":
+            new = np.full(N, new.max())
+        X = 1.0 / new
+        Q_new = np.stack([X * R_up, X * R_dn, X * R_cpu])
+        done = np.allclose(Q_new, Q, rtol=1e-10, atol=1e-12)
+        Q = 0.5 * (Q + Q_new)
+        cycle = new
+        if done:
+            break
+    return cycle
+
+
 def _evaluate_adaptive(problem: Problem, plan: Plan) -> RunResult:
     """``quantization: adaptive``: the policy run over the modelled loss, piecewise.
 
@@ -537,63 +556,116 @@ def _evaluate_adaptive(problem: Problem, plan: Plan) -> RunResult:
     ``target_loss`` the schedule stops at the iteration that reaches it (at most
     ``TARGET_CAP`` x ``iterations``).
     """
-    from dataclasses import replace
+    job = problem.job
+    conv = job.convergence
+    assert job.quant_adaptive is not None and conv is not None
+    runs = _WidthRuns(problem, plan)
+    target = conv.effective_to_target(job.target_loss) if job.target_loss is not None else None
+    n_max = job.iterations * TARGET_CAP if target is not None else job.iterations
+    run = _adaptive_schedule(problem, runs, target, n_max)
+    extra = _dyn_note(problem)
+    if target is not None and run.ttt is None:
+        extra["target_not_reached"] = (
+            f"loss {run.losses[-1]:.6g} > target {job.target_loss} after {len(run.ends)} iterations "
+            f"(cap: {TARGET_CAP} x the {job.iterations} BSP needs)")
+    extra["quant_bits"] = run.changes
+    return RunResult(
+        name=problem.name, evaluator="analytic", scheduler=plan.scheduler, seed=problem.seed,
+        iter_end_s=run.ends, iter_samples=run.samples, devices=_scaled_devices(runs, run.counts),
+        warmup=min(job.warmup_iterations, max(len(run.ends) - 1, 0)), extra=extra, time_to_target_s=run.ttt,
+        iter_loss=run.losses,
+    )
 
+
+class _WidthRuns:
+    """The plan evaluated at one fixed width, once per width: ``runs(bits)`` is the run of
+    ``M = max(2, min(iterations, 64))`` iterations at ``bits`` and the effective samples of
+    one of its steady global iterations (BSP: the global batch at staleness 0; ASP/SSP: the
+    steady effective rate times the iteration time)."""
+
+    def __init__(self, problem: Problem, plan: Plan) -> None:
+        self.problem, self.plan = problem, plan
+        self.M = max(2, min(problem.job.iterations, 64))
+        self.d_el = model_tensor_elems(problem.job.model)
+        self.runs: dict[int, tuple[RunResult, float]] = {}
+
+    def __call__(self, bits: int) -> tuple[RunResult, float]:
+        if bits not in self.runs:
+            job, M = self.problem.job, self.M
+            conv = job.convergence
+            assert conv is not None
+            jb = dataclasses.replace(job, quant_bits=bits, quant_adaptive=None, target_loss=None, iterations=M,
+                                     warmup_iterations=min(job.warmup_iterations, M - 1))
+            sub = dataclasses.replace(self.problem, job=jb)
+            if job.sync == "bsp":
+                r = _evaluate(sub, self.plan)
+                B = r.iter_samples[-1]
+                e = conv.effective_samples(B, B, 0.0, bits, self.d_el)
+            else:
+                r, e = _async_steady(sub, self.plan, host_costs(sub, plan_costs(sub, self.plan)))
+            self.runs[bits] = (r, e)
+        return self.runs[bits]
+
+
+@dataclasses.dataclass
+class _AdaptiveRun:
+    """The piecewise schedule of an adaptive-width run (see :func:`_evaluate_adaptive`).
+
+    Attributes:
+        ends, samples, losses: per global iteration.
+        counts: iterations spent at each width.
+        changes: [iteration, bits] of the start width and of every change.
+        ttt: the time the target loss was reached (None: not reached or no target).
+    """
+
+    ends: list[float]
+    samples: list[int]
+    losses: list[float]
+    counts: dict[int, int]
+    changes: list[list[int]]
+    ttt: float | None
+
+
+def _adaptive_schedule(problem: Problem, runs: _WidthRuns, target: float | None, n_max: int) -> _AdaptiveRun:
+    """Advance one global iteration at a time at the width in force, ``n_max`` at most or
+    until ``target`` effective samples; every ``quant_every`` iterations observe the loss
+    and ask the policy for the width, as the DES does."""
     job = problem.job
     pol, conv = job.quant_adaptive, job.convergence
     assert pol is not None and conv is not None
-    d_el = model_tensor_elems(job.model)
-    M = max(2, min(job.iterations, 64))
-    per: dict[int, tuple[RunResult, float]] = {}
-
-    def at(bits: int) -> tuple[RunResult, float]:
-        if bits not in per:
-            jb = replace(job, quant_bits=bits, quant_adaptive=None, target_loss=None, iterations=M,
-                         warmup_iterations=min(job.warmup_iterations, M - 1))
-            sub = replace(problem, job=jb)
-            if job.sync == "bsp":
-                r = _evaluate(sub, plan)
-                B = r.iter_samples[-1]
-                e = conv.effective_samples(B, B, 0.0, bits, d_el)
-            else:
-                r, e = _async_steady(sub, plan, host_costs(sub, plan_costs(sub, plan)))
-            per[bits] = (r, e)
-        return per[bits]
-
-    target = conv.effective_to_target(job.target_loss) if job.target_loss is not None else None
-    n_max = job.iterations * TARGET_CAP if target is not None else job.iterations
     bits = pol.start_bits
-    changes: list[list[int]] = [[0, bits]]
+    run = _AdaptiveRun([], [], [], {}, [[0, bits]], None)
     hist: list[float] = []
-    losses: list[float] = []
-    ends: list[float] = []
-    samples: list[int] = []
-    counts: dict[int, int] = {}
     t = eff = 0.0
-    ttt = None
-    while len(ends) < n_max:
-        r, e = at(bits)
+    while len(run.ends) < n_max:
+        r, e = runs(bits)
         times = r.iteration_times()
-        t += float(times[0] if not ends else times[-1])
-        ends.append(t)
-        samples.append(int(r.iter_samples[-1]))
-        counts[bits] = counts.get(bits, 0) + 1
+        t += float(times[0] if not run.ends else times[-1])
+        run.ends.append(t)
+        run.samples.append(int(r.iter_samples[-1]))
+        run.counts[bits] = run.counts.get(bits, 0) + 1
         eff += e
-        losses.append(float(conv.loss(eff)))
-        k = len(ends)
+        run.losses.append(float(conv.loss(eff)))
+        k = len(run.ends)
         if target is not None and eff >= target * (1 - 1e-9):
-            ttt = t
+            run.ttt = t
             break
         if k % job.quant_every == 0:
-            hist.append(losses[-1])
+            hist.append(run.losses[-1])
             if not (pol.monotone and bits == pol.levels[-1]):
                 q = pol.bits(k, hist)
                 if q != bits:
                     bits = q
-                    changes.append([k, q])
+                    run.changes.append([k, q])
+    return run
+
+
+def _scaled_devices(runs: _WidthRuns, counts: dict[int, int]) -> list[DeviceUsage]:
+    """Each device's times over the schedule: each width's run scaled to the iterations
+    spent at that width, summed over the widths."""
     devices: dict[str, DeviceUsage] = {}
     for b, n in counts.items():
-        r, _ = per[b]
+        r, _ = runs.runs[b]
         f = n / len(r.iter_end_s)
         for dv in r.devices:
             acc = devices.get(dv.id)
@@ -603,18 +675,7 @@ def _evaluate_adaptive(problem: Problem, plan: Plan) -> RunResult:
             acc.compute_s += dv.compute_s * f
             acc.comm_s += dv.comm_s * f
             acc.wait_s += dv.wait_s * f
-    extra = _dyn_note(problem)
-    if target is not None and ttt is None:
-        extra["target_not_reached"] = (
-            f"loss {losses[-1]:.6g} > target {job.target_loss} after {len(ends)} iterations "
-            f"(cap: {TARGET_CAP} x the {job.iterations} BSP needs)")
-    extra["quant_bits"] = changes
-    return RunResult(
-        name=problem.name, evaluator="analytic", scheduler=plan.scheduler, seed=problem.seed,
-        iter_end_s=ends, iter_samples=samples, devices=list(devices.values()),
-        warmup=min(job.warmup_iterations, max(len(ends) - 1, 0)), extra=extra, time_to_target_s=ttt,
-        iter_loss=losses,
-    )
+    return list(devices.values())
 
 
 def _devices(problem: Problem, c: PlanCosts, compute: np.ndarray, comm: np.ndarray,

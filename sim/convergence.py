@@ -207,6 +207,36 @@ def fit(curves: Sequence[Curve], min_samples: float = 0.0,
     """
     from scipy.optimize import least_squares
 
+    R = _fit_points(curves, min_samples)
+    n, logy, b, st, q = R.T
+    free = (len(set(b.tolist())) > 1, bool((st > 0).any()), bool((q > 0).any()))
+    ymin = float(np.exp(logy).min())
+    if not 0.0 <= L_inf_min < ymin:
+        raise ValueError(f"L_inf_min {L_inf_min} must lie in [0, the lowest fitted loss {ymin:.6g})")
+
+    def resid(p: np.ndarray) -> np.ndarray:
+        return _model_logloss(p, R, free, L_inf_min) - logy
+
+    best = None
+    for p0 in _starts(R, free, L_inf_min, ymin):
+        try:
+            r = least_squares(resid, p0, method="trf", x_scale="jac", max_nfev=4000,
+                              xtol=1e-12, ftol=1e-12, gtol=1e-12)
+        except (ValueError, FloatingPointError):
+            continue
+        if np.all(np.isfinite(r.fun)) and (best is None or r.cost < best.cost):
+            best = r
+    if best is None:
+        raise ValueError("the fit did not converge")
+    rmse = float(np.sqrt(np.mean(best.fun**2)))
+    m = _unpack(best.x, free)
+    return replace(m, L_inf=L_inf_min + m.L_inf), rmse
+
+
+def _fit_points(curves: Sequence[Curve], min_samples: float) -> np.ndarray:
+    """The points :func:`fit` fits, one row each: samples, log(loss), batch, staleness and
+    the quantization variance; points below ``min_samples`` or with a loss that is not
+    positive and finite are left out (ValueError when fewer than 3 remain)."""
     rows = []
     for cv in curves:
         n = np.asarray(cv.samples, dtype=float)
@@ -216,52 +246,45 @@ def fit(curves: Sequence[Curve], min_samples: float = 0.0,
             rows.append((ni, math.log(yi), cv.batch, cv.staleness, quant_variance(cv.bits, cv.tensor_elems)))
     if len(rows) < 3:
         raise ValueError("need at least 3 points with positive loss to fit")
-    R = np.asarray(rows, dtype=float)
-    n, logy, b, st, q = R.T
-    free = (len(set(b.tolist())) > 1, bool((st > 0).any()), bool((q > 0).any()))
-    ymin = float(np.exp(logy).min())
-    if not 0.0 <= L_inf_min < ymin:
-        raise ValueError(f"L_inf_min {L_inf_min} must lie in [0, the lowest fitted loss {ymin:.6g})")
+    return np.asarray(rows, dtype=float)
 
-    def model_logloss(p: np.ndarray) -> np.ndarray:
-        L_inf_excess, a, alpha = np.exp(p[:3])
-        L_inf = L_inf_min + L_inf_excess
-        i = 3
-        f = np.ones_like(n)
-        if free[0]:
-            f = f / (1.0 + b / np.exp(p[i]))
-            i += 1
-        if free[1]:
-            f = f / (1.0 + np.exp(p[i]) * st)
-            i += 1
-        if free[2]:
-            f = f / (1.0 + np.exp(p[i]) * q)
-        return np.log(L_inf + a * (n * f) ** -alpha)
 
-    def resid(p: np.ndarray) -> np.ndarray:
-        return model_logloss(p) - logy
+def _model_logloss(p: np.ndarray, R: np.ndarray, free: tuple[bool, bool, bool], L_inf_min: float) -> np.ndarray:
+    """log L at the points ``R`` (:func:`_fit_points`) for the log-parameters ``p``:
+    L_inf - L_inf_min, a, alpha, then the free discounts' constants (critical batch,
+    staleness penalty, quantization penalty) in that order."""
+    n, _, b, st, q = R.T
+    L_inf_excess, a, alpha = np.exp(p[:3])
+    L_inf = L_inf_min + L_inf_excess
+    i = 3
+    f = np.ones_like(n)
+    if free[0]:
+        f = f / (1.0 + b / np.exp(p[i]))
+        i += 1
+    if free[1]:
+        f = f / (1.0 + np.exp(p[i]) * st)
+        i += 1
+    if free[2]:
+        f = f / (1.0 + np.exp(p[i]) * q)
+    return np.log(L_inf + a * (n * f) ** -alpha)
 
-    best = None
+
+def _starts(R: np.ndarray, free: tuple[bool, bool, bool], L_inf_min: float, ymin: float) -> list[np.ndarray]:
+    """The fit's starting points: L_inf at 10, 50 and 90% of the way from ``L_inf_min``
+    to the lowest loss, alpha 0.3 and 1, a matching the median point; the free
+    discounts at the median batch, a staleness penalty of 1 and a quantization penalty
+    of 0.1."""
+    n, logy, b, _, _ = R.T
     extra0 = ([math.log(float(np.median(b)))] if free[0] else []) + ([0.0] if free[1] else []) \
         + ([math.log(0.1)] if free[2] else [])
-    for linf_frac in (0.1, 0.5, 0.9):  # a few starts for L_inf; keep the best
+    out = []
+    for linf_frac in (0.1, 0.5, 0.9):  # a few starts for L_inf; the fit keeps the best
         for alpha0 in (0.3, 1.0):
             L0 = L_inf_min + linf_frac * (ymin - L_inf_min)
             nmed = float(np.median(n))
             a0 = max(float(np.exp(np.median(logy))) - L0, 1e-6 * ymin) * nmed**alpha0
-            p0 = np.array([math.log(L0 - L_inf_min), math.log(a0), math.log(alpha0), *extra0])
-            try:
-                r = least_squares(resid, p0, method="trf", x_scale="jac", max_nfev=4000,
-                                  xtol=1e-12, ftol=1e-12, gtol=1e-12)
-            except (ValueError, FloatingPointError):
-                continue
-            if np.all(np.isfinite(r.fun)) and (best is None or r.cost < best.cost):
-                best = r
-    if best is None:
-        raise ValueError("the fit did not converge")
-    rmse = float(np.sqrt(np.mean(best.fun**2)))
-    m = _unpack(best.x, free)
-    return replace(m, L_inf=L_inf_min + m.L_inf), rmse
+            out.append(np.array([math.log(L0 - L_inf_min), math.log(a0), math.log(alpha0), *extra0]))
+    return out
 
 
 def save(path: str | Path, f: Fit) -> None:

@@ -1,22 +1,20 @@
 """The cost model shared by the analytic evaluator and the DES.
 
-time(layer, phase, b, d) = d.launch_overhead_s * kernels(layer, phase)
-                         + max(flops / (peak[dtype] * eff(op, flops)), bytes / mem_bw)
-                         (+ d.call_overhead(...): per layer kind for a layer without
-                          FLOPs, per op class for one with; 0 unless the profile has
-                          call_overhead_s / call_overhead_bwd_s)
-                         (+ d.row_cost(...) * rows looked up, for a sparse layer without
-                          FLOPs; 0 unless the profile has row_cost_s / row_cost_bwd_s)
-                         (+ d.cold_s(op, bytes the cold_window passes before moved), for a
-                          pass priced by the curves; 0 unless the profile has cold_call_s.
-                          The window runs over the whole model in execution order, also
-                          where a plan splits it into stages on other devices)
-                         (+ glue_time_s(...): work of no layer charged to it; 0 unless
-                          the profile has layer_glue_s)
+A pass of a layer (forward or backward on ``b`` samples) is priced by the roofline
+plus the corrections the device's profile lists (``docs/modelling/cost_model.md``)::
 
-unless the device's measured profile has a per-layer table for the layer's
-signature, which is then interpolated in batch size. A message of n bytes on
-a link takes latency_s + n / bw_Bps (bandwidth shared among concurrent flows
+    roofline_s(pass) = d.launch_overhead_s * kernels
+                     + max(flops / (peak[dtype] * eff(op, kind, size)),
+                           bytes / (mem_bw * mem_eff(op, layer kind, bytes)))
+    layer_time_s     = roofline_s(pass after the corrections' changes)
+                     + sum(c.extra_s(pass) for c in corrections_of(d))
+
+The efficiency tables (``efficiency``, ``efficiency_bwd``, ``mem_efficiency``,
+``mem_efficiency_bwd``) are the roofline's parameters; each correction is a class of
+:mod:`sim.corrections` with its formula and the profile subsection it reads (a
+datasheet profile lists none: the roofline alone). A measured per-layer table for the
+layer's signature replaces both; it is interpolated in batch size. A message of n
+bytes on a link takes latency_s + n / bw_Bps (bandwidth shared among concurrent flows
 in the DES when the network's sharing is 'fair').
 
 :class:`PlanCosts` turns a (Problem, data-parallel Plan) pair into the arrays
@@ -58,6 +56,15 @@ import numpy as np
 
 from hardware_profiles import DeviceProfile
 from hardware_profiles.errors import ConfigError
+from sim.corrections import (
+    Correction,
+    DenseSparseGrad,
+    Glue,
+    PassContext,
+    WeightGradOnlyBwd,
+    corrections_of,
+)
+from sim.corrections.skinny_gemm import rows_kind
 from sim.plan import Plan
 from sim.problem import Problem
 from sim.quantization import QUANT_META_BYTES as QUANT_META_BYTES  # re-exported
@@ -73,27 +80,14 @@ APPLY_PASSES = 3.0
 
 _ACT_SCALE = {"fp32": 1.0, "fp16": 0.5, "bf16": 0.5}
 
-#: The most rows (samples x positions) a GEMM with parameters may make and still be
-#: a kind of its own, ``gemm/rowsN`` (:func:`compute_kind`): a skinny GEMM streams its
-#: weights once per call, and how its time grows with the rows depends on the
-#: machine's kernels (on the AMD EPYC profile 2 rows took twice 1 row's time, on the
-#: Intel Xeon profiles the same time and 4 rows twice it), so each row count gets
-#: its own curve where the profile measured enough calls of it.
-SKINNY_ROWS = 4
-
 #: How far an attention layer's FLOPs must exceed its projections' to count the
 #: attention itself (:func:`compute_kind`): the scores and weighted sum add seq / (2 d)
 #: of the projections' (1/8 for the zoo's transformer); without biases the width is
 #: read 0.5 low, which puts a fused layer's ratio below 1.
 ATTENTION_FLOPS_MARGIN = 1e-3
 
-#: Compute kinds (``OP/KIND``, :func:`compute_kind`) priced by their own curve alone
-#: where the profile has one: a skinny GEMM streams its weights at every size, so its
-#: curve over FLOPs (which grow with its bytes) is its streaming rate, from a
-#: cache-resident call to one far past the caches, fitted by ``hetsim calibrate`` to
-#: all its passes; a memory term beside it would price the same bytes twice. Without
-#: the kind's curve such a call is priced as any other of its op class.
-RATE_KINDS = frozenset(f"gemm/rows{m}" for m in range(1, SKINNY_ROWS + 1))
+#: The byte-accounting corrections ``layer_work``'s flags name.
+_DENSE_SPARSE_GRAD, _WEIGHT_GRAD_ONLY = DenseSparseGrad(), WeightGradOnlyBwd()
 
 
 def _table_time(batch: list[int], times: list[float], b: float) -> float:
@@ -107,40 +101,58 @@ def _table_time(batch: list[int], times: list[float], b: float) -> float:
 
 
 def layer_time_s(layer: Layer, phase: str, b: float, dev: DeviceProfile, dtype: str,
-                 input_bytes: float, streamed_bytes: float = 0.0) -> float:
+                 input_bytes: float, streamed_bytes: float = 0.0,
+                 corrections: Sequence[Correction] | None = None) -> float:
     """Seconds for one layer's forward ('fwd') or backward ('bwd') pass on ``b`` samples.
 
-    ``streamed_bytes``: what the passes before it moved (:func:`streamed_before`); a
-    pass priced by the curves pays the profile's cold-call seconds for them
-    (:meth:`DeviceProfile.cold_s`; 0 without ``cold_call_s``). A measured table
-    holds them already.
+    The layer's measured table where the profile has one (:func:`table_key`), else
+    :func:`pass_time_s` of the pass (:func:`pass_context`) with ``corrections``
+    (default: :func:`sim.corrections.corrections_of` ``dev``). ``streamed_bytes``: what
+    the passes before it moved (:func:`streamed_before`), which a correction with a
+    window reads (``cold_calls``); a measured table holds their cost already.
     """
     if b <= 0:
         return 0.0
     if dev.layers and (key := table_key(layer, input_bytes)) in dev.layers:
         t = dev.layers[key]
         return _table_time(t.batch, t.fwd_s if phase == "fwd" else t.bwd_s, b)
-    flops, kernels, nbytes = layer_work(layer, phase, b, dtype, input_bytes, dev.dense_sparse_grad,
-                                        dev.weight_grad_only_bwd)
-    has_params, reduces = layer.param_bytes > 0, layer.activation_bytes < input_bytes
-    mem_eff = dev.mem_eff(layer.op, nbytes, phase, layer.kernels, has_params, reduces, layer.inplace)
-    fixed = (fixed_s(dev, layer.op, phase, layer.kernels, has_params, reduces, looked_up_rows(layer, b),
-                     layer.inplace) if flops == 0 else dev.call_overhead(layer.op, phase))
-    if dev.layer_glue_s:
-        fixed += glue_time_s(layer, phase, b, dev, dtype, input_bytes)
-    if dev.cold_call_s:
-        fixed += dev.cold_s(layer.op, streamed_bytes)
-    return fixed + roofline_s(dev, layer.op, flops, nbytes, kernels, dtype, mem_eff, phase,
-                              compute_kind(layer, input_bytes, b))
+    cs = corrections_of(dev) if corrections is None else corrections
+    return pass_time_s(dev, pass_context(layer, phase, b, dtype, input_bytes, cs, streamed_bytes), cs)
 
 
-def fixed_s(dev: DeviceProfile, op: str, phase: str, kernels: int | None, has_params: bool,
-            reduces: bool, rows: float, inplace: bool = False) -> float:
-    """The fixed part of a pass without FLOPs beside its roofline: the profile's per-call
-    overhead of its kind plus its cost per row looked up times ``rows`` (both 0 where the
-    profile has none). :mod:`calibration.calibrate` prices its points with it too."""
-    return (dev.call_overhead(op, phase, kernels, has_params, reduces, inplace)
-            + dev.row_cost(op, phase, kernels, has_params, reduces, inplace) * rows)
+def pass_context(layer: Layer, phase: str, b: float, dtype: str, input_bytes: float,
+                 corrections: Sequence[Correction] = (), streamed_bytes: float = 0.0) -> PassContext:
+    """The pass of ``layer`` on ``b`` samples as the roofline and the corrections read it:
+    its work (:func:`plain_work`) changed by the ``work`` of each of ``corrections``."""
+    act = _ACT_SCALE.get(dtype, 1.0)
+    flops, kernels, nbytes = plain_work(layer, phase, b, dtype, input_bytes)
+    ctx = PassContext(
+        op=layer.op, phase=phase, flops=flops, kernels=kernels, nbytes=nbytes, dtype=dtype, batch=b,
+        layer=layer, input_bytes=input_bytes, weight_bytes=_touched_param_bytes(layer, b), act_scale=act,
+        out_bytes=b * act * layer.activation_bytes, rows=looked_up_rows(layer, b),
+        kind=compute_kind(layer, input_bytes, b), layer_kernels=layer.kernels,
+        has_params=layer.param_bytes > 0, reduces=layer.activation_bytes < input_bytes,
+        inplace=layer.inplace, streamed_bytes=streamed_bytes)
+    for c in corrections:
+        ctx = c.work(ctx)
+    return ctx
+
+
+def pass_time_s(dev: DeviceProfile, ctx: PassContext, corrections: Sequence[Correction] = ()) -> float:
+    """Seconds of the pass ``ctx`` (its work final: the corrections' ``work`` applied) on
+    ``dev``: the roofline of its work with each correction's ``terms``, plus each one's
+    ``extra_s``, summed in the order of ``corrections``.
+
+    :mod:`calibration.calibrate` prices its measured points with it too."""
+    mem_eff = dev.mem_eff(ctx.op, ctx.nbytes, ctx.phase, ctx.layer_kernels, ctx.has_params, ctx.reduces,
+                          ctx.inplace)
+    compute, memory = roofline_terms(dev, ctx.op, ctx.flops, ctx.nbytes, ctx.dtype, mem_eff, ctx.phase,
+                                     ctx.kind)
+    ctx = ctx.replace(compute_s=compute, memory_s=memory, eff_key=dev.eff_key(ctx.op, ctx.phase, ctx.kind))
+    for c in corrections:
+        ctx = c.terms(ctx)
+    return dev.launch_overhead_s * ctx.kernels + max(ctx.compute_s, ctx.memory_s) + sum(
+        c.extra_s(ctx) for c in corrections)
 
 
 def table_key(layer: Layer, input_bytes: float) -> str:
@@ -152,26 +164,34 @@ def table_key(layer: Layer, input_bytes: float) -> str:
 
 def glue_time_s(layer: Layer, phase: str, b: float, dev: DeviceProfile, dtype: str,
                 input_bytes: float = 0.0) -> float:
-    """The part of :func:`layer_time_s` that is glue (work of no layer charged to this one,
-    :meth:`DeviceProfile.glue` of its output bytes): 0 without ``layer_glue_s``, for
-    ``b <= 0`` and for a layer priced by a measured table (which holds its glue already;
-    ``input_bytes`` as :func:`table_key` takes them)."""
-    if not dev.layer_glue_s or b <= 0 or (dev.layers and table_key(layer, input_bytes) in dev.layers):
+    """The part of :func:`layer_time_s` that is glue (the ``glue`` correction,
+    :mod:`sim.corrections.glue`): 0 where the profile lists none, for ``b <= 0`` and for
+    a layer priced by a measured table (which holds its glue already; ``input_bytes``
+    as :func:`table_key` takes them)."""
+    glue = [c for c in corrections_of(dev) if isinstance(c, Glue)]
+    if not glue or b <= 0 or (dev.layers and table_key(layer, input_bytes) in dev.layers):
         return 0.0
-    return dev.glue(phase, b * _ACT_SCALE.get(dtype, 1.0) * layer.activation_bytes)
+    return glue[0].extra_s(pass_context(layer, phase, b, dtype, input_bytes))
+
+
+def roofline_terms(dev: DeviceProfile, op: str, flops: float, nbytes: float, dtype: str,
+                   mem_eff: float = 1.0, phase: str = "fwd", kind: str | None = None
+                   ) -> tuple[float, float]:
+    """The roofline's (compute seconds, memory seconds) of a piece of work:
+    ``flops / (peak[dtype] * eff(op, kind, size))`` (0 without FLOPs) and
+    ``nbytes / (mem_bw * mem_eff)``."""
+    compute = (flops / (dev.peak(dtype) * dev.eff(op, flops, phase, nbytes, kind))
+               if flops > 0 else 0.0)
+    return compute, nbytes / (dev.mem_bw_Bps * mem_eff)
 
 
 def roofline_s(dev: DeviceProfile, op: str, flops: float, nbytes: float, kernels: int, dtype: str,
                mem_eff: float = 1.0, phase: str = "fwd", kind: str | None = None) -> float:
-    """The cost model's formula for any piece of work (a layer pass, a robotics task):
-    launch overhead per kernel plus the larger of compute and memory time (compute time
-    alone for a kind of RATE_KINDS priced by its own curve)."""
-    compute = (flops / (dev.peak(dtype) * dev.eff(op, flops, phase, nbytes, kind))
-               if flops > 0 else 0.0)
-    if kind and f"{op}/{kind}" in RATE_KINDS and dev.eff_key(op, phase, kind) == f"{op}/{kind}":
-        return dev.launch_overhead_s * kernels + compute
-    memory = nbytes / (dev.mem_bw_Bps * mem_eff)
-    return dev.launch_overhead_s * kernels + max(compute, memory)
+    """The roofline for any piece of work (a layer pass, a robotics task): launch
+    overhead per kernel plus the larger of compute and memory time
+    (:func:`roofline_terms`), without corrections."""
+    return dev.launch_overhead_s * kernels + max(*roofline_terms(dev, op, flops, nbytes, dtype, mem_eff,
+                                                                 phase, kind))
 
 
 def compute_kind(layer: Layer, input_bytes: float, b: float | None = None) -> str | None:
@@ -179,10 +199,10 @@ def compute_kind(layer: Layer, input_bytes: float, b: float | None = None) -> st
     convolution, ``"spatial"`` (a window of several pixels per output at stride 1,
     e.g. 3x3: Winograd/direct kernels) or ``"pointwise"`` (1x1, or a window no
     larger than its stride: a GEMM); for a GEMM with parameters called on ``b``
-    samples that make ``m`` <= SKINNY_ROWS rows (``b`` times its positions, rounded:
-    a classifier's Linear at batch 1-4), ``"rowsM"``: a skinny GEMM, another kernel
-    (matrix-vector products, or a GEMM kernel far below its rate per byte at many
-    rows); for an attention layer with parameters (``nn.MultiheadAttention``),
+    samples, :func:`sim.corrections.skinny_gemm.rows_kind` of its rows (``b`` times its
+    positions): ``"rowsM"`` for a skinny GEMM of M <= SKINNY_ROWS rows (a classifier's
+    Linear at batch 1-4), another kernel (matrix-vector products, or a GEMM kernel far
+    below its rate per byte at many rows); for an attention layer with parameters (``nn.MultiheadAttention``),
     ``"unfused"`` where its record counts the FLOPs of the attention itself (the
     scores and the weighted sum, beyond the four projections: torch's math path,
     which training with dropout on the attention weights takes) and ``"fused"``
@@ -206,28 +226,11 @@ def compute_kind(layer: Layer, input_bytes: float, b: float | None = None) -> st
         return "unfused" if layer.fwd_flops > (1.0 + ATTENTION_FLOPS_MARGIN) * projections else "fused"
     positions = layer.fwd_flops / (2.0 * weights)
     if layer.op == "gemm":
-        rows = round(b * positions) if b is not None else 0
-        return f"rows{rows}" if 1 <= rows <= SKINNY_ROWS else None
+        return rows_kind(b * positions) if b is not None else None
     out_el, in_el = layer.activation_bytes / 4.0, input_bytes / 4.0
     if out_el <= 0 or in_el <= 0:
         return None
     return "spatial" if weights * positions**2 / (out_el * in_el) >= 2.0 else "pointwise"
-
-
-def computes_input_grad(layer: Layer) -> bool:
-    """Whether the backward of ``layer`` computes the gradient of its input.
-
-    False for a GEMM or convolution with parameters whose backward FLOPs are
-    below 1.5 times its forward FLOPs: its input needs no gradient (a model's
-    first layer, fed by data), so its backward computes only the weight
-    gradient, which costs as many FLOPs as the forward (the input gradient costs
-    as many again: a layer computing both has twice its forward FLOPs). The
-    record's FLOPs are counted from the backward's own ops
-    (:func:`sim.torch_extract.from_torch`), so the ratio is exactly 1 or 2.
-    True for every other layer.
-    """
-    return not (layer.op in ("gemm", "conv") and layer.param_bytes > 0 and layer.fwd_flops > 0
-                and layer.bwd_flops < 1.5 * layer.fwd_flops)
 
 
 def layer_work(layer: Layer, phase: str, b: float, dtype: str, input_bytes: float,
@@ -235,16 +238,30 @@ def layer_work(layer: Layer, phase: str, b: float, dtype: str, input_bytes: floa
                ) -> tuple[float, int, float]:
     """(FLOPs, kernel launches, bytes moved) of one pass of ``layer`` on ``b`` samples.
 
-    The quantities the cost model prices; :mod:`calibration.calibrate`
-    fits efficiencies against the same ones. With ``dense_sparse_grad`` (a
-    device profile's flag) the backward of a sparse layer also writes a dense
-    gradient of its whole table, ``param_bytes``. With ``weight_grad_only`` (the
-    profile's ``weight_grad_only_bwd``) the backward of a layer that computes no
-    input gradient (:func:`computes_input_grad`) moves ``param_bytes + b *
-    (input + output)``: it reads its input and the output gradient and writes
-    the weight gradient, but reads no weights and writes no input gradient;
-    without the flag it is priced as a layer computing both. The forward of a
-    pooling layer counts :func:`pool_ops` among its FLOPs.
+    The quantities the cost model prices; :mod:`calibration.calibrate` fits
+    efficiencies against the same ones. :func:`plain_work`, changed by the
+    byte-accounting corrections the flags name, as a profile listing them prices the
+    pass: ``dense_sparse_grad`` (:mod:`sim.corrections.dense_sparse_grad`: the backward
+    of a sparse layer also writes a dense gradient of its whole table) and
+    ``weight_grad_only`` (:mod:`sim.corrections.weight_grad_only_bwd`: the backward of
+    a layer that computes no input gradient moves only what its weight gradient needs).
+    """
+    cs = ((_DENSE_SPARSE_GRAD,) if dense_sparse_grad else ()) + ((_WEIGHT_GRAD_ONLY,) if weight_grad_only
+                                                                 else ())
+    if not cs:
+        return plain_work(layer, phase, b, dtype, input_bytes)
+    ctx = pass_context(layer, phase, b, dtype, input_bytes, cs)
+    return ctx.flops, ctx.kernels, ctx.nbytes
+
+
+def plain_work(layer: Layer, phase: str, b: float, dtype: str, input_bytes: float
+               ) -> tuple[float, int, float]:
+    """(FLOPs, kernel launches, bytes moved) of one pass of ``layer`` on ``b`` samples,
+    before any correction: the forward reads the weights (a sparse table's touched
+    rows), its input and writes its output; the backward reads the weights and writes
+    their gradient, reads its input and the output gradient and writes the input
+    gradient, in twice the forward's kernels. The forward of a pooling layer counts
+    :func:`pool_ops` among its FLOPs. Activations scale with ``dtype`` (fp16/bf16: half).
     """
     act = _ACT_SCALE.get(dtype, 1.0)
     if phase == "fwd":
@@ -252,18 +269,11 @@ def layer_work(layer: Layer, phase: str, b: float, dtype: str, input_bytes: floa
         kernels = layer.kernels
         weights = _touched_param_bytes(layer, b)
         nbytes = weights + b * act * (input_bytes + layer.activation_bytes)
-    elif weight_grad_only and not computes_input_grad(layer):
-        flops = layer.bwd_flops * b
-        kernels = 2 * layer.kernels
-        # write the weight gradient; read the input and the output gradient
-        nbytes = _touched_param_bytes(layer, b) + b * act * (input_bytes + layer.activation_bytes)
     else:
         flops = layer.bwd_flops * b
         kernels = 2 * layer.kernels
         weights = 2.0 * _touched_param_bytes(layer, b)  # read weights, write their gradient
         nbytes = weights + b * act * (input_bytes + 2.0 * layer.activation_bytes)
-        if dense_sparse_grad and layer.sparse is not None:
-            nbytes += layer.param_bytes
     return flops, kernels, nbytes
 
 
@@ -319,27 +329,36 @@ def window_sums(fwd_bytes: Sequence[float], bwd_bytes: Sequence[float], window: 
 def pass_bytes(model: Model, b: float, dtype: str, dense_sparse_grad: bool = False,
                weight_grad_only: bool = False) -> tuple[list[float], list[float]]:
     """Bytes each layer's forward and backward pass moves on ``b`` samples
-    (:func:`layer_work`, with a profile's flags of those names)."""
+    (:func:`layer_work`, with the byte-accounting corrections of those names)."""
     fwd, bwd = ([layer_work(ly, ph, b, dtype, model.input_bytes_of(i), dense_sparse_grad,
                             weight_grad_only)[2] for i, ly in enumerate(model.layers)]
                 for ph in ("fwd", "bwd"))
     return fwd, bwd
 
 
+def streamed_window(corrections: Sequence[Correction]) -> int:
+    """How many passes before a pass ``corrections`` read the bytes of (0: none)."""
+    return max((c.streamed_window for c in corrections), default=0)
+
+
 def streamed_before(model: Model, dev: DeviceProfile, dtype: str, b: float
                     ) -> tuple[np.ndarray, np.ndarray]:
-    """Bytes the ``dev.cold_window`` passes (1 if unset) before each layer's forward and
-    backward pass moved (:func:`pass_bytes`, :func:`window_sums`)."""
-    fwd, bwd = pass_bytes(model, b, dtype, dev.dense_sparse_grad, dev.weight_grad_only_bwd)
-    return window_sums(fwd, bwd, dev.cold_window or 1)
+    """Bytes the passes before each layer's forward and backward pass moved, over the
+    window of ``dev``'s corrections (:func:`streamed_window`, at least 1), each pass's
+    bytes as its work corrections count them (:func:`window_sums`)."""
+    cs = corrections_of(dev)
+    fwd, bwd = ([pass_context(ly, ph, b, dtype, model.input_bytes_of(i), cs).nbytes
+                 for i, ly in enumerate(model.layers)] for ph in ("fwd", "bwd"))
+    return window_sums(fwd, bwd, streamed_window(cs) or 1)
 
 
 def _layer_times(model: Model, dev: DeviceProfile, dtype: str, b: int) -> tuple[np.ndarray, np.ndarray]:
     n = len(model.layers)
-    sf, sb = streamed_before(model, dev, dtype, b) if dev.cold_call_s else (np.zeros(n), np.zeros(n))
-    fwd = np.array([layer_time_s(ly, "fwd", b, dev, dtype, model.input_bytes_of(i), float(sf[i]))
+    cs = corrections_of(dev)
+    sf, sb = streamed_before(model, dev, dtype, b) if streamed_window(cs) else (np.zeros(n), np.zeros(n))
+    fwd = np.array([layer_time_s(ly, "fwd", b, dev, dtype, model.input_bytes_of(i), float(sf[i]), cs)
                     for i, ly in enumerate(model.layers)])
-    bwd = np.array([layer_time_s(ly, "bwd", b, dev, dtype, model.input_bytes_of(i), float(sb[i]))
+    bwd = np.array([layer_time_s(ly, "bwd", b, dev, dtype, model.input_bytes_of(i), float(sb[i]), cs)
                     for i, ly in enumerate(model.layers)])
     fwd.flags.writeable = False
     bwd.flags.writeable = False

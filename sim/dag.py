@@ -23,12 +23,13 @@ import heapq
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from hardware_profiles.board import Board
 from sim.costmodel import layer_work, roofline_s
+from sim.plan import PlanKind
 from sim.workload import OP_CLASSES, Model
 
 
@@ -278,6 +279,7 @@ class DagPlan:
     """A static schedule of one frame: each task's unit and start time, in one power mode.
 
     Attributes:
+        kind: always :attr:`PlanKind.DAG <sim.plan.PlanKind.DAG>` (evaluators dispatch on it).
         mode: power mode.
         unit: [task] unit index.
         start_s: [task] start time relative to the frame's release.
@@ -285,6 +287,7 @@ class DagPlan:
         proven: for exact schedulers, whether optimality was proven.
     """
 
+    kind: ClassVar[PlanKind] = PlanKind.DAG
     mode: str
     unit: tuple[int, ...]
     start_s: tuple[float, ...]
@@ -330,7 +333,7 @@ class DagPlan:
 
     def to_dict(self, c: DagCosts) -> dict[str, Any]:
         fin = self.finish_s(c)
-        return {"scheduler": self.scheduler, "mode": self.mode, "proven": self.proven,
+        return {"kind": self.kind.value, "scheduler": self.scheduler, "mode": self.mode, "proven": self.proven,
                 "makespan_s": self.makespan_s(c), "energy_j_per_frame": self.energy_j(c),
                 "tasks": [{"task": c.tasks[i], "unit": c.units[u], "start_s": float(self.start_s[i]),
                            "finish_s": float(fin[i])} for i, u in enumerate(self.unit)]}

@@ -81,7 +81,7 @@ def full_membership(plan: Plan, workers: tuple[str, ...], shares: list[int] | No
         shares = [have.get(d, 0) for d in workers]
     reps = tuple(Replica(d, int(b)) for d, b in zip(workers, shares))
     return Plan((Stage(st.first_layer, st.end_layer, reps, st.device_type),), plan.ps_shards,
-                plan.scheduler, dict(plan.options))
+                plan.scheduler, dict(plan.options), plan.kind)
 
 
 def accepted_shares(plan: Plan, obs: Observation, global_batch: int) -> list[int]:

@@ -50,7 +50,7 @@ import numpy as np
 
 from hardware_profiles.errors import HetsimError
 from sim.costmodel import _ACT_SCALE, layer_times, sparse_touched_bytes
-from sim.plan import Plan, Replica, Stage
+from sim.plan import Plan, PlanKind, Replica, Stage
 from sim.problem import Problem
 from sim.quantization import packed_bytes_array
 
@@ -298,7 +298,8 @@ class PlacementSpace:
         ev = self.evaluate_one(assignment)
         options = {"placement": {"assignment": [self.type_names[int(k)] for k in assignment],
                                  "predicted": ev, "throughput_min": self.target}}
-        return Plan(tuple(stages), tuple(s.id for s in self.problem.cluster.shards), scheduler, options)
+        return Plan(tuple(stages), tuple(s.id for s in self.problem.cluster.shards), scheduler, options,
+                    PlanKind.PLACEMENT)
 
     def assignment_of(self, plan: Plan) -> np.ndarray:
         """The per-layer type indices of a placement plan (every stage of one type)."""

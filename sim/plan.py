@@ -1,20 +1,45 @@
 """Plans: what a scheduler decides, as versioned JSON.
 
-One type serves both problems of ARCHITECTURE.md: data-parallel PS training
-(H-PS) is the one-stage plan with uneven per-replica batch shares; layer
-placement (HeterPS) is the multi-stage plan.
+Every plan carries its :class:`PlanKind`, and :func:`sim.evaluate.evaluate`
+dispatches on it. :class:`Plan` serves both training problems of
+ARCHITECTURE.md: data-parallel PS training (H-PS, ``DATA_PARALLEL``) is the
+one-stage plan with uneven per-replica batch shares; layer placement
+(HeterPS, ``PLACEMENT``) is the plan of layer ranges on device types, run as
+a pipeline of stages. A robotics task graph's schedule (``DAG``) is a
+:class:`sim.dag.DagPlan`.
+
+Plan JSON schema 2 writes the kind; schema-1 files (no kind) are read through
+:func:`migrate_plan_dict`.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from hardware_profiles.errors import ConfigError
 
-PLAN_SCHEMA = 1
+PLAN_SCHEMA = 2
+
+
+class PlanKind(StrEnum):
+    """What a plan is, and so which model evaluates it (:func:`sim.evaluate.evaluate`).
+
+    * ``DATA_PARALLEL``: one stage of every layer, per-replica batch shares,
+      parameters on PS shards (Problem A); online schedulers may rebalance it.
+    * ``PLACEMENT``: layer ranges on device types (Problem B), run as a pipeline
+      of stages (sim/multistage.py, sim/des/pipeline.py); static. One stage is a
+      placement too when a placement scheduler chose it.
+    * ``DAG``: a periodic task graph scheduled on an embedded board's units
+      (:class:`sim.dag.DagPlan`), run by the frames DES.
+    """
+
+    DATA_PARALLEL = "data_parallel"
+    PLACEMENT = "placement"
+    DAG = "dag"
 
 
 @dataclass(frozen=True)
@@ -41,20 +66,22 @@ class Stage:
 
 @dataclass(frozen=True)
 class Plan:
-    """Stages plus the PS shards that hold the parameters."""
+    """Stages plus the PS shards that hold the parameters, of kind ``DATA_PARALLEL``
+    (one stage) or ``PLACEMENT`` (see :class:`PlanKind`)."""
 
     stages: tuple[Stage, ...]
     ps_shards: tuple[str, ...]
     scheduler: str = ""
     options: dict[str, Any] = field(default_factory=dict, compare=False)
+    kind: PlanKind = PlanKind.DATA_PARALLEL
 
-    @property
-    def is_placement(self) -> bool:
-        """A layer-placement (Problem B) plan: several stages, or made by a placement
-        scheduler (``options["placement"]``). Evaluators run these as a pipeline of
-        stages (sim/multistage.py, sim/des/pipeline.py), the model the placement
-        schedulers optimise; other plans are data-parallel PS training (Problem A)."""
-        return len(self.stages) > 1 or "placement" in self.options
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", PlanKind(self.kind))  # the enum, also when given its value
+        if self.kind is PlanKind.DAG:
+            raise ValueError("a Plan is data_parallel or placement; a DAG schedule is a sim.dag.DagPlan")
+        if self.kind is PlanKind.DATA_PARALLEL and len(self.stages) > 1:
+            raise ValueError(f"a data_parallel plan has one stage, not {len(self.stages)}; "
+                             "a plan of several stages is a placement")
 
     @property
     def replicas(self) -> tuple[Replica, ...]:
@@ -68,11 +95,12 @@ class Plan:
         reps = tuple(Replica(r.device, int(shares.get(r.device, r.batch))) for r in st.replicas)
         reps = tuple(r for r in reps if r.batch > 0)
         return Plan((Stage(st.first_layer, st.end_layer, reps, st.device_type),), self.ps_shards,
-                    self.scheduler, dict(self.options))
+                    self.scheduler, dict(self.options), self.kind)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "schema": PLAN_SCHEMA,
+            "kind": self.kind.value,
             "scheduler": self.scheduler,
             "stages": [
                 {
@@ -93,15 +121,43 @@ class Plan:
         Path(path).write_text(self.dumps())
 
 
+def require_kind(plan: Plan, kind: PlanKind, evaluator: str) -> None:
+    """Raise ValueError unless ``plan`` is of ``kind``, the only kind ``evaluator`` runs
+    (:func:`sim.evaluate.evaluate` picks the evaluator of a plan's kind)."""
+    if plan.kind is not kind:
+        raise ValueError(f"{evaluator} runs {kind} plans, not {plan.kind} ones; "
+                         "sim.evaluate.evaluate dispatches on the plan's kind")
+
+
+def migrate_plan_dict(d: dict[str, Any]) -> dict[str, Any]:
+    """Plan JSON of an older schema as the current schema reads it (``d`` itself when current).
+
+    Schema 1 had no ``kind``: a plan was a placement when it had several stages
+    or its options held ``"placement"`` (what a placement scheduler writes), and
+    data-parallel otherwise. Schema 2 is schema 1 plus that kind, written out.
+    """
+    if d.get("schema") != 1:
+        return d
+    stages, options = d.get("stages"), d.get("options")
+    placement = ((isinstance(stages, list) and len(stages) > 1)
+                 or (isinstance(options, dict) and "placement" in options))
+    return {**d, "schema": 2, "kind": (PlanKind.PLACEMENT if placement else PlanKind.DATA_PARALLEL).value}
+
+
 def plan_from_dict(d: Any, source: str = "<plan>") -> Plan:
-    """Parse plan JSON (schema 1) with one-line errors."""
+    """Parse plan JSON (schema 2, or 1 through :func:`migrate_plan_dict`) with one-line errors."""
     if not isinstance(d, dict):
         raise ConfigError(source, "", "a plan must be a JSON object")
+    d = migrate_plan_dict(d)
     if d.get("schema") != PLAN_SCHEMA:
-        raise ConfigError(source, "schema", f"unsupported plan schema {d.get('schema')!r} (expected 1)")
-    unknown = set(d) - {"schema", "scheduler", "stages", "ps_shards", "options"}
+        raise ConfigError(source, "schema",
+                          f"unsupported plan schema {d.get('schema')!r} (expected {PLAN_SCHEMA}, or 1)")
+    unknown = set(d) - {"schema", "kind", "scheduler", "stages", "ps_shards", "options"}
     if unknown:
         raise ConfigError(source, sorted(unknown)[0], "unknown field")
+    training = (PlanKind.DATA_PARALLEL.value, PlanKind.PLACEMENT.value)
+    if d.get("kind") not in training:
+        raise ConfigError(source, "kind", f"must be one of {', '.join(training)}, got {d.get('kind')!r}")
     stages = []
     raw_stages = d.get("stages")
     if not isinstance(raw_stages, list) or not raw_stages:
@@ -113,8 +169,11 @@ def plan_from_dict(d: Any, source: str = "<plan>") -> Plan:
         except (KeyError, TypeError, ValueError) as e:
             raise ConfigError(source, f"stages[{i}]", f"malformed stage ({e})") from None
         stages.append(Stage(int(a), int(b), reps, s.get("device_type")))
-    return Plan(tuple(stages), tuple(d.get("ps_shards", ())), str(d.get("scheduler", "")),
-                dict(d.get("options") or {}))
+    shards, options = tuple(d.get("ps_shards", ())), dict(d.get("options") or {})
+    try:
+        return Plan(tuple(stages), shards, str(d.get("scheduler", "")), options, PlanKind(d["kind"]))
+    except ValueError as e:
+        raise ConfigError(source, "kind", str(e)) from None
 
 
 def load_plan(path: str | Path) -> Plan:

@@ -113,7 +113,7 @@ def _compute_noise(spec: float | str, devices: Sequence[Device], source: str) ->
         return tuple(float(spec) for _ in devices) if spec else ()
     out = []
     for d in devices:
-        rel = (d.type.spread or {}).get("iteration_median")
+        rel = (d.type.measurement.spread or {}).get("iteration_median")
         if not isinstance(rel, (int, float)) or rel < 0:
             raise ConfigError(source, "job.compute_noise", f"'profile' needs a measured spread: profile "
                               f"{d.type.name!r} has no spread.iteration_median")
@@ -130,6 +130,24 @@ def build_problem(cfg: Config, base_dir: Path, source: str = "<config>") -> Prob
     Raises:
         ConfigError: unknown device types or models, bad dynamics, unsupported options.
     """
+    cluster = _build_cluster(cfg, base_dir, source)
+    job = _build_job(cfg, base_dir, cluster.devices, source)
+    dynamics = build_dynamics(cfg.dynamics, cfg.seed, len(cluster.devices), source)
+    o = cfg.objective
+    return Problem(
+        name=cfg.name,
+        seed=cfg.seed,
+        cluster=cluster,
+        job=job,
+        objective=Objective(o.minimize, o.throughput_min, o.deadline_s, o.budget_usd),
+        dynamics=dynamics,
+    )
+
+
+def _build_cluster(cfg: Config, base_dir: Path, source: str) -> Cluster:
+    """The devices (ids ``TYPE:K``, K counting within the type), the PS shards (``ps:K``),
+    the network and the hosts of ``cfg.cluster``, profiles read from ``cfg.profiles``
+    (relative to ``base_dir``) and then the built-in ones."""
     dirs = [(base_dir / p) if not Path(p).is_absolute() else Path(p) for p in cfg.profiles]
     for i, d in enumerate(dirs):
         if not d.is_dir():
@@ -152,8 +170,12 @@ def build_problem(cfg: Config, base_dir: Path, source: str = "<config>") -> Prob
         if dev_id not in known:
             raise ConfigError(source, f"cluster.network.overrides.{dev_id}", "no such device id")
     hosts, placement = _hosts(cfg.cluster, devices, shards, source)
-    cluster = Cluster(tuple(devices), shards, Network(net.latency_us * 1e-6, net.sharing), hosts, placement)
+    return Cluster(tuple(devices), shards, Network(net.latency_us * 1e-6, net.sharing), hosts, placement)
 
+
+def _build_job(cfg: Config, base_dir: Path, devices: Sequence[Device], source: str) -> Job:
+    """``cfg.job`` resolved: the model, the gradient width (fixed or adaptive), the
+    convergence model where one is needed and the iterations to run."""
     j = cfg.job
     model = resolve_model(j.model, base_dir, source)
     quant_adaptive: Adaptive | None = None
@@ -167,21 +189,13 @@ def build_problem(cfg: Config, base_dir: Path, source: str = "<config>") -> Prob
         if j.quantization_params is not None:
             raise ConfigError(source, "job.quantization_params", "only with quantization: adaptive")
         quant_bits = 32 if j.quantization == "none" else int(j.quantization)
-    convergence = None
-    if quant_adaptive is not None or j.target_loss is not None:
-        fit = load_for(model.name)
-        if fit is None:
-            field, why = (("job.target_loss", "use iterations or samples") if j.target_loss is not None
-                          else ("job.quantization", "adaptive quantization follows the modelled loss"))
-            raise ConfigError(source, field, f"no convergence fit for model {model.name!r} "
-                              f"(sim/convergence_fits/); {why}")
-        convergence = fit.model
+    convergence = _convergence_of(cfg, model, quant_adaptive is not None, source)
     if j.target_loss is not None:
         assert convergence is not None
         iterations = _to_target(convergence, model, j.target_loss, j.global_batch, quant_bits, source)
     else:
         iterations = j.iterations if j.iterations is not None else math.ceil((j.samples or 0) / j.global_batch)
-    job = Job(
+    return Job(
         model=model,
         global_batch=j.global_batch,
         dtype=j.dtype,
@@ -198,16 +212,21 @@ def build_problem(cfg: Config, base_dir: Path, source: str = "<config>") -> Prob
         quant_every=quant_every,
         compute_noise=_compute_noise(j.compute_noise, devices, source),
     )
-    dynamics = build_dynamics(cfg.dynamics, cfg.seed, len(devices), source)
-    o = cfg.objective
-    return Problem(
-        name=cfg.name,
-        seed=cfg.seed,
-        cluster=cluster,
-        job=job,
-        objective=Objective(o.minimize, o.throughput_min, o.deadline_s, o.budget_usd),
-        dynamics=dynamics,
-    )
+
+
+def _convergence_of(cfg: Config, model: Model, adaptive: bool, source: str) -> ConvergenceModel | None:
+    """The model's fitted convergence model (sim/convergence_fits/) when the job needs one:
+    a target loss or adaptive quantization; None otherwise."""
+    j = cfg.job
+    if not adaptive and j.target_loss is None:
+        return None
+    fit = load_for(model.name)
+    if fit is None:
+        field, why = (("job.target_loss", "use iterations or samples") if j.target_loss is not None
+                      else ("job.quantization", "adaptive quantization follows the modelled loss"))
+        raise ConfigError(source, field, f"no convergence fit for model {model.name!r} "
+                          f"(sim/convergence_fits/); {why}")
+    return fit.model
 
 
 def _hosts(cl: ClusterConfig, devices: list[Device], shards: tuple[Device, ...],

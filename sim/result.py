@@ -1,9 +1,11 @@
-"""RunResult: one schema for whatever produced it (analytic, des, runtime).
+"""RunResult: one schema for whatever produced it (analytic, des, runtime) and for every
+plan kind (:class:`sim.plan.PlanKind`).
 
 Headline metrics are derived from recorded facts (iteration boundaries, busy
 times, provisioned devices), never stored twice. ``summary_json``,
 ``iterations_csv`` and ``trace_json`` give the file contents
-(experiments/runner.py writes them).
+(experiments/runner.py writes them). A DAG plan's frames run is a
+:class:`FrameResult`: a RunResult whose iterations are frames, plus the frame facts.
 """
 
 from __future__ import annotations
@@ -182,6 +184,90 @@ class RunResult:
 
     def trace_json(self) -> str:
         return json.dumps({"traceEvents": self.trace, "displayTimeUnit": "ms"}) + "\n"
+
+
+@dataclass(kw_only=True)
+class FrameResult(RunResult):
+    """A run of a periodic DAG plan (:func:`sim.des.frames.simulate_frames`): one iteration per frame.
+
+    ``iter_end_s`` holds each frame's finish and ``iter_samples`` 1 per frame, so
+    the headline reads as a training run's: throughput in frames per second,
+    iteration times the gaps between finishes. ``devices`` are the board's units
+    (role "worker", busy for their executions; ``active_w`` the extra power of a
+    busy unit, ``idle_w`` 0): the board's idle power is :attr:`board_idle_w`.
+
+    Attributes:
+        release_s: [frame] release times.
+        deadline_s: the deadline each latency is judged against.
+        makespan_s: the plan's frame time (its schedule, no jitter, load or contention).
+        duration_s: simulated time: the last finish, or frames x period when that is later.
+        board_idle_w: board power with every online unit idle.
+    """
+
+    release_s: np.ndarray
+    deadline_s: float
+    makespan_s: float
+    duration_s: float
+    board_idle_w: float
+
+    @property
+    def finish_s(self) -> np.ndarray:
+        """[frame] completion times."""
+        return np.asarray(self.iter_end_s, dtype=float)
+
+    @property
+    def latency_s(self) -> np.ndarray:
+        """[frame] finish - release."""
+        return self.finish_s - self.release_s
+
+    @property
+    def units(self) -> tuple[str, ...]:
+        return tuple(d.id for d in self.devices)
+
+    @property
+    def busy_s(self) -> np.ndarray:
+        """[unit] busy seconds."""
+        return np.array([d.busy_s for d in self.devices])
+
+    @property
+    def elapsed_s(self) -> float:
+        return self.duration_s
+
+    @property
+    def energy_j(self) -> float:
+        """Board idle power over the simulated time plus each unit's busy extra power
+        over its busy time (:meth:`sim.dag.DagPlan.energy_j`, frame after frame)."""
+        extra_w = np.array([d.active_w - d.idle_w for d in self.devices])
+        return self.board_idle_w * self.duration_s + float((self.busy_s * extra_w).sum())
+
+    @property
+    def miss_rate(self) -> float:
+        """Fraction of frames finishing after their deadline."""
+        return float(np.mean(self.latency_s > self.deadline_s * (1 + 1e-9)))
+
+    @property
+    def energy_per_frame_j(self) -> float:
+        return self.energy_j / len(self.iter_end_s)
+
+    def frames_summary(self) -> dict[str, Any]:
+        """The frame figures: misses, latency percentiles, energy per frame, utilisation."""
+        lat = self.latency_s
+        return {"frames": len(lat), "deadline_miss_rate": self.miss_rate,
+                "latency_mean_s": float(lat.mean()), "latency_p50_s": float(np.percentile(lat, 50)),
+                "latency_p99_s": float(np.percentile(lat, 99)), "latency_max_s": float(lat.max()),
+                "energy_per_frame_j": self.energy_per_frame_j, "utilization": self.utilization()}
+
+    def summary(self) -> dict[str, Any]:
+        """RunResult's summary followed by :meth:`frames_summary`."""
+        return {**super().summary(), **self.frames_summary()}
+
+    def frames_csv(self) -> str:
+        """frames.csv: frame, release_s, finish_s, latency_s, missed (1 after the deadline)."""
+        lines = ["frame,release_s,finish_s,latency_s,missed"]
+        lines += [f"{f},{r!r},{e!r},{lat!r},{int(lat > self.deadline_s * (1 + 1e-9))}"
+                  for f, (r, e, lat) in enumerate(zip(self.release_s.tolist(), self.finish_s.tolist(),
+                                                      self.latency_s.tolist()))]
+        return "\n".join(lines) + "\n"
 
 
 class Trace:

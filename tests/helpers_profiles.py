@@ -10,7 +10,7 @@ from hardware_profiles.schema import DeviceProfile
 def bare_profile(**kw: Any) -> DeviceProfile:
     """1 GFLOP/s fp32, 1 GB/s of memory and NIC, 1 us launches, free; ``kw`` sets more fields."""
     data: dict[str, Any] = {
-        "schema": 1, "name": "m", "kind": "cpu", "peak_flops": {"fp32": 1e9},
+        "schema": 2, "name": "m", "kind": "cpu", "peak_flops": {"fp32": 1e9},
         "mem_bw_Bps": 1e9, "memory_bytes": 1e9, "launch_overhead_s": 1e-6,
         "nic_bw_Bps": 1e9, "price_per_hour": 0.0, "power_w": {"idle": 0, "active": 0},
         "source": {"kind": "measured", "date": "2026-11-30"},

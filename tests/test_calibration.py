@@ -30,7 +30,8 @@ from calibration.profiler import timing as PT
 from experiments.cli import main
 from hardware_profiles import load_profile_file
 from hardware_profiles.errors import ConfigError, HetsimError
-from hardware_profiles.schema import BandwidthCurve, EfficiencyCurve, IntensityCurve
+from hardware_profiles.schema import BandwidthCurve, DeviceProfile, EfficiencyCurve, IntensityCurve
+from sim.corrections import PassContext, corrections_of
 from sim.costmodel import layer_time_s, layer_work, pool_ops
 from sim.workload import Layer
 from tests.helpers_profiles import bare_profile
@@ -97,8 +98,7 @@ def _measured(tmp_path: Path) -> Path:
         layers={Layer("fc", "gemm", 1e6, 2e6, 400.0, 40.0).signature:
                 {"batch": [1, 2], "fwd_s": [0.1, 0.2], "bwd_s": [0.3, 0.5]}},
         network={"p2p_bw_Bps": 1e9, "p2p_latency_s": 5e-5, "backend": "gloo"},
-        spread={"layer_median": 0.05},
-        raw={"threads": 1, "models": {}},
+        measurement={"spread": {"layer_median": 0.05}, "raw": {"threads": 1, "models": {}}},
     )
     path = tmp_path / "meas.json"
     P.write_profile(prof, path)
@@ -162,7 +162,8 @@ def test_compute_kind_tells_convolution_windows_apart() -> None:
 
 def test_compute_kind_tells_a_skinny_gemm_apart() -> None:
     from sim import zoo
-    from sim.costmodel import RATE_KINDS, SKINNY_ROWS, compute_kind
+    from sim.corrections.skinny_gemm import RATE_KINDS, SKINNY_ROWS
+    from sim.costmodel import compute_kind
 
     assert SKINNY_ROWS == 4
     assert RATE_KINDS == {"gemm/rows1", "gemm/rows2", "gemm/rows3", "gemm/rows4"}
@@ -221,29 +222,39 @@ def test_attention_benchmarks_with_dropout_run_the_zoo_transformers_path() -> No
 
 
 def test_a_rate_kind_is_priced_by_its_curve_alone_where_the_profile_has_it() -> None:
-    from sim.costmodel import roofline_s
+    from sim.costmodel import pass_time_s, roofline_s
 
     flops, nbytes = 2e6, 4e6
+    skinny = {"skinny_gemm": {}}
+
+    def priced(dev: DeviceProfile, kind: str, phase: str = "fwd", op: str = "gemm") -> float:
+        # a pass of that compute kind, with the profile's corrections (skinny_gemm)
+        return pass_time_s(dev, PassContext(op, phase, flops, 1, nbytes, kind=kind), corrections_of(dev))
+
     # without a gemm/rows1 curve: the class's curve and the memory term (4e6 B / 1e9 B/s)
-    dev = bare_profile(efficiency={"gemm": 0.5})
+    dev = bare_profile(efficiency={"gemm": 0.5}, corrections=skinny)
     assert dev.eff_key("gemm", "fwd", "rows1") == "gemm"
-    assert roofline_s(dev, "gemm", flops, nbytes, 1, "fp32", kind="rows1") == 1e-6 + 4e6 / 1e9
+    assert priced(dev, "rows1") == 1e-6 + 4e6 / 1e9
     # with one: launch + FLOPs / (1e9 x 1.0), no memory term although it is larger
-    dev = bare_profile(efficiency={"gemm": 0.5, "gemm/rows1": 1.0})
+    dev = bare_profile(efficiency={"gemm": 0.5, "gemm/rows1": 1.0}, corrections=skinny)
     assert dev.eff_key("gemm", "fwd", "rows1") == dev.eff_key("gemm", "bwd", "rows1") == "gemm/rows1"
-    assert roofline_s(dev, "gemm", flops, nbytes, 1, "fp32", kind="rows1") == 1e-6 + 2e6 / 1e9
+    assert priced(dev, "rows1") == 1e-6 + 2e6 / 1e9
+    # the roofline alone (and a profile without skinny_gemm) keeps the memory term
+    assert roofline_s(dev, "gemm", flops, nbytes, 1, "fp32", kind="rows1") == 1e-6 + 4e6 / 1e9
+    assert priced(bare_profile(efficiency={"gemm": 0.5, "gemm/rows1": 1.0}), "rows1") == 1e-6 + 4e6 / 1e9
     # another row count has no curve of its own: priced as any GEMM
-    assert roofline_s(dev, "gemm", flops, nbytes, 1, "fp32", kind="rows2") == 1e-6 + 4e6 / 1e9
+    assert priced(dev, "rows2") == 1e-6 + 4e6 / 1e9
     # a backward whose table has the class but not the kind is priced by the class's
     # backward curve (as eff prices it), memory term included, though the forward has the kind
-    dev = bare_profile(efficiency={"gemm": 0.5, "gemm/rows1": 1.0}, efficiency_bwd={"gemm": 1.0})
+    dev = bare_profile(efficiency={"gemm": 0.5, "gemm/rows1": 1.0}, efficiency_bwd={"gemm": 1.0},
+                       corrections=skinny)
     assert dev.eff_key("gemm", "bwd", "rows1") == "gemm"
     # compute 2e6 / 1e9 s, memory 4e6 / 1e9 s: the memory term decides
-    assert roofline_s(dev, "gemm", flops, nbytes, 1, "fp32", phase="bwd", kind="rows1") == 1e-6 + 4e6 / 1e9
+    assert priced(dev, "rows1", phase="bwd") == 1e-6 + 4e6 / 1e9
     assert dev.eff_key("elementwise") is None
     # a kind outside RATE_KINDS keeps the memory term
-    dev = bare_profile(efficiency={"conv": 0.5, "conv/pointwise": 1.0})
-    assert roofline_s(dev, "conv", flops, nbytes, 1, "fp32", kind="pointwise") == 1e-6 + 4e6 / 1e9
+    dev = bare_profile(efficiency={"conv": 0.5, "conv/pointwise": 1.0}, corrections=skinny)
+    assert priced(dev, "pointwise", op="conv") == 1e-6 + 4e6 / 1e9
 
 
 def test_a_memory_bound_pass_is_a_point_of_both_curves() -> None:
@@ -285,7 +296,7 @@ def test_in_place_layers_have_kinds_curves_and_tables_of_their_own() -> None:
     from hardware_profiles.schema import LayerTable
 
     dev = bare_profile(mem_efficiency={"elementwise/k1i": 0.25, "elementwise": 0.5},
-                       call_overhead_s={"elementwise/k1i": 2e-5})
+                       corrections={"call_overhead": {"fwd": {"elementwise/k1i": 2e-5}}})
     relu = Layer("relu", "elementwise", 0.0, 0.0, 0.0, 1e3)
     relu_ip = replace(relu, inplace=True)
     # 1 launch (1e-6) + 2e3 B at 1e9 B/s x 0.5, or x 0.25 plus the in-place kind's 2e-5
@@ -334,14 +345,20 @@ def test_a_pool_costs_one_operation_per_window_element_and_two_per_output() -> N
 def test_call_overhead_lookup_and_pricing() -> None:
     # kind entry, else the op class's, else 0; the backward has its own table (no fallback)
     dev = bare_profile(mem_efficiency={"elementwise": 0.5},
-                call_overhead_s={"elementwise/k1": 3e-5, "elementwise": 1e-5},
-                call_overhead_bwd_s={"embedding": 2e-5})
-    assert dev.call_overhead("elementwise", "fwd", 1, False, False) == 3e-5
-    assert dev.call_overhead("elementwise", "fwd", 2, True, False) == 1e-5  # k2p: op class
-    assert dev.call_overhead("elementwise", "bwd", 1, False, False) == 0.0  # no bwd entry
-    assert dev.call_overhead("embedding", "bwd", 1, True, False) == 2e-5
-    assert dev.call_overhead("gemm", "fwd", 1, True, False) == 0.0
-    assert bare_profile().call_overhead("elementwise", "fwd", 1) == 0.0
+                       corrections={"call_overhead": {"fwd": {"elementwise/k1": 3e-5, "elementwise": 1e-5},
+                                                      "bwd": {"embedding": 2e-5}}})
+    (co,) = corrections_of(dev)
+
+    def call_overhead(op: str, phase: str, kernels: int, has_params: bool) -> float:
+        # a pass without FLOPs of that layer kind
+        return co.extra_s(PassContext(op, phase, 0.0, 1, 0.0, layer_kernels=kernels, has_params=has_params))
+
+    assert call_overhead("elementwise", "fwd", 1, False) == 3e-5
+    assert call_overhead("elementwise", "fwd", 2, True) == 1e-5  # k2p: op class
+    assert call_overhead("elementwise", "bwd", 1, False) == 0.0  # no bwd entry
+    assert call_overhead("embedding", "bwd", 1, True) == 2e-5
+    assert call_overhead("gemm", "fwd", 1, True) == 0.0
+    assert corrections_of(bare_profile()) == ()  # no call overhead at all
     # a ReLU of 1e3 output bytes on 1e3 input bytes: 1 launch (1e-6) + 3e-5 + 2e3 B / (1e9 * 0.5)
     relu = Layer("relu", "elementwise", 0.0, 0.0, 0.0, 1e3)
     assert layer_time_s(relu, "fwd", 1, dev, "fp32", 1e3) == pytest.approx(1e-6 + 3e-5 + 4e-6)
@@ -349,15 +366,15 @@ def test_call_overhead_lookup_and_pricing() -> None:
     assert layer_time_s(relu, "bwd", 1, dev, "fp32", 1e3) == pytest.approx(2e-6 + 6e-6)
     # a layer with FLOPs pays its op class's entry (a compute class's per-call cost),
     # never a kind's: 1 launch + 1e-3 + max(2e6 FLOPs / 1e9, (1e3 + 2 * 110) B / 1e9)
-    dev2 = bare_profile(call_overhead_s={"gemm": 1e-3, "gemm/k1p": 5e-3})
+    dev2 = bare_profile(corrections={"call_overhead": {"fwd": {"gemm": 1e-3, "gemm/k1p": 5e-3}}})
     fc = Layer("fc", "gemm", 1e6, 2e6, 1e3, 1e2)
     assert layer_time_s(fc, "fwd", 2, dev2, "fp32", 10.0) == pytest.approx(1e-6 + 1e-3 + 2e-3)
     # the backward has no entry: 2 launches + max(4e6 / 1e9, (2e3 + 2 * (10 + 200)) / 1e9)
     assert layer_time_s(fc, "bwd", 2, dev2, "fp32", 10.0) == pytest.approx(2e-6 + 4e-3)
     with pytest.raises(ValueError, match="unknown key"):
-        bare_profile(call_overhead_s={"relu": 1e-6})
+        bare_profile(corrections={"call_overhead": {"fwd": {"relu": 1e-6}}})
     with pytest.raises(ValueError):
-        bare_profile(call_overhead_s={"elementwise": -1e-6})
+        bare_profile(corrections={"call_overhead": {"fwd": {"elementwise": -1e-6}}})
 
 
 def test_bandwidth_fit_finds_the_per_call_overhead() -> None:
@@ -395,9 +412,10 @@ def test_fit_writes_call_overheads_that_price_the_points() -> None:
     assert f.call_overhead == pytest.approx({"elementwise": 4e-6, "elementwise/k1": 4e-6}, rel=1e-9)
     assert f.call_overhead_bwd == {}
     prof = _with_fit(truth, f, keep_tables=False)
-    assert prof.call_overhead_s == pytest.approx({"elementwise": 4e-6, "elementwise/k1": 4e-6})
-    assert prof.call_overhead_bwd_s is None
-    assert f.row_cost == {} and prof.row_cost_s is None  # no lookups: no row cost
+    co = prof.corrections.call_overhead
+    assert co is not None and co.fwd == pytest.approx({"elementwise": 4e-6, "elementwise/k1": 4e-6})
+    assert co.bwd is None
+    assert f.row_cost == {} and prof.corrections.row_cost is None  # no lookups: no row cost
     for p in pts:
         assert _point_time(prof, p) == pytest.approx(p.t_s, rel=1e-6)
 
@@ -634,7 +652,7 @@ def test_tiny_profile_end_to_end(tmp_path: Path) -> None:
     loaded = load_profile_file(path)
     assert loaded.name == "tiny" and loaded.source.kind == "measured"
     assert loaded.source.model_dump()["threads"] == 1
-    assert loaded.raw["clock"] == "thread"
+    assert loaded.measurement.raw["clock"] == "thread"
     from sim import zoo
     from sim.costmodel import table_key
 
@@ -648,15 +666,15 @@ def test_tiny_profile_end_to_end(tmp_path: Path) -> None:
     assert path.stat().st_size < 300_000
     # the drift probe ran after each step: gemm, bandwidth, dispatch, two single-layer
     # benchmarks, mlp at 4 and 8, quantization, the cold calls (a CPU run)
-    drift = loaded.raw["drift"]
+    drift = loaded.measurement.raw["drift"]
     assert [s["after"] for s in drift["samples"]] == [
         "gemm fp32 32x32x32", "bandwidth", "dispatch", "layer linear_256x256",
         "layer relu_1m", "mlp b=4", "mlp b=8", "quantization", "cold calls"]
-    assert loaded.raw["rounds"] == 1 and loaded.raw["statistic"] == P.statistic_of(1)
+    assert loaded.measurement.raw["rounds"] == 1 and loaded.measurement.raw["statistic"] == P.statistic_of(1)
     assert all(s["gemm_s"] > 0 and s["copy_s"] > 0 for s in drift["samples"])
     ats = [s["at_s"] for s in drift["samples"]]
     assert ats == sorted(ats)
-    assert loaded.spread["drift_samples"] == 9 and loaded.spread["drift_gemm_range"] >= 0
+    assert loaded.measurement.spread["drift_samples"] == 9 and loaded.measurement.spread["drift_gemm_range"] >= 0
     assert "drift (the same 256^3 GEMM" in P.summary(loaded)
 
 
@@ -712,9 +730,9 @@ def test_a_failed_network_benchmark_keeps_the_other_measurements(
     kept_what = "without the network part" if kept_net is None else "with part of the network measurements"
     assert str(e.value) == f"{said}; every other measurement is kept in {out}, fitted, {kept_what}"
     kept = load_profile_file(out)
-    assert kept.raw["micro"] and kept.raw["models"]["mlp"] and kept.efficiency
-    assert kept.raw.get("network") == kept_net
-    assert kept.raw["network_error"] == said
+    assert kept.measurement.raw["micro"] and kept.measurement.raw["models"]["mlp"] and kept.efficiency
+    assert kept.measurement.raw.get("network") == kept_net
+    assert kept.measurement.raw["network_error"] == said
     assert (kept.network is None) == (kept_net is None)
 
 
@@ -732,7 +750,7 @@ def test_a_failed_fit_keeps_the_measurements(tmp_path: Path, monkeypatch: pytest
                       spec=spec)
     assert "the fit failed; the measurements are kept" in capsys.readouterr().err
     kept = load_profile_file(tmp_path / "kept.json")
-    assert kept.raw["micro"] and kept.raw["models"]["mlp"]
+    assert kept.measurement.raw["micro"] and kept.measurement.raw["models"]["mlp"]
     assert set(kept.layers)  # the per-layer tables, unfitted
 
 
@@ -753,7 +771,7 @@ def test_tiny_profile_on_gpu(tmp_path: Path) -> None:
                    net_bytes=(8, 65536), net_reps=2)
     prof, path = P.run_profile("cuda:0", tmp_path / "gpu.json", progress=False, spec=spec)
     assert prof.kind == "gpu" and {"fp32", "bf16", "fp16"} <= set(prof.peak_flops)
-    assert prof.raw["clock"] == "cuda" and "host_device" in prof.raw
+    assert prof.measurement.raw["clock"] == "cuda" and "host_device" in prof.measurement.raw
     backend = "nccl" if torch.cuda.device_count() >= 2 else "gloo"
     assert prof.network is not None and prof.network.model_dump()["backend"] == backend
     assert _spawned_children() == []

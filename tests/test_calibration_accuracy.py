@@ -9,6 +9,7 @@ import pytest
 import calibration.accuracy as bench_mod
 from calibration.accuracy import loo_rows, noise_floor, twin_floor
 from calibration.calibrate import predict_layers
+from hardware_profiles.schema import Measurement
 from sim import zoo
 from tests.helpers_profiles import bare_profile
 
@@ -55,7 +56,7 @@ def test_twin_floor_by_hand() -> None:
     # mlp: '1' forward 10 us -> |10/9 - 1| = 1/9; '3' forward 12 us -> 1/3; '1' backward
     # 20 us -> |20/10 - 1| = 1; '3' backward not measured (0: no pass). Median of the
     # three: 1/3. The two ReLUs of the mlp are not each other's twins (one model).
-    prof = bare_profile(raw=_relu_raw({"1": (1e-5, 2e-5), "3": (1.2e-5, 0.0)}, TWINS))
+    prof = bare_profile(measurement={"raw": _relu_raw({"1": (1e-5, 2e-5), "3": (1.2e-5, 0.0)}, TWINS)})
     assert twin_floor(prof) == {("mlp", 16): {"passes": 3, "median_abs_err": pytest.approx(1 / 3)}}
 
 
@@ -63,7 +64,7 @@ def test_twin_floor_without_twins_is_empty() -> None:
     raw = _relu_raw({"1": (1e-5, 2e-5), "3": (1.2e-5, 0.0)}, TWINS)
     for entry in raw["micro"]:
         entry["runs"] = entry["runs"][1:]  # only batch 64: other work
-    assert twin_floor(bare_profile(raw=raw)) == {}
+    assert twin_floor(bare_profile(measurement={"raw": raw})) == {}
     assert twin_floor(bare_profile()) == {}  # no raw measurements at all
 
 
@@ -87,7 +88,7 @@ def test_passes_lists_every_pass_of_the_held_out_model(
     cf, cw = predict_layers(dev, c, 32)
     raw["models"]["ctr_dnn"] = [{"batch": 32, "iter_s": 1.0, "hooked_iter_s": 1.0, "layers": {
         ly.name: [cf[i], cw[i], 0.0, 0.0] for i, ly in enumerate(c.layers)}}]
-    prof = dev.model_copy(update={"raw": raw})
+    prof = dev.model_copy(update={"measurement": Measurement(raw=raw)})
     monkeypatch.setattr(bench_mod, "load_profile_file", lambda path: prof)
 
     rows = loo_rows(prof)
@@ -114,7 +115,7 @@ def test_passes_lists_every_pass_of_the_held_out_model(
 
 def test_passes_errors_are_one_line(capsys: pytest.CaptureFixture[str],
                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    prof = bare_profile(raw=_relu_raw({"1": (1e-5, 2e-5)}, TWINS))
+    prof = bare_profile(measurement={"raw": _relu_raw({"1": (1e-5, 2e-5)}, TWINS)})
     monkeypatch.setattr(bench_mod, "load_profile_file", lambda path: prof)
     # a model the profile did not measure
     assert bench_mod.main(["p.json", "--passes", "vgg16"]) == 2
@@ -167,7 +168,7 @@ def test_repeatability_overall_and_per_row_by_hand() -> None:
     a = _runs({"1": [1e-5, 2e-5], "3": [1e-5, 1e-5]}, {"1": [0.8e-5, 1.6e-5], "3": [1e-5, 1e-5]}, 1e-3)
     a["models"]["mlp"].append({**a["models"]["mlp"][0], "batch": 64})  # the second profile lacks it
     b = _runs({"1": [1.2e-5, 2e-5], "3": [1e-5, 0.5e-5]}, {"1": [1e-5, 2e-5], "3": [1.1e-5, 1e-5]}, 1.1e-3)
-    rep = bench_mod.repeatability(bare_profile(raw=a), bare_profile(raw=b))
+    rep = bench_mod.repeatability(bare_profile(measurement={"raw": a}), bare_profile(measurement={"raw": b}))
     # overall, charged times: 0.2, 0, 0, 0.5 -> median 0.1; one iteration 10% apart
     assert rep["layer_passes"] == 4 and rep["layer_median_abs_diff"] == pytest.approx(0.1)
     assert rep["iterations"] == 1 and rep["iter_median_abs_diff"] == pytest.approx(0.1)
@@ -178,14 +179,14 @@ def test_repeatability_overall_and_per_row_by_hand() -> None:
     # '3' on charged ones (0, 0.5); a layer the second profile lacks ('5') is no pass
     a["models"]["mlp"][0]["layers"]["5"] = [1e-5, 1e-5, 0.0, 0.0]
     del b["models"]["mlp"][0]["own"]["3"]
-    row = bench_mod.repeatability(bare_profile(raw=a), bare_profile(raw=b))["rows"][0]
+    row = bench_mod.repeatability(bare_profile(measurement={"raw": a}), bare_profile(measurement={"raw": b}))["rows"][0]
     assert row["layer_ref"] == "own and charged" and row["passes"] == 4
     assert row["layer_median_abs_diff"] == pytest.approx(0.25)
     # without own times in the second profile, the charged ones: 0.2, 0, 0, 0.5 -> 0.1;
     # a pass timed 0 in the second (not measured) is no pass
     del b["models"]["mlp"][0]["own"]
     b["models"]["mlp"][0]["layers"]["3"][1] = 0.0
-    row = bench_mod.repeatability(bare_profile(raw=a), bare_profile(raw=b))["rows"][0]
+    row = bench_mod.repeatability(bare_profile(measurement={"raw": a}), bare_profile(measurement={"raw": b}))["rows"][0]
     assert row["layer_ref"] == "charged" and row["passes"] == 3
     assert row["layer_median_abs_diff"] == pytest.approx(0.0)
 

@@ -1,4 +1,4 @@
-"""Glue: the layers' own times in a profile's raw runs, the glue fit (``layer_glue_s``) and
+"""Glue: the layers' own times in a profile's raw runs, the glue fit (the ``glue`` correction) and
 how the cost model and the accuracy bench use them. Every expected figure is worked by hand."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import calibration.accuracy as bench_mod
 from calibration.accuracy import loo_rows
 from calibration.calibrate import fit_glue, glue_rows, points_from_raw, predict_layers
-from hardware_profiles.schema import LayerTable
+from hardware_profiles.schema import LayerTable, Measurement
 from sim import zoo
 from sim.costmodel import glue_time_s, iteration_compute_s, layer_time_s
 from sim.workload import Layer, Model
@@ -28,7 +28,7 @@ def test_mlp_output_bytes_as_assumed() -> None:
 def test_glue_is_priced_per_layer_pass_and_not_on_tables() -> None:
     relu = Layer("relu", "elementwise", 0.0, 0.0, 0.0, 1e3)
     plain = bare_profile()
-    dev = bare_profile(layer_glue_s={"fwd": [1e-5, 1e-9], "bwd": [2e-5, 0.0]})
+    dev = bare_profile(corrections={"glue": {"fwd": [1e-5, 1e-9], "bwd": [2e-5, 0.0]}})
     # forward on 2 samples: 1 launch + (2e3 + 2e3) B / 1e9 B/s, plus glue 1e-5 + 1e-9 * 2e3
     assert layer_time_s(relu, "fwd", 2, plain, "fp32", 1e3) == pytest.approx(1e-6 + 4e-6)
     assert layer_time_s(relu, "fwd", 2, dev, "fp32", 1e3) == pytest.approx(1e-6 + 4e-6 + 1e-5 + 2e-6)
@@ -40,7 +40,7 @@ def test_glue_is_priced_per_layer_pass_and_not_on_tables() -> None:
     assert glue_time_s(relu, "fwd", 0, dev, "fp32") == 0.0
     assert glue_time_s(relu, "fwd", 2, plain, "fp32") == 0.0
     # a measured table holds the glue already: none is added
-    tab = bare_profile(layer_glue_s={"fwd": [1e-5, 1e-9], "bwd": [2e-5, 0.0]},
+    tab = bare_profile(corrections={"glue": {"fwd": [1e-5, 1e-9], "bwd": [2e-5, 0.0]}},
                 layers={relu.signature: LayerTable(batch=[1, 4], fwd_s=[1e-3, 4e-3], bwd_s=[2e-3, 8e-3])})
     assert glue_time_s(relu, "fwd", 2, tab, "fp32") == 0.0
     assert layer_time_s(relu, "fwd", 2, tab, "fp32", 1e3) == pytest.approx(2e-3)
@@ -49,9 +49,9 @@ def test_glue_is_priced_per_layer_pass_and_not_on_tables() -> None:
     assert iteration_compute_s(m, dev, "fp32", 2) == pytest.approx(
         iteration_compute_s(m, plain, "fp32", 2) + 2 * (1.2e-5 + 2e-5))
     with pytest.raises(ValueError):
-        bare_profile(layer_glue_s={"fwd": [-1e-6, 0.0]})
+        bare_profile(corrections={"glue": {"fwd": [-1e-6, 0.0]}})
     with pytest.raises(ValueError):
-        bare_profile(layer_glue_s={"both": [1e-6, 0.0]})
+        bare_profile(corrections={"glue": {"both": [1e-6, 0.0]}})
 
 
 def _run(b: int, glue_fwd: float, glue_bwd: float, iter_s: float = 1.0) -> dict[str, Any]:
@@ -107,7 +107,7 @@ def test_no_own_times_no_glue_and_charged_points() -> None:
 
 def test_predict_layers_without_glue_is_the_own_part() -> None:
     m = zoo.get("mlp")
-    dev = bare_profile(layer_glue_s={"fwd": [1e-5, 1e-9], "bwd": [2e-5, 0.0]})
+    dev = bare_profile(corrections={"glue": {"fwd": [1e-5, 1e-9], "bwd": [2e-5, 0.0]}})
     f, b = predict_layers(dev, m, 4)
     of, ob = predict_layers(dev, m, 4, glue=False)
     pf, pb = predict_layers(bare_profile(), m, 4)
@@ -123,7 +123,7 @@ def test_bench_measures_layers_against_their_own_time_where_recorded(
     # Run b=16 records own times equal to the curves' figures and charges 1e-4 s of glue to
     # layer 0 in each pass; b=64 has no own times and its charged times are the predictions
     # with glue. Both iterations are the predictions with glue (5 layers x 3e-5 s).
-    dev = bare_profile(efficiency={"gemm": 0.5}, layer_glue_s={"fwd": [1e-5, 0.0], "bwd": [2e-5, 0.0]})
+    dev = bare_profile(efficiency={"gemm": 0.5}, corrections={"glue": {"fwd": [1e-5, 0.0], "bwd": [2e-5, 0.0]}})
     monkeypatch.setattr(bench_mod, "fit", lambda profile, exclude: (dev, None))
     m = zoo.get("mlp")
     runs = []
@@ -140,7 +140,7 @@ def test_bench_measures_layers_against_their_own_time_where_recorded(
         else:
             run["layers"] = {ly.name: [f[i], w[i], 0.1, 0.1] for i, ly in enumerate(m.layers)}
         runs.append(run)
-    rows = loo_rows(dev.model_copy(update={"raw": {"models": {"mlp": runs}}}))
+    rows = loo_rows(dev.model_copy(update={"measurement": Measurement(raw={"models": {"mlp": runs}})}))
     assert [r["layer_ref"] for r in rows] == ["own", "charged"]
     assert [r["layer_passes"] for r in rows] == [10, 10]
     for r in rows:

@@ -1,4 +1,4 @@
-"""Lookups: the cost per row looked up (``row_cost_s``, ``row_cost_bwd_s``), its fit, the
+"""Lookups: the cost per row looked up (the ``row_cost`` correction), its fit, the
 committed profile's small-table embedding benchmarks, and adding single-layer benchmarks
 to a measured profile (``hetsim profile --add-micro``)."""
 
@@ -25,7 +25,8 @@ from calibration.calibrate import (
 from experiments.cli import main
 from hardware_profiles import load_profile_file
 from hardware_profiles.errors import ConfigError
-from hardware_profiles.schema import BandwidthCurve
+from hardware_profiles.schema import BandwidthCurve, Measurement
+from sim.corrections import PassContext, RowCost, corrections_of
 from sim.costmodel import layer_time_s, looked_up_rows
 from sim.workload import Layer, Sparse
 from tests.helpers_profiles import bare_profile
@@ -42,17 +43,21 @@ def test_row_cost_lookup_and_pricing() -> None:
     emb = Layer("emb", "embedding", 0.0, 0.0, 1e4, 64.0, Sparse(2.0, 64.0))
     assert looked_up_rows(emb, 10) == 20.0
     assert looked_up_rows(Layer("relu", "elementwise", 0.0, 0.0, 0.0, 64.0), 10) == 0.0
-    dev = bare_profile(row_cost_s={"embedding/k1p": 1e-7}, row_cost_bwd_s={"embedding": 3e-7})
+    dev = bare_profile(corrections={"row_cost": {"fwd": {"embedding/k1p": 1e-7}, "bwd": {"embedding": 3e-7}}})
     # forward: 1 launch + 20 rows x 1e-7 (the kind's entry) + (1280 + 10 * (16 + 64)) B / 1e9
     assert layer_time_s(emb, "fwd", 10, dev, "fp32", 16.0) == pytest.approx(1e-6 + 2e-6 + 2.08e-6)
     # backward: 2 launches + 20 x 3e-7 (the op class's entry) + (2 * 1280 + 10 * (16 + 128)) B / 1e9
     assert layer_time_s(emb, "bwd", 10, dev, "fp32", 16.0) == pytest.approx(2e-6 + 6e-6 + 4e-6)
-    assert dev.row_cost("embedding", "fwd", 2, True, True) == 0.0  # k2pr: no entry, no op class's
-    assert bare_profile().row_cost("embedding", "bwd", 1, True) == 0.0
+    (rc,) = corrections_of(dev)
+    assert isinstance(rc, RowCost)
+    k2pr = PassContext("embedding", "fwd", 0.0, 2, 0.0, rows=1.0, layer_kernels=2, has_params=True,
+                       reduces=True)
+    assert rc.extra_s(k2pr) == 0.0  # k2pr: no entry, no op class's
+    assert corrections_of(bare_profile()) == ()  # no row cost at all
     with pytest.raises(ValueError, match="unknown key"):
-        bare_profile(row_cost_s={"lookup": 1e-7})
+        bare_profile(corrections={"row_cost": {"fwd": {"lookup": 1e-7}}})
     with pytest.raises(ValueError):
-        bare_profile(row_cost_bwd_s={"embedding": -1e-9})
+        bare_profile(corrections={"row_cost": {"bwd": {"embedding": -1e-9}}})
 
 
 def test_bandwidth_fit_finds_the_per_row_cost() -> None:
@@ -83,12 +88,12 @@ def test_this_machine_prices_its_small_tables_near_their_measurements() -> None:
     # 167 us, was 1.9-12x their 13.7-86 us), and the backward's bandwidth curves stay below
     # 1.5x the DRAM copy rate (above 1 only where a table and its gradient stay in cache).
     dev = load_profile_file(THIS_MACHINE)
-    raw = dev.raw or {}
+    raw = dev.measurement.raw or {}
     small = {e["name"] for e in raw["micro"] if e["name"].startswith("emb_")
              and e["model"]["layers"][0]["param_bytes"] <= 2.1e6}
     assert len(small) == 7
-    pts = [p for p in points_from_raw(raw, dense_sparse_grad=dev.dense_sparse_grad,
-                                      weight_grad_only=dev.weight_grad_only_bwd)
+    pts = [p for p in points_from_raw(raw, dense_sparse_grad=dev.corrections.dense_sparse_grad is not None,
+                                      weight_grad_only=dev.corrections.weight_grad_only_bwd is not None)
            if p.model.removeprefix("micro:") in small and p.phase == "bwd"]
     assert len(pts) == 2 * len(small)  # two batch sizes each
     errs = {(p.model, p.batch): _point_time(dev, p) / p.t_s - 1 for p in pts}
@@ -113,11 +118,11 @@ def test_add_micro_measures_merges_notes_and_refits(tiny_profile: Path, tmp_path
     path = tmp_path / "tiny.json"
     path.write_bytes(tiny_profile.read_bytes())
     before = load_profile_file(path)
-    assert before.row_cost_bwd_s is None and "embedding" not in (before.mem_efficiency_bwd or {})
+    assert before.corrections.row_cost is None and "embedding" not in (before.mem_efficiency_bwd or {})
     prof, new = P.add_micro(path, ["emb_500x16"], progress=False)
     assert [e["name"] for e in new] == ["emb_500x16"]
     loaded = load_profile_file(path)
-    raw = loaded.raw or {}
+    raw = loaded.measurement.raw or {}
     assert [e["name"] for e in raw["micro"]] == ["relu_1m", "emb_500x16"]
     entry = raw["micro"][1]
     assert [r["batch"] for r in entry["runs"]] == [64, 1024]
@@ -129,7 +134,7 @@ def test_add_micro_measures_merges_notes_and_refits(tiny_profile: Path, tmp_path
     assert "1 thread(s), clock thread" in note[0] and "replacing" not in note[0]
     assert loaded.source.note.endswith("see raw.micro_note.")
     # the rest of raw is as it was; the fit now has the embedding's curves
-    assert raw["models"] == (before.raw or {})["models"] and raw["micro"][0] == (before.raw or {})["micro"][0]
+    assert raw["models"] == (before.measurement.raw or {})["models"] and raw["micro"][0] == (before.measurement.raw or {})["micro"][0]
     assert "embedding" in (loaded.mem_efficiency_bwd or {})
     assert loaded.layers == before.layers and loaded.peak_flops == before.peak_flops
     # measured again (named twice: once): replaced in place, a second note line, one
@@ -137,8 +142,8 @@ def test_add_micro_measures_merges_notes_and_refits(tiny_profile: Path, tmp_path
     _, new = P.add_micro(path, ["emb_500x16", "emb_500x16"], progress=False)
     assert [e["name"] for e in new] == ["emb_500x16"]
     again = load_profile_file(path)
-    assert [e["name"] for e in (again.raw or {})["micro"]] == ["relu_1m", "emb_500x16"]
-    lines = (again.raw or {})["micro_note"].splitlines()
+    assert [e["name"] for e in (again.measurement.raw or {})["micro"]] == ["relu_1m", "emb_500x16"]
+    lines = (again.measurement.raw or {})["micro_note"].splitlines()
     assert len(lines) == 2 and lines[1].endswith("replacing the earlier emb_500x16; the curves re-fitted.")
     assert again.source.note.count("raw.micro_note") == 1
 
@@ -151,11 +156,11 @@ def test_add_micro_missing_measures_what_the_profile_lacks(tiny_profile: Path, t
     monkeypatch.setattr(P, "_ALL_MICRO", ("relu_1m", "emb_3000x8"))  # a grid of two
     _, new = P.add_micro(path, ["missing"], progress=False)
     assert [e["name"] for e in new] == ["emb_3000x8"]
-    assert (load_profile_file(path).raw or {})["micro_note"].startswith("emb_3000x8: measured 20")
+    assert (load_profile_file(path).measurement.raw or {})["micro_note"].startswith("emb_3000x8: measured 20")
     written = path.read_bytes()
     prof, new = P.add_micro(path, ["missing"], progress=False)  # nothing left: nothing written
     assert new == [] and path.read_bytes() == written
-    assert [e["name"] for e in (prof.raw or {})["micro"]] == ["relu_1m", "emb_3000x8"]
+    assert [e["name"] for e in (prof.measurement.raw or {})["micro"]] == ["relu_1m", "emb_3000x8"]
     capsys.readouterr()
     assert main(["profile", "--add-micro", "missing", "--out", str(path), "--quiet"]) == 0
     assert capsys.readouterr().out.strip() == f"nothing to measure; {path} unchanged"
@@ -190,20 +195,20 @@ def test_add_micro_refuses_what_would_not_match(tiny_profile: Path, tmp_path: Pa
         assert len(err) == 1 and "--add-micro" in err[0] and why in err[0]
     assert main(["profile", "--add-micro", ",", "--out", str(tiny_profile)]) == 2
     assert "names no benchmark" in capsys.readouterr().err
-    assert "micro_note" not in (load_profile_file(tiny_profile).raw or {})  # nothing written
+    assert "micro_note" not in (load_profile_file(tiny_profile).measurement.raw or {})  # nothing written
 
 
 def test_calibrate_prints_the_drift_probe_figures(tiny_profile: Path, tmp_path: Path,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "tiny.json"
     path.write_bytes(tiny_profile.read_bytes())
-    spread = load_profile_file(path).spread or {}
+    spread = load_profile_file(path).measurement.spread or {}
     # eight steps, a sample after each: gemm, bandwidth, dispatch, relu_1m, mlp at 4 and 8,
     # quantization, cold calls
     assert spread["drift_samples"] == 8
     assert main(["calibrate", str(path)]) == 0
     out = capsys.readouterr().out
-    assert P.drift_line(drift_of(load_profile_file(path).raw or {}) or {}) in out
+    assert P.drift_line(drift_of(load_profile_file(path).measurement.raw or {}) or {}) in out
     assert "after each of 8 steps" in out
 
 
@@ -212,7 +217,7 @@ def test_add_micro_measures_in_the_profiles_rounds(tmp_path: Path, monkeypatch: 
                    micro=("relu_1m",), models={"mlp": (4,)}, min_reps=2, max_reps=2)
     _, path = P.run_profile("cpu", tmp_path / "r2.json", threads=1, network=False,
                             progress=False, spec=spec, rounds=2)
-    assert (load_profile_file(path).raw or {})["rounds"] == 2
+    assert (load_profile_file(path).measurement.raw or {})["rounds"] == 2
     seen = []
     real = P.measure_micro
 
@@ -223,35 +228,36 @@ def test_add_micro_measures_in_the_profiles_rounds(tmp_path: Path, monkeypatch: 
     monkeypatch.setattr(P, "measure_micro", spy)
     P.add_micro(path, ["emb_500x16"], progress=False)
     assert seen == [2]
-    note = (load_profile_file(path).raw or {})["micro_note"]
+    note = (load_profile_file(path).measurement.raw or {})["micro_note"]
     assert "spec's repeats in 2 round(s)) and merged" in note
 
 
 # ------------------------------------------------ cold calls
 def test_profile_measures_cold_calls_and_the_fit_chooses_a_window(tiny_profile: Path) -> None:
     prof = load_profile_file(tiny_profile)
-    cold = (prof.raw or {})["cold"]
+    cold = (prof.measurement.raw or {})["cold"]
     assert cold["moved_bytes"] == [int(m * 2**20) for m in P.COLD_MOVED_MIB]
     assert set(cold["cold_s"]) == set(cold["warm_s"]) == {"relu", "linear", "embedding"}
     assert all(len(v) == len(P.COLD_MOVED_MIB) and min(v) > 0 for v in cold["cold_s"].values())
     # the fit keeps a cold window only where it prices the measured passes better (the
     # median |error| over them, cold seconds included) than no cold term at all
     fitted, f = fit(prof)
-    no_cold = prof.model_copy(update={"raw": {k: v for k, v in (prof.raw or {}).items() if k != "cold"}})
+    no_cold = prof.model_copy(update={"measurement": Measurement(
+        raw={k: v for k, v in (prof.measurement.raw or {}).items() if k != "cold"})})
     plain, g = fit(no_cold)
-    assert plain.cold_call_s is None and plain.cold_window is None
+    assert plain.corrections.cold_calls is None
     assert [p.t_s for p in f.points] == [p.t_s for p in g.points]  # the times as measured
     err = float(np.median(np.abs(_rel_errors(fitted, f.points))))
     err_plain = float(np.median(np.abs(_rel_errors(plain, g.points))))
-    assert (fitted.cold_window is None) == (fitted.cold_call_s is None)
-    if fitted.cold_window is None:
+    cold_fit = fitted.corrections.cold_calls
+    if cold_fit is None:
         assert err == err_plain
-        assert fitted.model_dump(exclude={"raw"}) == plain.model_dump(exclude={"raw"})
+        assert fitted.model_dump(exclude={"measurement"}) == plain.model_dump(exclude={"measurement"})
     else:
-        assert fitted.cold_window in COLD_WINDOWS and err < err_plain
-        assert set(fitted.cold_call_s or {}) == {"elementwise", "gemm", "conv", "attention", "embedding"}
+        assert cold_fit.window in COLD_WINDOWS and err < err_plain
+        assert set(cold_fit.curves) == {"elementwise", "gemm", "conv", "attention", "embedding"}
     # the profile as written was fitted the same way
-    assert (prof.cold_window, prof.cold_call_s) == (fitted.cold_window, fitted.cold_call_s)
+    assert prof.corrections.cold_calls == cold_fit
 
 
 def test_add_micro_cold_measures_the_benchmark_into_raw_cold(tiny_profile: Path, tmp_path: Path,
@@ -260,21 +266,21 @@ def test_add_micro_cold_measures_the_benchmark_into_raw_cold(tiny_profile: Path,
     monkeypatch.setattr(P, "_ALL_MICRO", ("relu_1m",))  # a grid of the one the profile has
     path = tmp_path / "tiny.json"
     data = json.loads(tiny_profile.read_text())
-    del data["raw"]["cold"]
+    del data["measurement"]["raw"]["cold"]
     path.write_text(json.dumps(data))
     prof, new = P.add_micro(path, ["missing"], progress=False)  # 'missing' includes it on a CPU
     assert [e["name"] for e in new] == ["cold"]
-    raw = load_profile_file(path).raw or {}
+    raw = load_profile_file(path).measurement.raw or {}
     assert raw["cold"]["moved_bytes"] == [int(m * 2**20) for m in P.COLD_MOVED_MIB]
     assert raw["micro_note"].splitlines()[-1].startswith("cold: measured 20")
     assert "into this profile's raw.micro (cold: raw.cold, 15 cases a size in one pass)" in raw["micro_note"]
-    assert [e["name"] for e in raw["micro"]] == [e["name"] for e in data["raw"]["micro"]]
-    assert prof.cold_window is None or prof.cold_window in COLD_WINDOWS
+    assert [e["name"] for e in raw["micro"]] == [e["name"] for e in data["measurement"]["raw"]["micro"]]
+    assert prof.corrections.cold_calls is None or prof.corrections.cold_calls.window in COLD_WINDOWS
     capsys.readouterr()
     assert main(["profile", "--add-micro", "cold", "--out", str(path), "--quiet"]) == 0
     assert capsys.readouterr().out.splitlines() == ["measured cold; re-fitted", f"wrote {path}"]
     # a GPU profile's passes do not flush the host's caches: refused
-    data["raw"]["device"] = "cuda:0"
+    data["measurement"]["raw"]["device"] = "cuda:0"
     path.write_text(json.dumps(data))
     with pytest.raises(ConfigError, match="'cold' is a CPU benchmark"):
         P.add_micro(path, ["cold"], progress=False)
@@ -284,12 +290,12 @@ def test_add_micro_measures_an_extra_benchmark_only_when_asked(tiny_profile: Pat
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "tiny.json"
     path.write_bytes(tiny_profile.read_bytes())
-    have = tuple(e["name"] for e in (load_profile_file(path).raw or {})["micro"])
+    have = tuple(e["name"] for e in (load_profile_file(path).measurement.raw or {})["micro"])
     monkeypatch.setattr(P, "_ALL_MICRO", have)  # the grid: what the profile has
     # not in the grid, so 'missing' leaves it out (the profile has raw.cold too)
     assert P.add_micro(path, ["missing"], progress=False)[1] == []
     _, new = P.add_micro(path, ["linear_256x256_b16"], progress=False)
     assert [e["name"] for e in new] == ["linear_256x256_b16"]
     assert [r["batch"] for r in new[0]["runs"]] == [16, 32]
-    raw = load_profile_file(path).raw or {}
+    raw = load_profile_file(path).measurement.raw or {}
     assert [e["name"] for e in raw["micro"]] == [*have, "linear_256x256_b16"]

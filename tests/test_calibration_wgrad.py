@@ -1,6 +1,6 @@
 """A backward that computes only the weight gradient (the layer's input needs none: a
-model's first GEMM or convolution) and the profile flag ``weight_grad_only_bwd`` that
-prices its bytes as such. Every expected figure is worked by hand."""
+model's first GEMM or convolution) and the profile's correction ``weight_grad_only_bwd``
+that prices its bytes as such. Every expected figure is worked by hand."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import pytest
 from calibration.calibrate import points_from_raw
 from hardware_profiles.schema import DeviceProfile
 from sim import zoo
-from sim.costmodel import computes_input_grad, layer_time_s, layer_work
+from sim.corrections.weight_grad_only_bwd import computes_input_grad
+from sim.costmodel import layer_time_s, layer_work
 from sim.workload import Layer
 from tests.helpers_profiles import bare_profile
 
@@ -49,15 +50,15 @@ def test_weight_grad_only_bytes() -> None:
 
 def test_profile_flag_prices_it_and_old_profiles_price_as_before() -> None:
     # peak 1e9 FLOP/s, 1e9 B/s, no curves: 2 launches of 1e-6 + max(4e3 / 1e9, bytes / 1e9)
-    new = bare_profile(weight_grad_only_bwd=True)
+    new = bare_profile(corrections={"weight_grad_only_bwd": {}})
     old = bare_profile()
     assert layer_time_s(FIRST, "bwd", 2, new, "fp32", 100.0) == pytest.approx(2e-6 + 4.28e-6)
     assert layer_time_s(FIRST, "bwd", 2, old, "fp32", 100.0) == 2e-6 + max(4e3 / 1e9, 8360.0 / 1e9)
     assert layer_time_s(INNER, "bwd", 2, new, "fp32", 100.0) == layer_time_s(INNER, "bwd", 2, old,
                                                                                "fp32", 100.0)
     # the flag round-trips and is off by default
-    assert not old.weight_grad_only_bwd
-    assert DeviceProfile.model_validate(new.model_dump(by_alias=True)).weight_grad_only_bwd
+    assert old.corrections.weight_grad_only_bwd is None
+    assert DeviceProfile.model_validate(new.model_dump(by_alias=True)).corrections.weight_grad_only_bwd is not None
 
 
 def test_calibration_points_use_the_flag() -> None:

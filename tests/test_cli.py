@@ -339,7 +339,8 @@ def _check_run_folder(d: Path, evaluator: str, batch: int, iterations: int) -> d
         spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
         assert spans and all({"name", "pid", "tid", "ts", "dur"} <= set(e) for e in spans)
     plan = json.loads((d / "plan.json").read_text())
-    assert plan["schema"] == 1
+    assert plan["schema"] == 2
+    assert plan["kind"] == ("placement" if "placement" in plan["options"] else "data_parallel")
     assert sum(r["batch"] for r in plan["stages"][0]["replicas"]) == batch
     return s
 

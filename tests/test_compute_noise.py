@@ -82,7 +82,7 @@ def test_config_field_and_profile_spread(tmp_path: Path, capsys: pytest.CaptureF
                         "network": {"bandwidth_gbps": 10}},
             "job": {"model": "mlp", "global_batch": 16, "iterations": 3}}
     # 'profile': each device's measured spread.iteration_median
-    spread = json.loads((REPO / "hardware_profiles/measured/this_machine.json").read_text())["spread"]
+    spread = json.loads((REPO / "hardware_profiles/measured/this_machine.json").read_text())["measurement"]["spread"]
     got = problem_of(from_dict({**base, "job": {**base["job"], "compute_noise": "profile"}}, tmp_path, "<t>"))
     assert got.job.compute_noise == (spread["iteration_median"],) * 2
     assert problem_of(from_dict(base, tmp_path, "<t>")).job.compute_noise == ()

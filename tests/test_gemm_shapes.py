@@ -119,7 +119,7 @@ def test_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     bare = tmp_path / "m.json"
     write_profile(bare_profile(), bare)
     assert err_of(["--profile", str(bare), "--out", str(blocker / "sub" / "s.json")]) == (
-        f"error: {bare}: raw: no raw layer measurements to fit (a profile of hetsim profile has them)")
+        f"error: {bare}: measurement.raw: no raw layer measurements to fit (a profile of hetsim profile has them)")
     bad = tmp_path / "bad.json"
     meta = {"shapes": ["16x16"], "rounds": 1, "threads": 1}
     good = _entry(16, 16, {8: (1e-6, 2e-6)})

@@ -144,8 +144,13 @@ def test_a_failed_worker_stops_competing() -> None:
 class _Recorder:
     """An online scheduler that keeps the plan and records what it observes."""
 
+    name = "recorder"
+
     def __init__(self) -> None:
         self.compute_s: list[float] = []
+
+    def plan(self, problem):  # type: ignore[no-untyped-def]
+        return plan(problem, [10] * len(problem.cluster.devices))
 
     def rebalance(self, plan, obs):  # type: ignore[no-untyped-def]
         self.compute_s.append(obs.workers[0].compute_s)

@@ -120,7 +120,7 @@ def test_against_scores_each_trial_as_the_bench_does() -> None:
     ctr = {**base, "batch": 32, "layers": {ly.name: [1e-4, 2e-4, 0.0, 0.0]
                                            for ly in zoo.get("ctr_dnn").layers}}
     raw = {"models": {"mlp": [base], "ctr_dnn": [ctr]}}
-    prof = bare_profile(raw=raw)
+    prof = bare_profile(measurement={"raw": raw})
     got = noise.against(prof, [{"mlp": [base]}, {"mlp": [double]}])
     from calibration.calibrate import fit
 

@@ -21,12 +21,12 @@ from hypothesis import strategies as st
 from experiments.cli import main
 from hardware_profiles.errors import HetsimError
 from schedulers import make
-from sim import analytic, des
 from sim.des.pipeline import default_in_flight, simulate_pipeline
+from sim.evaluate import evaluate
 from sim.instances import random_problem
 from sim.multistage import evaluate_analytic, pipeline_model, steady_figures
 from sim.placement import PlacementSpace
-from sim.plan import Plan, Replica, Stage, check_plan
+from sim.plan import Plan, PlanKind, Replica, Stage, check_plan
 from tests.helpers_eval import dense, model, problem, profile, time_limit
 
 FAST = profile("fast", peak=1e13, mem_bw=1e15, nic=1e9, price=5.0, idle_w=20, active_w=220)
@@ -43,7 +43,7 @@ def hand_case(pipeline: bool, shares: tuple[int, int] = (4, 4), iterations: int 
                    latency_s=0.0 if pipeline else 1e-4, iterations=iterations)
     plan = Plan((Stage(0, 1, (Replica("fast:0", 8),), "fast"),
                  Stage(1, 2, (Replica("slow:0", shares[0]), Replica("slow:1", shares[1])), "slow")),
-                ("ps:0",), "hand")
+                ("ps:0",), "hand", kind=PlanKind.PLACEMENT)
     check_plan(plan, prob)
     return prob, plan
 
@@ -66,10 +66,10 @@ def test_hand_two_stage_throughput(pipeline: bool) -> None:
     m = pipeline_model(prob, plan)
     assert m.throughput_sps == pytest.approx(HAND[pipeline], rel=1e-12)
     assert m.bottleneck == "stage 1"
-    a = analytic.evaluate(prob, plan)  # dispatched: two stages
+    a = evaluate(prob, plan, "analytic")  # dispatched on the kind: a placement
     assert a.evaluator == "analytic"
     assert a.throughput_sps == pytest.approx(HAND[pipeline], rel=1e-12)
-    d = des.simulate(prob, plan, trace=False)
+    d = evaluate(prob, plan, "des", trace=False)
     assert d.evaluator == "des" and len(d.iter_end_s) == 200
     assert d.extra["steady_throughput_sps"] == pytest.approx(HAND[pipeline], rel=0.01)
     # at steady state the bottleneck stage's NIC / engine sets every iteration's time
@@ -112,7 +112,7 @@ def test_an_edited_plan_uses_its_own_shares() -> None:
 
 def test_des_is_deterministic_and_writes_a_trace() -> None:
     prob, plan = hand_case(False, shares=(5, 3), iterations=30)
-    a, b = des.simulate(prob, plan), des.simulate(prob, plan)
+    a, b = evaluate(prob, plan, "des"), evaluate(prob, plan, "des")
     assert a.trace_json() == b.trace_json() and a.summary_json() == b.summary_json()
     assert a.iterations_csv() == b.iterations_csv()
     ev = json.loads(a.trace_json())["traceEvents"]

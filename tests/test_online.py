@@ -366,6 +366,8 @@ def test_hps_without_status_awareness_splits_a_failed_share_by_modelled_rates() 
 class _Recorder:
     """A dummy online scheduler: fixed 20/10 plan, records what it sees, never changes it."""
 
+    name = "recorder"
+
     def __init__(self) -> None:
         self.seen: list[tuple[tuple[int, ...], Observation]] = []
 
@@ -420,6 +422,8 @@ def test_failed_worker_is_observed_dead_after_detection() -> None:
 
 class _Idler:
     """Gives everything to the fast worker after the first iteration, idling the slow one."""
+
+    name = "idler"
 
     def plan(self, problem):
         return plan(problem, [20, 10], "idler")

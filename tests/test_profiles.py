@@ -349,7 +349,7 @@ def test_name_differs_from_stem(tmp_path: Path) -> None:
         ({"efficiency": {"gemm": {"flops": [1e6, 1e8]}}}, "efficiency.gemm.eff"),
         ({"efficiency": {"matmul": 0.5}}, "efficiency"),
         ({"kind": "tpu"}, "kind"),
-        ({"schema": 2}, "schema"),
+        ({"schema": 3}, "schema"),
         ({"source": {"kind": "guess"}}, "source.kind"),
         ({"peak_flops": {"fp32": "lots"}}, "peak_flops.fp32"),
     ],

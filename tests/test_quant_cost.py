@@ -38,7 +38,7 @@ def test_this_machine_carries_its_measured_quantization_cost() -> None:
         pack = prof.quant_s_per_value(bits, "pack")
         unpack = prof.quant_s_per_value(bits, "unpack")
         assert pack is not None and unpack is not None and pack > 0 and unpack > 0
-    rows = {r["bits"]: r for r in prof.raw["quant"]}  # type: ignore[index]
+    rows = {r["bits"]: r for r in prof.measurement.raw["quant"]}  # type: ignore[index]
     assert prof.quant_s_per_value(8, "pack") == pytest.approx(rows[8]["pack_s"] / rows[8]["values"], rel=1e-3)
 
 

@@ -331,7 +331,7 @@ def test_memory_factor_is_the_median_ratio_to_the_profiles_copies() -> None:
         "cluster": {"devices": [{"type": "this_machine", "count": 1}], "ps": {"shards": 1, "type": "this_machine"},
                     "network": {"bandwidth_gbps": 10}},
         "job": {"model": "mlp", "global_batch": 8, "iterations": 2}}, repo, "<t>"))
-    raw = json.loads((repo / "hardware_profiles/measured/this_machine.json").read_text())["raw"]["bandwidth"]
+    raw = json.loads((repo / "hardware_profiles/measured/this_machine.json").read_text())["measurement"]["raw"]["bandwidth"]
     then = {b["elems"]: b["t_s"] for b in raw if b["op"] == "copy" and b["elems"] >= 1_000_000}
     # copies now 1.0x, 1.1x, 1.3x and 2.0x the profile's (1 M, 4 M, 16 M, 64 M values): median 1.2
     slow = dict(zip(sorted(then), (1.0, 1.1, 1.3, 2.0)))

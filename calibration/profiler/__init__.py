@@ -256,9 +256,9 @@ def add_micro(path: str | os.PathLike[str], names: Sequence[str], device: str | 
 
     shown = os.fspath(path)
     prof = load_profile_file(path)
-    raw = dict(prof.raw or {})
+    raw = dict(prof.measurement.raw or {})
     if prof.source.kind != "measured" or "micro" not in raw:
-        raise ConfigError(shown, "raw.micro", "no single-layer benchmarks to add to (make the "
+        raise ConfigError(shown, "measurement.raw.micro", "no single-layer benchmarks to add to (make the "
                           "profile with hetsim profile)")
     have = [e["name"] for e in raw["micro"]] + (["cold"] if "cold" in raw else [])
     on_cpu = str(raw["device"]).startswith("cpu")
@@ -279,7 +279,7 @@ def add_micro(path: str | os.PathLike[str], names: Sequence[str], device: str | 
     here = {**host, **describe_device(dev)}
     for key in ("clock", "host_allocator", "device_name", "torch", "cpu_capability", "host"):
         if key in raw and here[key] != raw[key]:
-            raise ConfigError(shown, f"raw.{key}", f"measured with {raw[key]!r}, here {here[key]!r}: "
+            raise ConfigError(shown, f"measurement.raw.{key}", f"measured with {raw[key]!r}, here {here[key]!r}: "
                               "re-measure the whole profile instead")
     if not todo:  # nothing missing: the profile stays as it is
         return prof, []
@@ -312,7 +312,8 @@ def add_micro(path: str | os.PathLike[str], names: Sequence[str], device: str | 
     pointer = "Single-layer benchmarks measured after the rest: see raw.micro_note."
     if pointer not in source["note"]:
         source["note"] = f"{source['note']} {pointer}".strip()
-    updated = prof.model_copy(update={"raw": raw, "source": Source.model_validate(source)})
+    updated = prof.model_copy(update={"measurement": prof.measurement.model_copy(update={"raw": raw}),
+                                      "source": Source.model_validate(source)})
     fitted = calibrate.calibrate(updated).profile
     write_profile(fitted, path)
     return fitted, new + ([{"name": "cold", **raw["cold"]}] if "cold" in todo else [])

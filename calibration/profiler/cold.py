@@ -44,7 +44,7 @@ def cold_bench(dev: Any, moved_mib: Sequence[float] = COLD_MOVED_MIB, reps: int 
     Timed with the profile's clock (on one CPU thread its CPU time). A pass that
     streams more than the caches hold evicts the framework's code and data and
     the next call's tensors; the cost model adds the difference to the pass after
-    passes that moved that much (``cold_call_s``). ``progress``: called after
+    passes that moved that much (``corrections.cold_calls``). ``progress``: called after
     each size.
 
     Returns:

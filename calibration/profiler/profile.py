@@ -84,7 +84,7 @@ def build_profile(raw: dict[str, Any], name: str, fit: bool = True) -> DevicePro
         ),
     }
     data: dict[str, Any] = {
-        "schema": 1,
+        "schema": 2,
         "name": name,
         "kind": "gpu" if cuda else "cpu",
         "peak_flops": {k: _r(v) for k, v in peaks.items()},
@@ -96,12 +96,13 @@ def build_profile(raw: dict[str, Any], name: str, fit: bool = True) -> DevicePro
         "power_w": ({"idle": 0.0, "active": 0.0} if cuda else
                     {"idle": round(0.3 * 4.6875 * cpus, 4), "active": round(4.6875 * cpus, 4)}),
         "source": source,
-        "dense_sparse_grad": True,  # nn.Embedding's default: a dense gradient of the table
-        # a first layer's backward computes the weight gradient only (its bytes as such)
-        "weight_grad_only_bwd": True,
+        "corrections": {
+            "dense_sparse_grad": {},  # nn.Embedding's default: a dense gradient of the table
+            # a first layer's backward computes the weight gradient only (its bytes as such)
+            "weight_grad_only_bwd": {},
+        },
         "layers": calibrate.layer_tables(raw),
-        "spread": calibrate.spread_of(raw),
-        "raw": raw,
+        "measurement": {"spread": calibrate.spread_of(raw), "raw": raw},
     }
     if net:
         data["network"] = {k: v for k, v in net.items()}
@@ -127,7 +128,7 @@ def summary(profile: DeviceProfile) -> str:
 
     src = profile.source.model_dump()
     net = profile.network.model_dump() if profile.network else {}
-    spread = profile.spread or {}
+    spread = profile.measurement.spread or {}
     lines = [
         f"{profile.name}: {src.get('device', '')} ({profile.kind}), torch {src.get('torch', '')}, "
         f"{src.get('threads')} thread(s), {src.get('wall_s')} s",
@@ -143,12 +144,13 @@ def summary(profile: DeviceProfile) -> str:
     if spread:
         lines.append(f"spread (relative IQR of repeats): per layer median {spread.get('layer_median')}, "
                      f"p90 {spread.get('layer_p90')}; whole iteration median {spread.get('iteration_median')}")
-    drift = calibrate.drift_of(profile.raw or {})
+    drift = calibrate.drift_of(profile.measurement.raw or {})
     if drift is not None:
         lines.append(drift_line(drift))
-    if profile.cold_call_s:
+    cold = profile.corrections.cold_calls
+    if cold is not None:
         at = 16 * 2**20
-        lines.append(f"cold calls (window {profile.cold_window or 1} passes): after 16 MiB moved, "
-                     + ", ".join(f"{op} +{profile.cold_s(op, at) * 1e6:.1f} us"
-                                 for op in ("elementwise", "gemm", "embedding") if op in profile.cold_call_s))
+        lines.append(f"cold calls (window {cold.window} passes): after 16 MiB moved, "
+                     + ", ".join(f"{op} +{cold.curves[op].at(at) * 1e6:.1f} us"
+                                 for op in ("elementwise", "gemm", "embedding") if op in cold.curves))
     return "\n".join(lines)

@@ -7,8 +7,9 @@ start with insertion into idle gaps (:func:`schedulers.dag.list_schedule`).
 Only the choice of unit per task is the policy's. :class:`DagInstance` holds
 the per-instance facts (order, ranks, reference schedule, static features),
 :class:`DagEpisode` one schedule in progress; :class:`DagScheduleEnv` wraps
-them as a ``gymnasium.Env``. The scheduler (schedulers/rl/dag_scheduler.py)
-drives episodes directly, several at once.
+them as a ``gymnasium.Env`` (the plumbing shared with the placement
+environment: schedulers/rl/masked_env.py). The scheduler
+(schedulers/rl/dag_scheduler.py) drives episodes directly, several at once.
 """
 
 from __future__ import annotations
@@ -19,9 +20,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
-from gymnasium import spaces
 
 from hardware_profiles.board import Board, list_boards, load_board
 from hardware_profiles.errors import HetsimError
@@ -33,7 +32,7 @@ from schedulers.dag import (
     tails,
     upward_rank,
 )
-from schedulers.rl.env import TRAIN_SEED_LIMIT
+from schedulers.rl.masked_env import MaskedSlotEnv, log_ratio, observation_vector, padded_mask
 from sim.dag import DagCosts, DagPlan, DagProblem, dag_costs
 from sim.instances import random_graph
 
@@ -56,21 +55,15 @@ CTX_FEATURES = 19
 UNIT_FEATURES = 16
 
 
-def obs_size(max_units: int = MAX_UNITS) -> int:
-    """Length of the observation vector: the context, then one block per unit slot."""
-    return CTX_FEATURES + max_units * UNIT_FEATURES
-
-
 def slot_layout(max_units: int = MAX_UNITS) -> tuple[int, int, int]:
-    """The observation's layout for :class:`schedulers.rl.policy.SlotPolicy`."""
+    """The observation's layout for :class:`schedulers.rl.policy.SlotPolicy`: the context,
+    then one block per unit slot."""
     return CTX_FEATURES, CTX_FEATURES, UNIT_FEATURES
 
 
-def _lr(num: np.ndarray, den: np.ndarray | float) -> np.ndarray:
-    """log(num / den) clipped to [-5, 5]; inf (cannot run) and nan map to 5."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        r = np.log(np.asarray(num, dtype=float) / den)
-    return np.clip(np.where(r == r, r, 5.0), -5.0, 5.0)
+def obs_size(max_units: int = MAX_UNITS) -> int:
+    """Length of the observation vector: the context, then one block per unit slot."""
+    return MaskedSlotEnv.obs_length(slot_layout(max_units), max_units)
 
 
 def frame_energy_j(plan: DagPlan, c: DagCosts) -> float:
@@ -187,7 +180,7 @@ class DagInstance:
             self.comm_in[b] += c.comm_s[k]
         # suffix sums over the rank order (position p: tasks at positions >= p)
         o = self.order
-        ratio = np.where(self.runnable, _lr(t, self.fastest[:, None]), 0.0)[o]
+        ratio = np.where(self.runnable, log_ratio(t, self.fastest[:, None]), 0.0)[o]
         self.after_runnable = np.vstack([np.cumsum(self.runnable[o][::-1], axis=0)[::-1], np.zeros((1, nu))])
         self.after_ratio = np.vstack([np.cumsum(ratio[::-1], axis=0)[::-1], np.zeros((1, nu))])
         self.after_min_e = np.append(np.cumsum(self.min_e[o][::-1])[::-1], 0.0)
@@ -199,6 +192,11 @@ class DagInstance:
             n / 20.0, self.d_s / self.p_s, self.ref.heft_makespan_s / self.d_s,
             c.idle_w * c.period_s / self.e_ref if math.isfinite(c.period_s) else 0.0,
             1.0 if self.ref.feasible else 0.0])
+
+    @property
+    def slots(self) -> int:
+        """Unit slots of the policy this instance is built for."""
+        return self.max_units
 
 
 class DagEpisode:
@@ -275,9 +273,7 @@ class DagEpisode:
                 safe &= self.load + inst.c.time_s[i] <= inst.c.period_s * (1 + 1e-9)
             if safe.any():
                 ok = safe
-        m = np.zeros(inst.max_units, dtype=bool)
-        m[: ok.size] = ok
-        return m
+        return padded_mask(ok, inst.max_units)
 
     def step(self, unit: int) -> None:
         """Put the current task on ``unit`` (the caller checks it against the mask)."""
@@ -312,7 +308,7 @@ class DagEpisode:
         e_i = inst.task_e[i]
         per[:nu, 0] = inst.present
         per[:nu, 1] = ok
-        per[:nu, 2] = _lr(c.time_s[i], inst.fastest[i])
+        per[:nu, 2] = log_ratio(c.time_s[i], inst.fastest[i])
         per[:nu, 3] = np.where(ok, c.time_s[i] / D, 10.0)
         per[:nu, 4] = np.where(ok, e_i / inst.b_ref, 10.0)
         per[:nu, 5] = np.where(ok, (e_i - inst.min_e[i]) / inst.b_ref, 10.0)
@@ -326,8 +322,7 @@ class DagEpisode:
         per[:nu, 13] = inst.after_runnable[k + 1] / rest
         per[:nu, 14] = inst.after_ratio[k + 1] / np.maximum(inst.after_runnable[k + 1], 1.0)
         per[:nu, 15] = np.bincount(pred_units, minlength=nu)[:nu] / max(len(pred_units), 1)
-        obs = np.concatenate([ctx, per.ravel()])
-        return np.clip(np.nan_to_num(obs, nan=0.0, posinf=10.0, neginf=-10.0), -10.0, 10.0).astype(np.float32)
+        return observation_vector([ctx, per.ravel()], finite=True)
 
     def outcome(self) -> dict[str, Any]:
         """The finished schedule's reward and facts (module constants say how the reward is made)."""
@@ -341,7 +336,7 @@ class DagEpisode:
                 "reference_feasible": inst.ref.feasible}
 
 
-class DagScheduleEnv(gym.Env[np.ndarray, np.int64]):
+class DagScheduleEnv(MaskedSlotEnv[DagInstance, DagEpisode]):
     """Schedule one frame of a task DAG on a board in a fixed power mode.
 
     ## Description
@@ -403,50 +398,24 @@ class DagScheduleEnv(gym.Env[np.ndarray, np.int64]):
     ``makespan_s``, ``reference_feasible`` and the ``units`` chosen per task.
     """
 
-    metadata: dict[str, Any] = {"render_modes": []}
+    instance_kind = "DagInstance"
+    slots_param = "max_units"
 
     def __init__(self, costs: DagCosts | None = None, max_units: int = MAX_UNITS,
                  pool: Sequence[DagInstance] | None = None, prune: bool = True) -> None:
         self.max_units, self.prune = max_units, prune
-        self.fixed = DagInstance(costs, max_units, prune) if costs is not None else None
-        self.pool = list(pool) if pool is not None else None
-        if self.pool is not None and (not self.pool or any(x.max_units != max_units for x in self.pool)):
-            raise ValueError("pool: a non-empty list of DagInstances built with the same max_units")
-        self.observation_space = spaces.Box(-10.0, 10.0, (obs_size(max_units),), np.float32)
-        self.action_space = spaces.Discrete(max_units)
-        self.episode: DagEpisode | None = None
+        fixed = DagInstance(costs, max_units, prune) if costs is not None else None
+        super().__init__(max_units, slot_layout(max_units), fixed, pool)
 
-    def _draw(self) -> DagInstance:
-        if self.pool is not None:
-            return self.pool[int(self.np_random.integers(len(self.pool)))]
-        return DagInstance(draw_costs(int(self.np_random.integers(0, TRAIN_SEED_LIMIT))), self.max_units,
-                           self.prune)
+    def draw_instance(self) -> DagInstance:
+        return DagInstance(draw_costs(self.training_seed()), self.max_units, self.prune)
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None
-              ) -> tuple[np.ndarray, dict[str, Any]]:
-        super().reset(seed=seed)
-        inst = self.fixed if self.fixed is not None else self._draw()
-        self.episode = DagEpisode(inst)
-        return self.episode.observation(), {"tasks": inst.n, "units": len(inst.c.units), "mode": inst.c.mode}
+    def new_episode(self, inst: DagInstance) -> DagEpisode:
+        return DagEpisode(inst)
 
-    def action_masks(self) -> np.ndarray:
-        """Valid actions of the current step (sb3-contrib's MaskablePPO reads this)."""
-        assert self.episode is not None, "call reset() first"
-        return self.episode.action_mask()
+    def reset_info(self, inst: DagInstance) -> dict[str, Any]:
+        return {"tasks": inst.n, "units": len(inst.c.units), "mode": inst.c.mode}
 
-    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
-        ep = self.episode
-        assert ep is not None and not ep.done, "call reset() first"
-        u = int(action)
-        mask = ep.action_mask()
-        info: dict[str, Any] = {}
-        if not mask[u]:                   # a padding slot or a unit that cannot run the task
-            info["invalid_action"] = u
-            u = int(np.flatnonzero(mask)[0])
-        ep.step(u)
-        if ep.done:
-            out = ep.outcome()
-            assert ep.plan is not None
-            info.update(out, units=ep.plan.unit)
-            return np.zeros(self.observation_space.shape, np.float32), out["reward"], True, False, info
-        return ep.observation(), 0.0, False, False, info
+    def final_info(self, ep: DagEpisode) -> dict[str, Any]:
+        assert ep.plan is not None
+        return {"units": ep.plan.unit}

@@ -14,14 +14,15 @@
    the unit slots) is fitted to them (``warm_start``), then trained with PPO on
    freshly drawn instances. Logs: SB3's progress.csv and a TensorBoard event
    file in ``LOG_DIR``; the policy is saved with a JSON sidecar saying how.
+
+The routine is the one the `rl` placement trainer shares
+(schedulers/rl/training.py); this module says what is the DAG policy's own.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -29,8 +30,6 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import torch
-from sb3_contrib import MaskablePPO
-from stable_baselines3.common.vec_env import DummyVecEnv
 
 from schedulers.dag import best_plan, heft_schedule, solve_milp
 from schedulers.rl.dag_env import (
@@ -42,9 +41,9 @@ from schedulers.rl.dag_env import (
     replay,
     slot_layout,
 )
-from schedulers.rl.env import TRAIN_SEED_LIMIT
+from schedulers.rl.masked_env import TRAIN_SEED_LIMIT
 from schedulers.rl.policy import SlotPolicy
-from schedulers.rl.train import EpisodeStats, learn_logged, warm_start
+from schedulers.rl.training import MaskedPPOTraining, demonstrations
 from sim.dag import DagPlan
 
 
@@ -104,19 +103,43 @@ def expert_steps(pool: Sequence[DagInstance], cfg: DagTrainConfig, progress: boo
     """
     from tqdm import tqdm
 
-    obs, masks, acts = [], [], []
-    for inst in tqdm(pool, desc="expert", disable=not progress):
-        plan = expert_plan(inst, cfg.bc_milp_max_tasks, cfg.bc_milp_limit_s)
-        ep = DagEpisode(inst)
-        while not ep.done:
-            u, m = plan.unit[ep.task], ep.action_mask()
-            if not m[u]:
-                break
-            obs.append(ep.observation())
-            masks.append(m)
-            acts.append(u)
-            ep.step(u)
-    return np.array(obs), np.array(masks), np.array(acts)
+    def runs() -> Iterator[tuple[DagEpisode, Iterator[int]]]:
+        for inst in tqdm(pool, desc="expert", disable=not progress):
+            plan = expert_plan(inst, cfg.bc_milp_max_tasks, cfg.bc_milp_limit_s)
+            yield DagEpisode(inst), (int(plan.unit[i]) for i in inst.order)   # the episode's task order
+
+    return demonstrations(runs())
+
+
+class DagTraining(MaskedPPOTraining[DagTrainConfig]):
+    """A training run of the `rl-dag` policy: freshly drawn instances, the expert's
+    schedules of a pool of ``pool_size`` more as the warm start."""
+
+    ratio_key = "energy_ratio"
+    ratio_tag = "rollout/energy_over_reference"
+
+    def make_env(self) -> gym.Env[Any, Any]:
+        return DagScheduleEnv(max_units=self.cfg.max_units)
+
+    def policy(self) -> tuple[Any, dict[str, Any]]:
+        return SlotPolicy, {"slot_hidden": self.cfg.slot_hidden, "slot_layout": slot_layout(self.cfg.max_units)}
+
+    def expert(self) -> tuple[dict[str, Any], tuple[np.ndarray, np.ndarray, np.ndarray]] | None:
+        cfg = self.cfg
+        if not cfg.pool_size:
+            return None
+        pool = build_pool(cfg.pool_size, cfg.seed, cfg.max_units, self.progress)
+        return {"instances": len(pool)}, expert_steps(pool, cfg, self.progress)
+
+    def learn(self, model: Any) -> Path | None:
+        """No PPO (and no logs) at 0 timesteps: the warm-started policy is saved as it is."""
+        return super().learn(model) if self.cfg.timesteps else None
+
+    def sidecar(self, model: Any, warm: dict[str, Any], events: Path | None) -> dict[str, Any]:
+        return {"env": "hetsim/DagSchedule-v0", "config": asdict(self.cfg), "timesteps": int(model.num_timesteps),
+                "wall_s": self.wall_s(), "warm_start": warm, "torch": torch.__version__,
+                "threads": self.cfg.threads, "log_dir": str(self.log),
+                "tensorboard_events": str(events) if events else None}
 
 
 def train_dag(out: str | Path, cfg: DagTrainConfig, log_dir: str | Path | None = None, progress: bool = True,
@@ -133,37 +156,7 @@ def train_dag(out: str | Path, cfg: DagTrainConfig, log_dir: str | Path | None =
     Returns:
         What was written into the sidecar: config, wall seconds, timesteps.
     """
-    t0 = time.perf_counter()
-    torch.manual_seed(cfg.seed)
-    torch.set_num_threads(cfg.threads)
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    log = Path(log_dir) if log_dir else out.with_name(out.stem + "_logs")
-    envs: list[Callable[[], gym.Env[Any, Any]]] = [
-        lambda: DagScheduleEnv(max_units=cfg.max_units) for _ in range(cfg.n_envs)]
-    vec = DummyVecEnv(envs)
-    vec.seed(cfg.seed)
-    model = MaskablePPO(SlotPolicy, vec, n_steps=cfg.n_steps, batch_size=cfg.batch_size, n_epochs=cfg.n_epochs,
-                        learning_rate=cfg.learning_rate, gamma=cfg.gamma, gae_lambda=cfg.gae_lambda,
-                        ent_coef=cfg.ent_coef, seed=cfg.seed, device="cpu", verbose=verbose,
-                        policy_kwargs={"slot_hidden": cfg.slot_hidden, "slot_layout": slot_layout(cfg.max_units)})
-    bc: dict[str, Any] = {}
-    if cfg.pool_size:
-        t = time.perf_counter()
-        pool = build_pool(cfg.pool_size, cfg.seed, cfg.max_units, progress)
-        obs, masks, acts = expert_steps(pool, cfg, progress)
-        loss = warm_start(model, obs, masks, acts, cfg.bc_epochs, cfg.bc_learning_rate, cfg.seed)
-        bc = {"instances": len(pool), "steps": int(len(acts)), "loss": round(loss, 4),
-              "seconds": round(time.perf_counter() - t, 1)}
-    stats = EpisodeStats(t0 + cfg.max_wall_s if cfg.max_wall_s else None, ratio_key="energy_ratio",
-                         ratio_tag="rollout/energy_over_reference")
-    events = learn_logged(model, cfg.timesteps, log, stats, progress, verbose) if cfg.timesteps else None
-    model.save(str(out))
-    meta = {"env": "hetsim/DagSchedule-v0", "config": asdict(cfg), "timesteps": int(model.num_timesteps),
-            "wall_s": round(time.perf_counter() - t0, 1), "warm_start": bc, "torch": torch.__version__,
-            "threads": cfg.threads, "log_dir": str(log), "tensorboard_events": str(events) if events else None}
-    out.with_suffix(".json").write_text(json.dumps(meta, indent=2) + "\n")
-    return meta
+    return DagTraining(out, cfg, log_dir, progress, verbose).run()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -4,8 +4,9 @@ The HeterPS method assigns each layer of a model a device type with a policy
 trained by reinforcement learning. :class:`Episode` holds the state of one
 placement in progress and builds its observation and action mask from a
 :class:`sim.placement.PlacementSpace`; :class:`PlacementEnv` wraps it as a
-``gymnasium.Env``. The scheduler (schedulers/rl/scheduler.py) drives
-Episodes directly, several at once, without the gymnasium wrapper.
+``gymnasium.Env`` (the plumbing shared with the DAG environment:
+schedulers/rl/masked_env.py). The scheduler (schedulers/rl/scheduler.py)
+drives Episodes directly, several at once, without the gymnasium wrapper.
 """
 
 from __future__ import annotations
@@ -14,20 +15,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
-from gymnasium import spaces
 
 from hardware_profiles.errors import HetsimError
 from schedulers.placement import Genetic, Greedy, single_type
+from schedulers.rl.masked_env import MaskedSlotEnv, log_ratio, observation_vector, padded_mask
 from sim.instances import random_problem
 from sim.placement import PlacementSpace
 from sim.problem import Problem
 
 #: Device-type slots of the observation and the action space; instances with more types are refused.
 MAX_TYPES = 8
-#: Largest random seed drawn for a training instance; held-out seeds (bench) lie above it.
-TRAIN_SEED_LIMIT = 1_000_000_000
 #: Reward of a feasible plan is ``-min(cost / reference, COST_CLIP)``; an infeasible one
 #: gets ``-COST_CLIP - shortfall`` (shortfall in [0, 1]), always below every feasible plan.
 COST_CLIP = 3.0
@@ -40,21 +38,21 @@ GLOBAL_FEATURES = 11
 TYPE_FEATURES = 27
 
 
+def slot_layout(max_types: int = MAX_TYPES) -> tuple[int, int, int]:
+    """(context features, offset of the first slot, features per slot): the context, then
+    the previous layer's type one-hot (``max_types + 1``), then the type slots."""
+    ctx = GLOBAL_FEATURES + 2 * LAYER_FEATURES + SUMMARY_FEATURES
+    return ctx, ctx + max_types + 1, TYPE_FEATURES
+
+
 def obs_size(max_types: int = MAX_TYPES) -> int:
     """Length of the observation vector."""
-    return GLOBAL_FEATURES + 2 * LAYER_FEATURES + SUMMARY_FEATURES + (max_types + 1) + max_types * TYPE_FEATURES
+    return MaskedSlotEnv.obs_length(slot_layout(max_types), max_types)
 
 
 def _lg(x: np.ndarray | float, scale: float, shift: float = 0.0) -> np.ndarray:
     """``(log10(1 + x) - shift) / scale``: sizes over many decades in about [-1, 1]."""
     return (np.log10(1.0 + np.asarray(x, dtype=float)) - shift) / scale
-
-
-def _lr(num: np.ndarray | float, den: float) -> np.ndarray:
-    """log(num / den) clipped to [-5, 5]; inf (no option) and nan map to 5."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        r = np.log(np.asarray(num, dtype=float) / den)
-    return np.clip(np.where(r == r, r, 5.0), -5.0, 5.0)
 
 
 @dataclass
@@ -160,6 +158,11 @@ class Instance:
         self.glob = np.array([L / 24, 1.0 if job.pipeline else 0.0, np.log2(job.global_batch) / 12,
                               sp.ps_rate / self.rate_ref])
 
+    @property
+    def slots(self) -> int:
+        """Type slots of the policy this instance is built for."""
+        return self.max_types
+
 
 class Episode:
     """One placement in progress: layers ``0 .. i-1`` have types, layer ``i`` is next.
@@ -218,10 +221,8 @@ class Episode:
         Padding slots are never valid. If no real type is, every real type is
         (the episode then ends infeasible and is penalised).
         """
-        m = np.zeros(self.inst.max_types, dtype=bool)
         ok = self._options()[3]
-        m[: ok.size] = ok if ok.any() else True
-        return m
+        return padded_mask(ok if ok.any() else np.ones_like(ok), self.inst.max_types)
 
     def observation(self) -> np.ndarray:
         inst, sp = self.inst, self.inst.space
@@ -234,7 +235,7 @@ class Episode:
             cur_rate, cur_tput = float(sp.rate[s, self.prev]), float(sp.tput[s, self.prev])
         glob = np.concatenate([inst.glob, [min(inst.after_best[i] / rr, 10.0),
             self.i / L, (L - self.i) / L, self.stages / 8, self.closed_rate / rr,
-            min(cur_rate / rr, 10.0), float(_lr(min(self.closed_tput, cur_tput or np.inf), tg))]])
+            min(cur_rate / rr, 10.0), float(log_ratio(min(self.closed_tput, cur_tput or np.inf), tg))]])
         prev = np.zeros(inst.max_types + 1)
         prev[self.prev if self.prev >= 0 else inst.max_types] = 1.0
         # per type: static facts, the stage layer i would join, the rest of the model as one stage
@@ -255,24 +256,24 @@ class Episode:
         per[:K, 10] = ok
         per[:K, 11] = kk == self.prev
         per[:K, 12] = np.minimum(n / sp.counts, 1.0)
-        per[:K, 13] = _lr(rate, rr)
+        per[:K, 13] = log_ratio(rate, rr)
         per[:K, 14] = np.clip(np.where(delta == delta, delta / rr, 5.0), -5, 5)
-        per[:K, 15] = _lr(tput, tg)
-        per[:K, 16] = _lr(single_rate, rr)
+        per[:K, 15] = log_ratio(tput, tg)
+        per[:K, 16] = log_ratio(single_rate, rr)
         per[:K, 17] = sp.n[inst.single[i], kk] > 0
-        per[:K, 18] = _lr(rest_rate, rr)
-        per[:K, 19] = _lr(rest_tput, tg)
+        per[:K, 18] = log_ratio(rest_rate, rr)
+        per[:K, 19] = log_ratio(rest_tput, tg)
         per[:K, 20] = np.isfinite(rest_rate)
         per[:K, 21] = share
         fin = np.isfinite(single_rate)
-        per[:K, 22] = _lr(single_rate, float(single_rate[fin].min())) if fin.any() else 5.0
+        per[:K, 22] = log_ratio(single_rate, float(single_rate[fin].min())) if fin.any() else 5.0
         per[:K, 23] = self.used / sp.counts
         nxt = inst.alone[i + 1] if i + 1 < L else np.zeros(K)
-        per[:K, 24] = _lr(nxt, rr) if i + 1 < L else 0.0
+        per[:K, 24] = log_ratio(nxt, rr) if i + 1 < L else 0.0
         per[:K, 25] = np.isfinite(nxt)
-        per[:K, 26] = _lr(inst.after_k[i], rr) if i + 1 < L else 0.0
-        obs = np.concatenate([glob, inst.layer_feats[i], inst.layer_feats[i + 1], inst.summary[i], prev, per.ravel()])
-        return np.clip(obs, -10.0, 10.0).astype(np.float32)
+        per[:K, 26] = log_ratio(inst.after_k[i], rr) if i + 1 < L else 0.0
+        return observation_vector([glob, inst.layer_feats[i], inst.layer_feats[i + 1], inst.summary[i], prev,
+                                   per.ravel()])
 
     def step(self, k: int) -> None:
         """Give layer i type k (the caller checks k against the mask)."""
@@ -309,7 +310,7 @@ class Episode:
                 "bottleneck": ev.bottleneck[0]}
 
 
-class PlacementEnv(gym.Env[np.ndarray, np.int64]):
+class PlacementEnv(MaskedSlotEnv[Instance, Episode]):
     """Layer placement for minimum cost under a throughput constraint (HeterPS, Problem B).
 
     ## Description
@@ -358,59 +359,31 @@ class PlacementEnv(gym.Env[np.ndarray, np.int64]):
     ``assignment``.
     """
 
-    metadata: dict[str, Any] = {"render_modes": []}
+    instance_kind = "Instance"
+    slots_param = "max_types"
 
     def __init__(self, problem: Problem | None = None, max_types: int = MAX_TYPES,
                  instance_kwargs: dict[str, Any] | None = None,
                  pool: Sequence[Instance] | None = None) -> None:
         self.max_types = max_types
         self.instance_kwargs = dict(instance_kwargs or {})
-        self.fixed = Instance(problem, max_types) if problem is not None else None
-        self.pool = list(pool) if pool is not None else None
-        if self.pool is not None and (not self.pool or any(x.max_types != max_types for x in self.pool)):
-            raise ValueError("pool: a non-empty list of Instances built with the same max_types")
-        self.observation_space = spaces.Box(-10.0, 10.0, (obs_size(max_types),), np.float32)
-        self.action_space = spaces.Discrete(max_types)
-        self.episode: Episode | None = None
+        fixed = Instance(problem, max_types) if problem is not None else None
+        super().__init__(max_types, slot_layout(max_types), fixed, pool)
 
-    def _draw(self) -> Instance:
-        if self.pool is not None:
-            return self.pool[int(self.np_random.integers(len(self.pool)))]
+    def draw_instance(self) -> Instance:
+        """A random problem a reference plan solves (50 draws at most)."""
         for _ in range(50):
-            seed = int(self.np_random.integers(0, TRAIN_SEED_LIMIT))
+            seed = self.training_seed()
             inst = Instance(random_problem(seed, **self.instance_kwargs), self.max_types)
             if np.isfinite(inst.ref.cost_usd):
                 return inst
         return inst
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None
-              ) -> tuple[np.ndarray, dict[str, Any]]:
-        super().reset(seed=seed)
-        inst = self.fixed if self.fixed is not None else self._draw()
-        self.episode = Episode(inst)
-        return self.episode.observation(), {"problem": inst.problem.name, "layers": inst.space.L,
-                                            "types": inst.space.K}
+    def new_episode(self, inst: Instance) -> Episode:
+        return Episode(inst)
 
-    def action_masks(self) -> np.ndarray:
-        """Valid actions of the current step (sb3-contrib's MaskablePPO reads this)."""
-        assert self.episode is not None, "call reset() first"
-        return self.episode.action_mask()
+    def reset_info(self, inst: Instance) -> dict[str, Any]:
+        return {"problem": inst.problem.name, "layers": inst.space.L, "types": inst.space.K}
 
-    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
-        ep = self.episode
-        assert ep is not None and not ep.done, "call reset() first"
-        k = int(action)
-        mask = ep.action_mask()
-        if not mask[k]:                      # a padding slot or an infeasible type
-            valid = np.flatnonzero(mask)
-            k = int(valid[0])
-            info: dict[str, Any] = {"invalid_action": int(action)}
-        else:
-            info = {}
-        ep.step(k)
-        if ep.done:
-            out = ep.outcome()
-            info.update(out, assignment=ep.assignment.copy())
-            obs = np.zeros(self.observation_space.shape, np.float32)
-            return obs, out["reward"], True, False, info
-        return ep.observation(), 0.0, False, False, info
+    def final_info(self, ep: Episode) -> dict[str, Any]:
+        return {"assignment": ep.assignment.copy()}

@@ -22,13 +22,8 @@ import torch
 from sb3_contrib.common.maskable.policies import MaskableActorCriticPolicy
 from torch import nn
 
-from schedulers.rl.env import GLOBAL_FEATURES, LAYER_FEATURES, SUMMARY_FEATURES, TYPE_FEATURES
-
-
-def placement_layout(max_types: int) -> tuple[int, int, int]:
-    """(context features, offset of the first slot, features per slot) of hetsim/Placement-v0."""
-    ctx = GLOBAL_FEATURES + 2 * LAYER_FEATURES + SUMMARY_FEATURES
-    return ctx, ctx + max_types + 1, TYPE_FEATURES
+# (context features, offset of the first slot, features per slot) of hetsim/Placement-v0
+from schedulers.rl.env import slot_layout as placement_layout
 
 
 class SlotExtractor(nn.Module):

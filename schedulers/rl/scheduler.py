@@ -21,13 +21,14 @@ import time
 from collections.abc import Callable, Sequence
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
 import numpy as np
 
 from hardware_profiles.errors import ConfigError
 from schedulers.placement import Genetic, Greedy, PlacementScheduler, merge_descent, score
 from schedulers.rl.env import Episode, Instance
+from schedulers.rl.masked_env import Stepper
 from sim.placement import PlacementInfeasible, PlacementSpace
 from sim.plan import Plan
 from sim.problem import Problem
@@ -43,19 +44,6 @@ def load_policy(path: str) -> Any:
     if not Path(path).is_file():
         raise ConfigError("<scheduler rl>", "scheduler.params.policy", f"no policy file {path}")
     return MaskablePPO.load(path, device="cpu")
-
-
-class Stepper(Protocol):
-    """What :func:`run_episodes` drives: an episode of a masked, discrete-action environment."""
-
-    @property
-    def done(self) -> bool: ...
-
-    def observation(self) -> np.ndarray: ...
-
-    def action_mask(self) -> np.ndarray: ...
-
-    def step(self, action: int) -> None: ...
 
 
 def run_episodes(model: Any, eps: Sequence[Stepper], key: Callable[[Any], bytes], seed: int = 0) -> None:

@@ -6,14 +6,14 @@ clusters it has not seen: episodes drawn from a pool of
 *fine-tune* (HeterPS trains per model: every episode is one Problem, starting
 from a given policy). Logs go to ``LOG_DIR``: SB3's progress.csv and a
 TensorBoard event file (schedulers/rl/tblog.py). The policy is saved as an SB3
-zip with a JSON sidecar (``FILE.json``) recording how it was trained.
+zip with a JSON sidecar (``FILE.json``) recording how it was trained. The
+routine is the one the `rl-dag` trainer shares (schedulers/rl/training.py);
+this module says what is the placement policy's own.
 """
 
 from __future__ import annotations
 
-import json
-import time
-from collections.abc import Callable
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,16 +22,15 @@ import gymnasium as gym
 import numpy as np
 import torch
 from sb3_contrib import MaskablePPO
-from stable_baselines3.common.callbacks import BaseCallback
-from stable_baselines3.common.logger import configure
 from stable_baselines3.common.vec_env import DummyVecEnv
 
 from schedulers.exact import solve
 from schedulers.placement import Greedy
-from schedulers.rl.env import MAX_TYPES, TRAIN_SEED_LIMIT, Episode, Instance, PlacementEnv
+from schedulers.rl.env import MAX_TYPES, Episode, Instance, PlacementEnv
+from schedulers.rl.masked_env import TRAIN_SEED_LIMIT
 from schedulers.rl.policy import SlotPolicy
 from schedulers.rl.scheduler import DEFAULT_POLICY, RL, load_policy
-from schedulers.rl.tblog import TensorBoardEvents
+from schedulers.rl.training import MaskedPPOTraining, demonstrations
 from sim.instances import random_problem
 from sim.placement import PlacementInfeasible
 from sim.problem import Problem
@@ -96,94 +95,71 @@ def expert_steps(pool: list[Instance], time_limit_s: float = 1.0, progress: bool
     """
     from tqdm import tqdm
 
-    obs, masks, acts = [], [], []
-    for inst in tqdm(pool, desc="exact", unit="inst", disable=not progress):
-        r = solve(inst.space, time_limit_s=time_limit_s)
-        if r.assignment is None:
-            continue
-        ep = Episode(inst)
-        for k in r.assignment:
-            m = ep.action_mask()
-            if not m[int(k)]:
-                break
-            obs.append(ep.observation())
-            masks.append(m)
-            acts.append(int(k))
-            ep.step(int(k))
-    return np.array(obs), np.array(masks), np.array(acts)
+    def runs() -> Iterator[tuple[Episode, list[int]]]:
+        for inst in tqdm(pool, desc="exact", unit="inst", disable=not progress):
+            r = solve(inst.space, time_limit_s=time_limit_s)
+            if r.assignment is not None:
+                yield Episode(inst), [int(k) for k in r.assignment]
+
+    return demonstrations(runs())
 
 
-def warm_start(model: Any, obs: np.ndarray, masks: np.ndarray, acts: np.ndarray, epochs: int,
-               lr: float, seed: int, batch: int = 256) -> float:
-    """Behaviour cloning: fit the policy's masked action distribution to ``acts`` (cross-entropy).
+class PlacementTraining(MaskedPPOTraining[TrainConfig]):
+    """A training run of the `rl` policy: on a pool of random instances, or fine-tuning on
+    one problem (from ``init``, a saved policy, when given)."""
 
-    Returns the last epoch's mean loss. The value head is left to PPO.
-    """
-    gen = torch.Generator().manual_seed(seed)
-    policy = model.policy
-    opt = torch.optim.Adam(policy.parameters(), lr=lr)
-    o, m, a = torch.as_tensor(obs), torch.as_tensor(masks), torch.as_tensor(acts)
-    loss_sum = 0.0
-    for _ in range(epochs):
-        perm = torch.randperm(len(a), generator=gen)
-        loss_sum, nb = 0.0, 0
-        for i in range(0, len(a), batch):
-            idx = perm[i:i + batch]
-            dist = policy.get_distribution(o[idx], action_masks=m[idx].numpy())
-            loss = -dist.log_prob(a[idx]).mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            loss_sum, nb = loss_sum + float(loss.detach()), nb + 1
-        loss_sum /= max(nb, 1)
-    return loss_sum
+    def __init__(self, out: str | Path, cfg: TrainConfig, problem: Problem | None = None,
+                 init: str | Path | None = None, log_dir: str | Path | None = None, progress: bool = True,
+                 verbose: int = 0) -> None:
+        super().__init__(out, cfg, log_dir, progress, verbose)
+        self.problem = problem
+        self.init = init
+        self.reset_num_timesteps = init is None
+        self.pool: list[Instance] = []
 
+    def prepare(self) -> None:
+        cfg = self.cfg
+        if self.problem is None:
+            self.pool = build_pool(cfg.pool_size, cfg.seed, cfg.max_types, self.progress, cfg.instance_kwargs)
+        else:
+            self.pool = [Instance(self.problem, cfg.max_types)]
 
-class EpisodeStats(BaseCallback):
-    """Logs finished episodes' feasible share and, over the feasible ones, the mean of
-    ``info[ratio_key]`` (the plan's objective over its reference) as ``ratio_tag``;
-    stops training at ``deadline`` (a ``time.perf_counter()`` value)."""
+    def make_env(self) -> gym.Env[Any, Any]:
+        return PlacementEnv(max_types=self.cfg.max_types, pool=self.pool)
 
-    def __init__(self, deadline: float | None = None, ratio_key: str = "cost_ratio",
-                 ratio_tag: str = "rollout/cost_over_reference") -> None:
-        super().__init__()
-        self.ratios: list[float] = []
-        self.feasible: list[bool] = []
-        self.deadline = deadline
-        self.ratio_key = ratio_key
-        self.ratio_tag = ratio_tag
+    def policy(self) -> tuple[Any, dict[str, Any]]:
+        cfg = self.cfg
+        if cfg.policy == "slot":
+            return SlotPolicy, {"slot_hidden": cfg.slot_hidden}
+        return "MlpPolicy", {"net_arch": {"pi": list(cfg.net_arch), "vf": list(cfg.net_arch)}}
 
-    def _on_step(self) -> bool:
-        if self.deadline is not None and time.perf_counter() > self.deadline:
-            return False
-        for info in self.locals.get("infos", []):
-            if "feasible" in info:
-                self.feasible.append(bool(info["feasible"]))
-                if info["feasible"]:
-                    self.ratios.append(float(info[self.ratio_key]))
-        return True
+    def build_model(self, vec: DummyVecEnv) -> Any:
+        """A new model, or (fine-tune) the ``init`` policy with this config's PPO settings."""
+        if self.init is None:
+            return super().build_model(vec)
+        cfg = self.cfg
+        model = MaskablePPO.load(str(self.init), env=vec, device="cpu", seed=cfg.seed,
+                                 learning_rate=cfg.learning_rate, n_steps=cfg.n_steps,
+                                 batch_size=cfg.batch_size, n_epochs=cfg.n_epochs, ent_coef=cfg.ent_coef)
+        slots = int(model.action_space.n)  # type: ignore[attr-defined]
+        if slots != cfg.max_types:
+            raise ValueError(f"policy {self.init} has {slots} type slots, the config {cfg.max_types}")
+        return model
 
-    def _on_rollout_end(self) -> None:
-        if self.feasible:
-            self.logger.record("rollout/feasible_share", float(np.mean(self.feasible)))
-        if self.ratios:
-            self.logger.record(self.ratio_tag, float(np.mean(self.ratios)))
-        self.ratios, self.feasible = [], []
+    def expert(self) -> tuple[dict[str, Any], tuple[np.ndarray, np.ndarray, np.ndarray]] | None:
+        """The exact solver's placements of the first ``bc_instances`` pool instances (a new model only)."""
+        cfg = self.cfg
+        if not cfg.bc_instances or self.init is not None:
+            return None
+        return {}, expert_steps(self.pool[: cfg.bc_instances], cfg.bc_exact_limit_s, self.progress)
 
-
-def learn_logged(model: Any, timesteps: int, log_dir: Path, callback: BaseCallback, progress: bool,
-                 verbose: int = 0, reset_num_timesteps: bool = True) -> Path:
-    """``model.learn`` with SB3's progress.csv and a TensorBoard event file in ``log_dir``
-    (plus stdout with ``verbose``); returns the event file's path."""
-    logger = configure(str(log_dir), ["csv"] + (["stdout"] if verbose else []))
-    tb = TensorBoardEvents(log_dir)
-    logger.output_formats.append(tb)
-    model.set_logger(logger)
-    try:
-        model.learn(timesteps, callback=callback, progress_bar=progress, reset_num_timesteps=reset_num_timesteps)
-    finally:
-        tb.close()
-    return tb.path
+    def sidecar(self, model: Any, warm: dict[str, Any], events: Path | None) -> dict[str, Any]:
+        problem, init = self.problem, self.init
+        return {"mode": "fine-tune" if problem is not None else "random",
+                "problem": problem.name if problem else None, "init": str(init) if init else None,
+                "config": asdict(self.cfg), "timesteps": int(model.num_timesteps), "wall_s": self.wall_s(),
+                "pool_s": round(self.setup_s, 1), "warm_start": warm, "torch": torch.__version__,
+                "log_dir": str(self.log), "tensorboard_events": str(events)}
 
 
 def train(out: str | Path, cfg: TrainConfig, problem: Problem | None = None, init: str | Path | None = None,
@@ -202,53 +178,7 @@ def train(out: str | Path, cfg: TrainConfig, problem: Problem | None = None, ini
     Returns:
         What was written into the sidecar: config, wall seconds, timesteps.
     """
-    t0 = time.perf_counter()
-    torch.set_num_threads(cfg.threads)
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    log = Path(log_dir) if log_dir else out.with_name(out.stem + "_logs")
-    if problem is None:
-        pool = build_pool(cfg.pool_size, cfg.seed, cfg.max_types, progress, cfg.instance_kwargs)
-    else:
-        pool = [Instance(problem, cfg.max_types)]
-    envs: list[Callable[[], gym.Env[Any, Any]]] = [
-        lambda: PlacementEnv(max_types=cfg.max_types, pool=pool) for _ in range(cfg.n_envs)]
-    vec = DummyVecEnv(envs)
-    vec.seed(cfg.seed)
-    pool_s = time.perf_counter() - t0
-    if init is not None:
-        model = MaskablePPO.load(str(init), env=vec, device="cpu", seed=cfg.seed,
-                                 learning_rate=cfg.learning_rate, n_steps=cfg.n_steps,
-                                 batch_size=cfg.batch_size, n_epochs=cfg.n_epochs, ent_coef=cfg.ent_coef)
-        slots = int(model.action_space.n)  # type: ignore[attr-defined]
-        if slots != cfg.max_types:
-            raise ValueError(f"policy {init} has {slots} type slots, the config {cfg.max_types}")
-    else:
-        if cfg.policy == "slot":
-            policy: Any = SlotPolicy
-            kwargs: dict[str, Any] = {"slot_hidden": cfg.slot_hidden}
-        else:
-            policy, kwargs = "MlpPolicy", {"net_arch": {"pi": list(cfg.net_arch), "vf": list(cfg.net_arch)}}
-        model = MaskablePPO(policy, vec, n_steps=cfg.n_steps, batch_size=cfg.batch_size,
-                            n_epochs=cfg.n_epochs, learning_rate=cfg.learning_rate, gamma=cfg.gamma,
-                            gae_lambda=cfg.gae_lambda, ent_coef=cfg.ent_coef, seed=cfg.seed, device="cpu",
-                            policy_kwargs=kwargs, verbose=verbose)
-    bc: dict[str, Any] = {}
-    if cfg.bc_instances and init is None:
-        t = time.perf_counter()
-        obs, masks, acts = expert_steps(pool[: cfg.bc_instances], cfg.bc_exact_limit_s, progress)
-        loss = warm_start(model, obs, masks, acts, cfg.bc_epochs, cfg.bc_learning_rate, cfg.seed)
-        bc = {"steps": int(len(acts)), "loss": round(loss, 4), "seconds": round(time.perf_counter() - t, 1)}
-    events = learn_logged(model, cfg.timesteps, log, EpisodeStats(t0 + cfg.max_wall_s if cfg.max_wall_s else None),
-                          progress, verbose, reset_num_timesteps=init is None)
-    model.save(str(out))
-    meta = {"mode": "fine-tune" if problem is not None else "random", "problem": problem.name if problem else None,
-            "init": str(init) if init else None, "config": asdict(cfg),
-            "timesteps": int(model.num_timesteps), "wall_s": round(time.perf_counter() - t0, 1),
-            "pool_s": round(pool_s, 1), "warm_start": bc, "torch": torch.__version__, "log_dir": str(log),
-            "tensorboard_events": str(events)}
-    out.with_suffix(".json").write_text(json.dumps(meta, indent=2) + "\n")
-    return meta
+    return PlacementTraining(out, cfg, problem, init, log_dir, progress, verbose).run()
 
 
 def default_policy() -> Path:

@@ -16,8 +16,8 @@ worker's pull of a chunk may start and when a shard applies:
 For ASP and SSP a "global iteration" ends each time another global batch of
 samples has been applied.
 
-Online scheduling (the seam of ARCHITECTURE.md): given a scheduler object with
-a callable ``rebalance``, the engine calls it at the end of every global
+Online scheduling (the seam of ARCHITECTURE.md): given an
+:class:`~sim.scheduling.OnlineScheduler`, the engine calls its ``rebalance`` at the end of every global
 iteration with an :class:`~sim.observation.Observation` measured over the
 iterations since the previous call, and applies the plan it returns. The
 worker set stays fixed; a worker takes its new share from the next iteration
@@ -80,6 +80,7 @@ from sim.observation import Observation, WorkerStatus, accepted_shares, full_mem
 from sim.plan import Plan
 from sim.problem import Problem
 from sim.result import DeviceUsage, RunResult, Trace
+from sim.scheduling import OnlineScheduler
 
 _COMPUTE, _BLOCKED, _DONE = 0, 1, 2
 #: Spawn-key namespace of the compute-noise streams under the config's root seed (b"NOI").
@@ -424,8 +425,8 @@ class DataParallelSim:
         self.ssp_waiters: list[tuple[int, simpy.Event]] = []
         # Online scheduling. ``next_*`` is the share (and its cost rows) a worker takes
         # at the next iteration it starts; ``batch`` and the rows above are the ones it runs.
-        fn = getattr(scheduler, "rebalance", None)
-        self.rebalance_fn: Callable[[Plan, Observation], Plan | None] | None = fn if callable(fn) else None
+        self.rebalance_fn: Callable[[Plan, Observation], Plan | None] | None = (
+            scheduler.rebalance if isinstance(scheduler, OnlineScheduler) else None)
         self.online = self.rebalance_fn is not None
         self.plan_now = plan
         # (batch, fwd, bwd, pull, push, agg, apply_one, bits) rows of the pending share

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Generator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -40,7 +40,7 @@ import simpy
 from sim.config import Pattern
 from sim.dag import DagCosts, DagPlan
 from sim.dynamics import expand, status_trace
-from sim.result import Trace
+from sim.result import DeviceUsage, FrameResult, Trace
 
 #: Spawn-key namespace of the frames DES's jitter streams (b"FRM").
 FRAMES_STREAM = 0x46524D
@@ -70,51 +70,13 @@ class FrameOptions:
     trace_frames: int = 0
 
 
-@dataclass(frozen=True)
-class FrameResult:
-    """Per-frame latency and the run's energy and utilisation.
+def simulate_frames(c: DagCosts, plan: DagPlan, opts: FrameOptions = FrameOptions(), name: str = "") -> FrameResult:
+    """Run ``opts.frames`` frames of ``plan`` (priced by ``c``, in the plan's power mode).
 
-    Attributes:
-        release_s, finish_s: [frame] release and completion times.
-        latency_s: [frame] finish - release.
-        deadline_s: the deadline each latency is judged against.
-        energy_j: total energy over [0, end of the last frame].
-        busy_s: [unit] busy seconds.
-        duration_s: end of the last frame.
-        units: unit names.
-        trace: Chrome-trace events of the first ``trace_frames`` frames (units as threads
-            of the "workers" track, hand-overs as async spans on the "network" track).
+    The result is a RunResult of one iteration per frame (:class:`sim.result.FrameResult`),
+    named ``name``: its trace holds the first ``opts.trace_frames`` frames (units as
+    threads of the "workers" track, hand-overs as async spans on the "network" track).
     """
-
-    release_s: np.ndarray
-    finish_s: np.ndarray
-    latency_s: np.ndarray
-    deadline_s: float
-    energy_j: float
-    busy_s: np.ndarray
-    duration_s: float
-    units: tuple[str, ...]
-    trace: list[dict[str, Any]] = field(default_factory=list)
-
-    @property
-    def miss_rate(self) -> float:
-        return float(np.mean(self.latency_s > self.deadline_s * (1 + 1e-9)))
-
-    @property
-    def energy_per_frame_j(self) -> float:
-        return self.energy_j / len(self.latency_s)
-
-    def summary(self) -> dict[str, Any]:
-        lat = self.latency_s
-        return {"frames": len(lat), "deadline_miss_rate": self.miss_rate,
-                "latency_mean_s": float(lat.mean()), "latency_p50_s": float(np.percentile(lat, 50)),
-                "latency_p99_s": float(np.percentile(lat, 99)), "latency_max_s": float(lat.max()),
-                "energy_per_frame_j": self.energy_per_frame_j,
-                "utilization": {u: float(b / self.duration_s) for u, b in zip(self.units, self.busy_s)}}
-
-
-def simulate_frames(c: DagCosts, plan: DagPlan, opts: FrameOptions = FrameOptions()) -> FrameResult:
-    """Run ``opts.frames`` frames of ``plan`` (priced by ``c``, in the plan's power mode)."""
     mem_s, nbytes, mem_bw_Bps = c.mem_s, c.nbytes, c.mem_bw_Bps
     if opts.memory_contention and (mem_s is None or nbytes is None or not math.isfinite(mem_bw_Bps)):
         raise ValueError("memory_contention needs DagCosts with mem_s, nbytes and mem_bw_Bps (dag_costs)")
@@ -186,10 +148,12 @@ def simulate_frames(c: DagCosts, plan: DagPlan, opts: FrameOptions = FrameOption
             env.process(unit_proc(u))
     env.run()
     finish = fin.max(axis=1)
-    end = float(finish.max())
-    energy = c.idle_w * max(end, F * c.period_s) + float((busy * c.busy_w).sum())
-    return FrameResult(release, finish, finish - release, c.deadline_s, energy, busy,
-                       max(end, F * c.period_s), c.units, trace.events)
+    units = [DeviceUsage(u, "worker", 0.0, 0.0, float(c.busy_w[j]), float(busy[j]), float(busy[j]))
+             for j, u in enumerate(c.units)]
+    return FrameResult(name=name, evaluator="des", scheduler=plan.scheduler, seed=opts.seed,
+                       iter_end_s=finish.tolist(), iter_samples=[1] * F, devices=units, trace=trace.events,
+                       release_s=release, deadline_s=c.deadline_s, makespan_s=plan.makespan_s(c),
+                       duration_s=max(float(finish.max()), F * c.period_s), board_idle_w=c.idle_w)
 
 
 def _load_traces(opts: FrameOptions, n_units: int,
