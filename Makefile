@@ -26,6 +26,7 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy sim schedulers
+	$(BIN)/lint-imports --no-cache
 
 bench: $(STAMP)
 	$(BIN)/hetsim bench

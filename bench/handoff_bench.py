@@ -4,7 +4,7 @@
 Round trips of the runtime's own messages (``runtime.wire``: a PUSH, header only
 or with a small payload, answered by a header-only PARAMS) between a worker-like
 rank pinned to the first core and a shard-like rank with a ``Receiver`` thread
-(:func:`hardware_profiles.profiler.handoff_rtts`), on idle cores and with a busy
+(:func:`calibration.profiler.handoff_rtts`), on idle cores and with a busy
 process (a GEMM loop) pinned to every core, the shard unpinned, pinned to the
 worker's core, or pinned to another core.
 
@@ -24,7 +24,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from hardware_profiles.profiler import handoff_rtts
+from calibration.profiler import handoff_rtts
 from runtime.affinity import usable_cpus
 
 WARMUP = 20  # round trips left out of the times

@@ -18,9 +18,9 @@ import time
 
 import numpy as np
 
+from hardware_profiles.errors import HetsimError
 from schedulers import make
 from sim.des.pipeline import PipelineSim, default_in_flight
-from sim.errors import HetsimError
 from sim.instances import random_problem
 from sim.multistage import evaluate_analytic, pipeline_model
 from sim.placement import PlacementSpace

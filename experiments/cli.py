@@ -22,7 +22,8 @@ from typing import Any, NoReturn
 
 from experiments.runner import EVALUATORS
 from experiments.sweep import BACKENDS
-from sim.errors import ConfigError, HetsimError
+from hardware_profiles.errors import ConfigError, HetsimError
+from hardware_profiles.fileio import prepare_out
 
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "demo.yaml"
 DEMO_MODELS = ("resnet18", "ctr_dnn")
@@ -65,7 +66,7 @@ def cmd_simulate(a: argparse.Namespace) -> int:
     from experiments import runner
 
     loaded = runner.load(a.config)
-    out = runner.prepare_out(a.out or Path("results") / loaded.config.name / a.evaluator)
+    out = prepare_out(a.out or Path("results") / loaded.config.name / a.evaluator)
     if a.plan and a.scheduler:
         raise ConfigError("<command line>", "--plan", "give --plan or --scheduler, not both")
     result, plan = runner.run_one(loaded, a.evaluator, a.scheduler, out, progress=True, plan_file=a.plan)
@@ -75,7 +76,7 @@ def cmd_simulate(a: argparse.Namespace) -> int:
 
 
 def cmd_dag(a: argparse.Namespace) -> int:
-    from experiments import dag_runner, runner
+    from experiments import dag_runner
 
     names = [n for n in a.schedulers.split(",") if n] if a.schedulers else None
     import schedulers
@@ -84,7 +85,7 @@ def cmd_dag(a: argparse.Namespace) -> int:
         if n not in schedulers.names("dag"):
             raise ConfigError("<command line>", "--schedulers",
                               f"unknown DAG scheduler {n!r}; known: {', '.join(schedulers.names('dag'))}")
-    out = runner.prepare_out(a.out or Path("results") / Path(a.config).stem / "dag")
+    out = prepare_out(a.out or Path("results") / Path(a.config).stem / "dag")
     rows = dag_runner.run_dag(a.config, names, out)
     write_csv(out / "comparison.csv", rows)
     print_table(rows, ("scheduler", "mode", "plan_frame_ms", "deadline_ms", "plan_energy_mj", "des_miss_rate",
@@ -102,7 +103,7 @@ def cmd_plan(a: argparse.Namespace) -> int:
     text = plan.dumps()
     if a.out:
         out = Path(a.out)
-        runner.prepare_out(out.parent if str(out.parent) else Path("."))
+        prepare_out(out.parent if str(out.parent) else Path("."))
         out.write_text(text)
         print(f"wrote {out}")
     else:
@@ -121,7 +122,7 @@ def cmd_compare(a: argparse.Namespace) -> int:
         if n not in schedulers.names():
             raise ConfigError("<command line>", "--schedulers",
                               f"unknown scheduler {n!r}; known: {', '.join(schedulers.names())}")
-    out = runner.prepare_out(a.out or Path("results") / loaded.config.name / "compare")
+    out = prepare_out(a.out or Path("results") / loaded.config.name / "compare")
     rows = []
     for n in names:
         try:
@@ -149,7 +150,7 @@ def cmd_demo(a: argparse.Namespace) -> int:
     from experiments import plots, runner
 
     base = runner.load(DEFAULT_CONFIG)
-    out = runner.prepare_out(a.out)
+    out = prepare_out(a.out)
     rows = []
     runs = [(m, s) for m in DEMO_MODELS for s in DEMO_SCHEDULERS]
     for model, sched in tqdm(runs, desc="demo", unit="run", disable=a.quiet):
@@ -169,10 +170,10 @@ def cmd_demo(a: argparse.Namespace) -> int:
 
 
 def cmd_sweep(a: argparse.Namespace) -> int:
-    from experiments import runner, sweep
+    from experiments import sweep
 
     sw = sweep.load_sweep(a.sweep)
-    out = runner.prepare_out(a.out or Path("results") / "sweeps" / Path(a.sweep).stem)
+    out = prepare_out(a.out or Path("results") / "sweeps" / Path(a.sweep).stem)
     try:
         table = sweep.run_sweep(sw, out, jobs=a.jobs, backend=a.backend, address=a.address,
                                 progress=not a.quiet)
@@ -209,15 +210,14 @@ def _default_jobs() -> int:
 
 
 def cmd_run(a: argparse.Namespace) -> int:
-    from experiments import runner
-    from runtime import entry
+    from experiments import run as entry
     from runtime.launch import RuntimeFailure
 
     prep = entry.prepare(a.input, config=a.config, iterations=a.iterations, timeout_s=a.timeout,
                          scheduler=a.scheduler)
     writer = not entry.under_torchrun() or os.environ.get("RANK") == "0"
     out_dir = Path(a.out or Path("results") / prep.spec.name / "runtime")
-    out = runner.prepare_out(out_dir) if writer else None
+    out = prepare_out(out_dir) if writer else None
     entry.attach_checkpoints(prep, out_dir, resume=a.resume, writer=writer)
     try:
         result = entry.execute(prep, out)
@@ -233,12 +233,12 @@ def cmd_run(a: argparse.Namespace) -> int:
 
 
 def cmd_validate(a: argparse.Namespace) -> int:
-    from experiments import runner, validate
-    from runtime.entry import read_config
+    from experiments import validate
+    from experiments.run import read_config
     from runtime.launch import RuntimeFailure
 
     cfg, _ = read_config(a.config)  # a bad config fails here, before --out is created
-    out = runner.prepare_out(a.out or Path("results") / cfg.name / "validate")
+    out = prepare_out(a.out or Path("results") / cfg.name / "validate")
     try:
         v = validate.validate(a.config, a.schedulers, a.iterations, out, timeout_s=a.timeout,
                               on_step=lambda s: print(f"validate: {s}", file=sys.stderr))
@@ -267,7 +267,7 @@ def cmd_validate(a: argparse.Namespace) -> int:
 
 
 def cmd_bench(a: argparse.Namespace) -> int:
-    from bench import des_bench
+    from experiments import des_bench
 
     if a.repeat is not None and a.repeat < 1:
         raise ConfigError("<command line>", "--repeat", "must be at least 1")
@@ -280,7 +280,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
 
 
 def cmd_profile(a: argparse.Namespace) -> int:
-    from hardware_profiles import profiler
+    from calibration import profiler
 
     if a.add_micro is not None:
         ignored = [flag for flag, on in (("--suite robotics", a.suite == "robotics"), ("--quick", a.quick),
@@ -304,11 +304,11 @@ def cmd_profile(a: argparse.Namespace) -> int:
         print(f"wrote {a.out}")
         return 0
     if a.suite == "robotics":
-        from sim.robotics import kernels
+        from calibration import robotics_kernels
 
-        path, text = kernels.run_profile(a.device or "cpu", a.out or kernels.DEFAULT_OUT, quick=a.quick,
-                                         threads=a.threads, compare=a.compare,
-                                         progress=not a.quiet)
+        path, text = robotics_kernels.run_profile(a.device or "cpu", a.out or robotics_kernels.DEFAULT_OUT,
+                                                  quick=a.quick, threads=a.threads, compare=a.compare,
+                                                  progress=not a.quiet)
         print(text)
         print(f"wrote {path}")
         return 0
@@ -323,8 +323,9 @@ def cmd_profile(a: argparse.Namespace) -> int:
 
 
 def cmd_calibrate(a: argparse.Namespace) -> int:
-    from hardware_profiles import calibrate, load_profile_file
-    from hardware_profiles.profiler import drift_line, write_profile
+    from calibration import calibrate
+    from calibration.profiler import drift_line, write_profile
+    from hardware_profiles import load_profile_file
 
     prof = load_profile_file(a.profile)
     raw = prof.measurement.raw

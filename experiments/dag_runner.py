@@ -19,11 +19,11 @@ from typing import Any
 
 import numpy as np
 
+from hardware_profiles.errors import ConfigError
 from schedulers.dag import make_dag
 from sim.dag import DagPlan, DagProblem, dag_costs
 from sim.dag_config import load_dag_config
 from sim.des.frames import FrameOptions
-from sim.errors import ConfigError
 from sim.evaluate import evaluate
 from sim.result import FrameResult
 

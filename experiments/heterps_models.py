@@ -18,6 +18,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from sim.workload import save_model_file
+
 OUT = Path(__file__).parent / "configs" / "heterps" / "dlrm.yaml"
 
 
@@ -65,7 +67,6 @@ def main() -> None:
     import torch
 
     from sim.torch_extract import from_torch
-    from sim.workload import save_model_file
 
     with torch.device("meta"):
         module, example = dlrm()

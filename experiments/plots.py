@@ -17,7 +17,7 @@ import pandas as pd  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
-from experiments.sweep import DAG_HEADLINE, FIXED_COLUMNS  # noqa: E402
+from experiments.columns import DAG_HEADLINE, FIXED_COLUMNS  # noqa: E402
 from sim.result import HEADLINE_KEYS  # noqa: E402
 
 _PALETTE = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C"]
@@ -906,7 +906,7 @@ def calibration_figure(rows: Sequence[dict[str, Any]], out_path: str | Path, tit
     """The leave-one-model-out figure of ``bench.calibration_accuracy``: every held-out
     pass, predicted against measured (log-log; the diagonal and the per-layer target's
     band), and per row the median |per-layer error| and |iteration error| against their
-    targets (a row missing either in red). ``rows``: :func:`bench.calibration_accuracy.loo_rows`.
+    targets (a row missing either in red). ``rows``: :func:`calibration.accuracy.loo_rows`.
     Writes ``out_path`` (PNG) and returns it."""
     from matplotlib.lines import Line2D
 

@@ -50,8 +50,8 @@ from tqdm import tqdm
 import schedulers
 from experiments import runner
 from experiments.plots import markdown_table
+from hardware_profiles.errors import HetsimError
 from schedulers.exact import dp_min_rate, inventory_dp
-from sim.errors import HetsimError
 from sim.placement import PlacementSpace
 from sim.plan import Plan
 from sim.problem import Objective, Problem

@@ -51,8 +51,10 @@ import numpy as np
 import pandas as pd
 
 from experiments import runner
+from hardware_profiles import load_profile
+from hardware_profiles.fileio import prepare_out
 from sim import analytic, zoo
-from sim.convergence import FITS_DIR, load_for
+from sim.convergence import FITS_DIR, load_for, model_tensor_elems
 from sim.costmodel import max_batch_in_memory
 from sim.problem import initial_free_memory_bytes
 
@@ -800,8 +802,6 @@ def verdict_section(table: pd.DataFrame, sp: pd.DataFrame, models: Sequence[str]
 def compute_bound(cluster: str) -> float:
     """Equal-split BSP's iteration time over a speed-proportional split's when compute alone
     counts and speed is fp32 peak: sum(peak) / (workers x min(peak))."""
-    from hardware_profiles import load_profile
-
     peaks = [load_profile(t, [CONFIG_DIR / PROFILES]).peak_flops["fp32"] for t in CLUSTERS[cluster]]
     return sum(peaks) / (len(peaks) * min(peaks))
 
@@ -809,8 +809,6 @@ def compute_bound(cluster: str) -> float:
 def efficiency_section(table: pd.DataFrame, models: Sequence[str]) -> list[str]:
     """What one sample is worth under each method, from the fits (sim/convergence.py discounts):
     the statistical side of time to target, which the paper's wall-clock comparison folds in."""
-    from sim.convergence import model_tensor_elems
-
     L = ["What one sample is worth (the convergence model's discount, 1 = an ideal small-batch, "
          "fresh, full-precision sample): BSP updates carry the whole global batch; ASP/SSP updates carry "
          "one worker's share (equal split: B / workers) at the mean staleness the DES measured (cpu "
@@ -851,7 +849,7 @@ def run(out: str | Path, models: Sequence[str] = MODELS, clusters: Sequence[str]
         methods: Sequence[str] = tuple(METHODS), iterations: int = TARGET_ITERATIONS, jobs: int = 2,
         progress: bool = True, argv: str = "") -> pd.DataFrame:
     """Run the grid and write results.csv, report.md and the figures into ``out``."""
-    out_dir = runner.prepare_out(out)
+    out_dir = prepare_out(out)
     have, missing = available_models(models)
     if not have:
         raise SystemExit(f"reproduce_hps: no convergence fit for any of {', '.join(models)}")

@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import schedulers
+from hardware_profiles.errors import ConfigError
 from schedulers import Scheduler
 from sim import evaluate as evaluation
 from sim.config import Config, config_from_dict, read_yaml
-from sim.errors import ConfigError
 from sim.evaluate import EVALUATORS
 from sim.plan import Plan, check_plan, load_plan
 from sim.problem import Problem, build_problem
@@ -83,19 +83,6 @@ def evaluate(problem: Problem, plan: Plan, evaluator: str, trace: bool = True,
               leave=False, disable=None) as bar:
         return evaluation.evaluate(problem, plan, evaluator, scheduler=scheduler, trace=trace,
                                    on_iteration=lambda n: bar.update(n - bar.n))
-
-
-def prepare_out(out: str | Path, option: str = "--out") -> Path:
-    """Create ``out`` (and parents) or fail with a one-line error naming ``option``."""
-    p = Path(out)
-    try:
-        p.mkdir(parents=True, exist_ok=True)
-        probe = p / ".hetsim-write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as e:
-        raise ConfigError(str(p), option, f"cannot write there: {e.strerror or e}") from None
-    return p
 
 
 def run_files(result: RunResult, plan: Plan, loaded: Loaded, trace: bool = True) -> dict[str, str]:

@@ -70,11 +70,14 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from experiments import runner
+from experiments.columns import DAG_HEADLINE, FIXED_COLUMNS
+from experiments.dag_runner import plan_and_simulate
 from experiments.runner import EVALUATORS
+from hardware_profiles.errors import ConfigError, HetsimError
+from hardware_profiles.fileio import atomic_write, fsync_dir
 from sim.config import Config, read_yaml
 from sim.dag_config import DagConfig, dag_config_from_dict, is_dag_config
-from sim.errors import ConfigError, HetsimError
-from sim.fileio import atomic_write, fsync_dir
 from sim.result import HEADLINE_KEYS
 
 __all__ = [
@@ -84,14 +87,9 @@ __all__ = [
 
 BACKENDS = ("local", "dask")
 RESULTS = "results.csv"
-FIXED_COLUMNS = ("point_id", "status", "error")
 _SWEEP_KEYS = ("base", "evaluator", "trace", "grid", "zip", "random")
 #: The evaluator of robotics sweeps (a base config naming a `board`): plan, then the frames DES.
 FRAMES = "frames"
-#: results.csv metric columns of a robotics sweep (experiments.dag_runner's rows).
-#: (The deadline is the config's ``deadline_ms``: a column when swept, not repeated here.)
-DAG_HEADLINE = ("scheduler", "mode", "plan_feasible", "plan_frame_ms", "plan_energy_mj", "plan_s",
-                "des_miss_rate", "des_latency_p99_ms", "des_energy_mj")
 _SEGMENT = re.compile(r"([^.\[\]]+)((?:\[\d+\])*)")
 _INDEX = re.compile(r"\[(\d+)\]")
 
@@ -482,8 +480,6 @@ def run_point(task: Task) -> PointResult:
     returned, not written: the parent writes them, so remote workers need no
     access to the output folder (only to the files the config names).
     """
-    from experiments import runner
-
     try:
         if task.evaluator == FRAMES:
             return _run_dag_point(task)
@@ -506,8 +502,6 @@ def run_point(task: Task) -> PointResult:
 
 def _run_dag_point(task: Task) -> PointResult:
     """A robotics point: plan with the config's DAG scheduler, run the frames DES."""
-    from experiments.dag_runner import plan_and_simulate
-
     cfg, problem, opts = dag_config_from_dict(task.config, Path(task.base_dir), task.source)
     row, files = plan_and_simulate(problem, opts, cfg.scheduler.name, cfg.scheduler.params, task.source,
                                    trace_frames=3 if task.trace else 0)

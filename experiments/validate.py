@@ -25,15 +25,15 @@ What the simulator is given, so that it models what the runtime executes:
   student at the worker's planned share), the same seconds (on a host, a sleep
   of ``(factor - 1) x`` the elapsed compute, as the runtime does it).
 * **The host.** Every rank runs on this machine, so (unless the config has its
-  own ``cluster.hosts``) the DES gets one host, :func:`measure_host`: the
+  own ``cluster.hosts``) the DES gets one host, :func:`calibration.host.measure_host`: the
   cores this process may use, and as background the load of other jobs
-  measured by a 1-second probe just before the run (:func:`background_threads`); each worker
+  measured by a 1-second probe just before the run (:func:`calibration.host.background_threads`); each worker
   is a process on it with ``runtime.workers[i].threads`` (default
   ``runtime.threads``) and ``affinity``, each PS shard one with
   ``runtime.threads`` and ``runtime.ps_affinity`` (absent: not pinned). Messages
   between the ranks are the runtime's loopback path on these cores: where the
   profile measured it (``network.wire_pull_Bps`` / ``wire_push_Bps``,
-  :func:`hardware_profiles.profiler.wire_bench`), every process's link and the
+  :func:`calibration.profiler.wire_bench`), every process's link and the
   host's ``copy_Bps`` (each end's share of a message, on its cores) are the
   rate of one pull and one push (:func:`wire_rate_Bps`), so a message is as
   fast as measured when both ends have a core and as slow as the end with
@@ -44,7 +44,7 @@ What the simulator is given, so that it models what the runtime executes:
   receives one at a time and answers pulls in turn, as the runtime's blocking
   sends and single receiver thread do. Its
   ``wake_s`` is the profile's ``network.wake_latency_s`` (the lowest over the
-  ranks' profiles; :func:`hardware_profiles.profiler.wake_bench`): a message
+  ranks' profiles; :func:`calibration.profiler.wake_bench`): a message
   that arrives while every core is busy reaches its rank that much later. The report
   records what was assumed (``info["host"]``) and, per scheduler, the DES's
   prediction without the host (``diagnostics["sim_without_host"]``) and with
@@ -84,20 +84,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 import schedulers
-from experiments import runner, runtime_cpu
+from calibration import runtime_cpu
+from calibration.host import host_cores, measure_host, memory_factor, standalone_compute_s
+from experiments import run as entry
+from experiments import runner
 from experiments.plots import markdown_table
+from hardware_profiles.errors import ConfigError
 from hardware_profiles.schema import LayerTable
-from runtime import entry
-from runtime.affinity import usable_cpus
-from runtime.spec import RunSpec, RuntimeOptions, build_spec, parse_options
+from runtime.launch import run_local
+from runtime.spec import RuntimeOptions, build_spec, parse_options
 from sim import costmodel, zoo
 from sim.cluster import Device, Host, Placement
-from sim.errors import ConfigError
+from sim.dynamics import Dynamic
 from sim.plan import Plan
-from sim.problem import Dynamic, Problem
+from sim.problem import Problem
 from sim.result import RunResult
 from sim.workload import Layer, Model
 
@@ -304,99 +305,6 @@ def _teacher_profile(dev: Device, model: Model, dtype: str, max_batch: int) -> D
     return dataclasses.replace(dev, type=dev.type.model_copy(update={"layers": tables}))
 
 
-def _spin(seconds: float) -> float:
-    """Busy-loop for ``seconds`` of wall time; the fraction of a core this process got."""
-    c0, t0 = time.process_time(), time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        pass
-    return (time.process_time() - c0) / (time.perf_counter() - t0)
-
-
-def background_threads(cores: int, probe_s: float = 1.0) -> float:
-    """The load of other jobs as runnable threads competing fairly on every core, measured
-    as what threads of ours get: ``cores`` busy processes run ``probe_s`` seconds, each gets
-    a fraction r of a core, and fair sharing gives r = cores / (cores + B), so
-    B = cores (1 / r - 1).
-
-    Neither the load average nor a count of runnable threads: the first decays over a
-    minute, so right after a run (the suite runs configs back to back) it still counts
-    that run's ranks; the second counted 1.5-2.5 threads more than the compute of the
-    runs showed here (other jobs' threads are not all equal competitors: priorities,
-    cgroup weights), and this probe sees what the ranks will see.
-    """
-    import multiprocessing
-
-    ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else None)
-    with ctx.Pool(cores) as pool:
-        got = pool.map(_spin, [probe_s] * cores)
-    r = min(1.0, max(1e-3, float(np.mean(got))))
-    return cores * (1.0 / r - 1.0)
-
-
-def measure_host(name: str = "local") -> Host:
-    """This machine as a :class:`~sim.cluster.Host`: the cores this process may run on
-    and the background load now (:func:`background_threads`)."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = os.cpu_count() or 1
-    return Host(name, cores, round(background_threads(cores), 3))
-
-
-def host_cores(cpus: list[int] | None) -> tuple[int, ...] | None:
-    """CPU ids as the runtime pins them, as core indices of :func:`measure_host`'s host:
-    their positions among the CPUs this process may use (under a cpuset of CPUs 2 and 3,
-    CPU 3 is core 1). Ids outside those (``hetsim validate`` refuses them first) and
-    every id where the CPUs are unknown are kept as they are."""
-    if cpus is None:
-        return None
-    allowed = usable_cpus() or []
-    if not set(cpus) <= set(allowed):
-        return tuple(sorted(set(cpus)))
-    return tuple(sorted(allowed.index(c) for c in set(cpus)))
-
-
-def memory_factor(problem: Problem, probe: Callable[[int], float] | None = None,
-                  min_elems: int = 1_000_000) -> dict[str, Any] | None:
-    """How much slower memory copies run now than when the ranks' profile was measured:
-    the median over the profile's ``raw.bandwidth`` copies of at least ``min_elems`` fp32
-    values of (time now / time then), timed now by ``probe(elems)`` (default
-    :func:`copy_probe_s`, as the profiler times them). Memory-bound work drifts with what
-    shares the machine's memory bandwidth and caches (on this project's VM: copies 6-28%
-    slower in one hour, GEMM unchanged). None where the profile has no such copies.
-    `hetsim validate` reports it beside each run (``memory_probe``) and does not apply it."""
-    cl = problem.cluster
-    raws = [d.type.measurement.raw for d in cl.devices if d.type.measurement.raw]
-    copies = sorted({(int(b["elems"]), float(b["t_s"])) for raw in raws[:1] for b in raw.get("bandwidth", [])
-                     if b.get("op") == "copy" and int(b.get("elems", 0)) >= min_elems})
-    if not copies:
-        return None
-    probe = probe or copy_probe_s
-    now = [probe(n) for n, _ in copies]
-    ratios = [t / then for t, (_, then) in zip(now, copies)]
-    return {"factor": float(np.median(ratios)), "elems": [n for n, _ in copies],
-            "now_s": now, "profile_s": [t for _, t in copies]}
-
-
-def copy_probe_s(elems: int, repeats: int = 7) -> float:
-    """Median thread time of ``Tensor.copy_`` of ``elems`` fp32 values (one thread, after a
-    warm-up): the profiler's copy benchmark, on this process's CPUs."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        a, b = torch.randn(elems), torch.empty(elems)
-        for _ in range(2):
-            b.copy_(a)
-        times = []
-        for _ in range(repeats):
-            t0 = time.thread_time()
-            b.copy_(a)
-            times.append(time.thread_time() - t0)
-        return float(np.median(times))
-    finally:
-        torch.set_num_threads(threads)
 
 
 def with_host(problem: Problem, plan: Plan, opts: RuntimeOptions, host: Host) -> Problem:
@@ -529,7 +437,7 @@ def with_cpu_scaled(problem: Problem, factors: dict[str, float]) -> Problem:
 def with_cpu_model(problem: Problem, scales: dict[str, tuple[float, float]]) -> Problem:
     """``problem`` with each hosted process's compute and copies scaled by the runtime
     CPU model (``scales[device]``: ``(cpu_scale, copy_scale)``, from
-    :meth:`experiments.runtime_cpu.RuntimeCpuModel.scales`)."""
+    :meth:`calibration.runtime_cpu.RuntimeCpuModel.scales`)."""
     cl = problem.cluster
     placement = tuple((dev, dataclasses.replace(pl, cpu_scale=pl.cpu_scale * s[0], copy_scale=pl.copy_scale * s[1])
                        if (s := scales.get(dev)) else pl) for dev, pl in cl.placement)
@@ -648,33 +556,6 @@ def scheduler_names(arg: str | None, default: str, source: str = "<command line>
     return names
 
 
-def standalone_compute_s(spec: RunSpec, share: int, repeats: int = 7) -> dict[str, float]:
-    """Median wall and thread-CPU seconds of the teacher labelling plus forward/backward on
-    ``share`` samples in this process, one torch thread, nothing else of the run going on:
-    what a worker's compute costs here without the other ranks sharing the cores."""
-    import torch
-
-    from runtime import task
-
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        module, _ = task.build(spec.model, spec.seed, spec.model_kwargs)
-        module.train()
-        teacher = task.Teacher(spec.model, spec.seed, spec.model_kwargs)
-        wall, cpu = [], []
-        for k in range(repeats + 2):
-            gen, _ = task.iteration_generators(spec.seed, 0, k)
-            a, c = time.perf_counter(), time.thread_time()
-            x, y = teacher.batch(share, gen)
-            module.zero_grad(set_to_none=False)
-            task.loss_fn(task.call(module, x), y).backward()
-            if k >= 2:  # the first passes allocate
-                wall.append(time.perf_counter() - a)
-                cpu.append(time.thread_time() - c)
-        return {"wall_s": float(np.median(wall)), "cpu_s": float(np.median(cpu))}
-    finally:
-        torch.set_num_threads(old)
 
 
 def _host_info(problem: Problem, plan: Plan, n_workers: int, n_shards: int) -> dict[str, Any]:
@@ -766,8 +647,6 @@ def validate(config: str | Path, scheduler_arg: str | None = None, iterations: i
         ConfigError: bad config, runtime section or scheduler name (one line).
         runtime.launch.RuntimeFailure: a real run failed.
     """
-    from runtime.launch import run_local
-
     source = str(config)
     cfg, loaded, opts, problem = load(config, iterations)
     names = scheduler_names(scheduler_arg, cfg.scheduler.name)

@@ -3,7 +3,7 @@
 A device type named in a config (``cluster.devices[i].type``) is looked up as
 ``NAME.json`` in the config's ``profiles:`` folders first, then in this folder,
 then in its ``measured/`` subfolder. Every failure is a
-:class:`sim.errors.ConfigError` naming one file and one field.
+:class:`hardware_profiles.errors.ConfigError` naming one file and one field.
 
 A file of schema 1 (the corrections' parameters and the measurements as top-level
 fields) is read and migrated to schema 2 (:func:`hardware_profiles.migrate.migrate_v1`).
@@ -11,6 +11,13 @@ fields) is read and migrated to schema 2 (:func:`hardware_profiles.migrate.migra
 Loaded profiles are cached by resolved path and modification time and shared
 between callers: treat them as read-only (they are frozen pydantic models, but
 their dicts are plain dicts).
+
+This package is the lowest import layer (docs/architecture.md): besides what a
+profile is (:mod:`hardware_profiles.schema`, this loader, the JSON files,
+:mod:`hardware_profiles.board`), it holds the helpers every layer shares, the
+one-line errors (:mod:`hardware_profiles.errors`) and file IO
+(:mod:`hardware_profiles.fileio`). How a profile is measured and fitted lives in
+:mod:`calibration`.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from hardware_profiles.errors import ConfigError
 from hardware_profiles.schema import (
     DTYPES,
     OP_CLASSES,
@@ -33,7 +41,6 @@ from hardware_profiles.schema import (
     Measurement,
     error_field,
 )
-from sim.errors import ConfigError
 
 __all__ = [
     "BUILTIN_DIR",

@@ -29,8 +29,9 @@ from typing import Literal
 
 from pydantic import Field, PrivateAttr, ValidationError, model_validator
 
+from hardware_profiles import _validation_error
+from hardware_profiles.errors import ConfigError
 from hardware_profiles.schema import OP_CLASSES, DeviceProfile, Power, Source, _Strict
-from sim.errors import ConfigError
 
 BOARDS_DIR = Path(__file__).resolve().parent / "boards"
 
@@ -154,8 +155,6 @@ class Board(_Strict):
 @functools.lru_cache(maxsize=64)
 def _load_cached(resolved: str, mtime_ns: int) -> Board:
     del mtime_ns
-    from hardware_profiles import _validation_error
-
     try:
         data = json.loads(Path(resolved).read_text(encoding="utf-8"))
     except OSError as e:

@@ -185,13 +185,13 @@ class Source(BaseModel):
     date: str = ""
 
 
-#: The terms of the runtime CPU model (experiments/runtime_cpu.py), in coefficient order.
+#: The terms of the runtime CPU model (calibration/runtime_cpu.py), in coefficient order.
 RUNTIME_CPU_TERMS = ("compute", "compute_x_corunners", "transport", "messages")
 _Coef = Annotated[float, Field(ge=0, strict=True)]
 
 
 class RuntimeCpuFit(_Strict):
-    """The runtime CPU model's coefficients (``experiments/runtime_cpu.py``), written by
+    """The runtime CPU model's coefficients (``calibration/runtime_cpu.py``), written by
     ``python -m bench.runtime_calibration --write``: per role, one coefficient >= 0 per
     term of ``terms`` (``messages`` in ms per message end)."""
 
@@ -222,7 +222,7 @@ class Measurement(_Strict):
     """What a measured profile was fitted to: free-form records of ``hetsim profile``."""
 
     spread: dict[str, Any] | None = Field(default=None, description="spread of the repeats "
-                                          "(hardware_profiles.calibrate.spread_of)")
+                                          "(calibration.calibrate.spread_of)")
     raw: dict[str, Any] | None = Field(default=None, description="raw measurements, the "
                                        "calibration's input")
 

@@ -1,6 +1,6 @@
 """Real execution of a Plan with torch.distributed: PS shards and workers.
 
-``hetsim run PLAN_OR_CONFIG`` (:mod:`runtime.entry`) builds a
+``hetsim run PLAN_OR_CONFIG`` (:mod:`experiments.run`) builds a
 :class:`runtime.spec.RunSpec`, starts ``S`` PS shard ranks and ``W`` worker
 ranks (:mod:`runtime.launch`; or every rank under torchrun), and writes a
 RunResult of the simulator's schema (evaluator ``runtime``).

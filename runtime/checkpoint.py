@@ -38,31 +38,19 @@ import io
 import json
 import pickle
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sim.errors import ConfigError
-from sim.fileio import atomic_write, fsync_dir
+from hardware_profiles.errors import ConfigError
+from hardware_profiles.fileio import atomic_write, fsync_dir
+from runtime.spec import Manifest, RunSpec
 
 if TYPE_CHECKING:
     import torch
 
-    from runtime.spec import RunSpec
-
 MANIFEST = "manifest.json"
 SCHEMA = 1
 _VERSIONED = re.compile(r"^(?:shard-\d+|coordinator)\.v(\d+)\.(?:pt|pkl)$")
-
-
-@dataclass(frozen=True)
-class Manifest:
-    """The last complete checkpoint: its version and files (name -> sha256)."""
-
-    folder: str
-    version: int
-    files: dict[str, str]
-    fingerprint: dict[str, Any]
 
 
 def shard_file(rank: int, version: int) -> str:

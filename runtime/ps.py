@@ -43,7 +43,7 @@ import torch
 
 from runtime import checkpoint, quant, task, wire
 from runtime.affinity import CpuMeter, cpu_windows, in_force
-from runtime.pulls import ShardPulls
+from runtime.pulls import ShardPulls, weighted_mean
 from runtime.spec import RunSpec
 from sim.observation import Observation, WorkerStatus, accepted_shares, full_membership, rate_sps
 from sim.result import DeviceUsage, RunResult, Trace
@@ -51,16 +51,6 @@ from sim.shares import proportional_fill
 
 POLL_S = 0.05
 MAX_PUSH_LOG = 10_000
-
-
-def weighted_mean(entries: dict[int, tuple[torch.Tensor, int]], members: list[int]) -> torch.Tensor:
-    """Gradient of the members' whole batch: their mean gradients weighted by samples."""
-    total = sum(entries[r][1] for r in members)
-    first, *rest = members  # in rank order, so every run sums alike
-    out = torch.mul(entries[first][0], entries[first][1] / total)
-    for r in rest:
-        out.add_(entries[r][0], alpha=entries[r][1] / total)
-    return out
 
 
 class Shard:

@@ -41,21 +41,41 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 
 from runtime import wire
+from runtime.spec import RunSpec
 
-if TYPE_CHECKING:
-    from runtime.ps import Shard
+
+def weighted_mean(entries: dict[int, tuple[torch.Tensor, int]], members: list[int]) -> torch.Tensor:
+    """Gradient of the members' whole batch: their mean gradients weighted by samples."""
+    total = sum(entries[r][1] for r in members)
+    first, *rest = members  # in rank order, so every run sums alike
+    out = torch.mul(entries[first][0], entries[first][1] / total)
+    for r in rest:
+        out.add_(entries[r][0], alpha=entries[r][1] / total)
+    return out
+
+
+class ShardState(Protocol):
+    """What :class:`ShardPulls` uses of its shard (:class:`runtime.ps.Shard`)."""
+
+    spec: RunSpec
+    owned: list[int]  # the model's tensors this shard holds
+    numels: list[int]  # their sizes
+    flat: torch.Tensor  # their values, one after the other
+    offsets: list[int]  # where each starts in flat (and the end)
+    version: int  # iterations applied
+    busy_s: float  # time spent applying and serving
 
 
 class ShardPulls:
     """One shard's side: per-tensor versions, the parts in, the pulls waiting."""
 
-    def __init__(self, shard: Shard) -> None:
+    def __init__(self, shard: ShardState) -> None:
         self.sh = shard
         n = len(shard.owned)
         self.tv = [shard.version] * n  # the version each tensor is at
@@ -122,8 +142,6 @@ class ShardPulls:
             self.serve()
 
     def _apply(self, t: int, k: int, ranks: list[int]) -> None:
-        from runtime.ps import weighted_mean
-
         t0 = time.perf_counter()
         got = self.parts.pop((t, k), {})
         members = [r for r in sorted(ranks) if r in got]

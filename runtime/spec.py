@@ -21,16 +21,16 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from hardware_profiles.errors import ConfigError
 from runtime.affinity import usable_cpus
+from sim import zoo
 from sim.config import validation_error
-from sim.errors import ConfigError
 from sim.plan import Plan
 from sim.problem import Problem
 from sim.quantization import Adaptive
 from sim.scheduling import OnlineScheduler
 
 if TYPE_CHECKING:
-    from runtime.checkpoint import Manifest
     from runtime.stages import BoundarySpec
 
 
@@ -100,6 +100,17 @@ class StageSpec:
     boundary: BoundarySpec | None  # the tensors it sends on (None for the last stage)
 
 
+@dataclass(frozen=True)
+class Manifest:
+    """The last complete checkpoint: its version and files (name -> sha256); written and read
+    by :mod:`runtime.checkpoint`."""
+
+    folder: str
+    version: int
+    files: dict[str, str]
+    fingerprint: dict[str, Any]
+
+
 @dataclass
 class RunSpec:
     """Everything the ranks of one run share (pickled to spawned processes)."""
@@ -133,7 +144,7 @@ class RunSpec:
     devices: list[tuple[str, str, float, float, float]] = field(default_factory=list)
     ignored: list[str] = field(default_factory=list)
     checkpoint_every: int = 0
-    checkpoint_dir: str | None = None  # set by runtime.entry from --out
+    checkpoint_dir: str | None = None  # set by experiments.run from --out
     resume: Manifest | None = None  # the checkpoint this run continues from
     crash_after_iteration: int | None = None
     stages: list[StageSpec] = field(default_factory=list)  # empty: a one-stage (data-parallel) plan
@@ -207,8 +218,6 @@ def build_spec(problem: Problem, plan: Plan, opts: RuntimeOptions, scheduler: An
             than the plan has, or a multi-stage plan the runtime cannot run
             (:func:`pipeline_stages`).
     """
-    from sim import zoo
-
     job = problem.job
     name = job.model.name
     if name not in zoo.names():

@@ -53,7 +53,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from sim.errors import ConfigError
+from hardware_profiles.errors import ConfigError
 
 Acts = tuple[torch.Tensor, ...]
 

@@ -16,7 +16,7 @@ import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sim.errors import ConfigError
+from hardware_profiles.errors import ConfigError
 from sim.observation import Observation
 from sim.plan import Plan, PlanKind, Replica, Stage
 from sim.problem import Problem

@@ -53,9 +53,9 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import csr_array
 
+from hardware_profiles.errors import ConfigError
 from schedulers.base import register
-from schedulers.placement import PlacementScheduler
-from sim.errors import ConfigError
+from schedulers.placement import Genetic, Greedy, PlacementScheduler
 from sim.placement import PlacementInfeasible, PlacementSpace
 from sim.plan import Plan
 from sim.problem import Problem
@@ -432,8 +432,6 @@ class _BranchAndBound:
 
     def seed_incumbent(self) -> None:
         """Incumbents from the heuristics: single-type plans, greedy and a short genetic run."""
-        from schedulers.placement import Genetic, Greedy
-
         space = self.space
         self.consider_many(np.repeat(np.arange(space.K)[:, None], space.L, axis=1))
         self.consider(Greedy().search(space, "cost"))

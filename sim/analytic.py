@@ -53,6 +53,7 @@ import numpy as np
 from sim.cluster import thread_rates
 from sim.convergence import effective_to_target_iterations, model_tensor_elems
 from sim.costmodel import PlanCosts, plan_costs
+from sim.des.engine import TARGET_CAP
 from sim.observation import Observation, WorkerStatus, accepted_shares, full_membership, rate_sps
 from sim.plan import Plan, PlanKind, require_kind
 from sim.problem import Problem, initial_free_memory_bytes
@@ -555,8 +556,6 @@ def _evaluate_adaptive(problem: Problem, plan: Plan) -> RunResult:
     ``target_loss`` the schedule stops at the iteration that reaches it (at most
     ``TARGET_CAP`` x ``iterations``).
     """
-    from sim.des.engine import TARGET_CAP
-
     job = problem.job
     conv = job.convergence
     assert job.quant_adaptive is not None and conv is not None

@@ -77,7 +77,7 @@ class Placement:
         cpu_scale: every second of work the DES gives the process (its compute, a
             shard's work, its messages' copies) costs it ``cpu_scale`` seconds of CPU.
             Not a config field: ``hetsim validate`` sets it to the runtime CPU model's
-            prediction (experiments/runtime_cpu.py), and to each rank's real CPU in a
+            prediction (calibration/runtime_cpu.py), and to each rank's real CPU in a
             diagnostic rerun; the analytic evaluator ignores it.
         copy_scale: its messages' copies cost ``copy_scale`` times more again (on
             top of ``cpu_scale``). Not a config field: the runtime CPU model scales a

@@ -24,7 +24,8 @@ from pydantic import (
     model_validator,
 )
 
-from sim.errors import ConfigError
+from hardware_profiles.errors import ConfigError
+from sim.quantization import Adaptive
 
 
 class _Strict(BaseModel):
@@ -154,8 +155,6 @@ class QuantParamsConfig(_Strict):
 
     @model_validator(mode="after")
     def _policy(self) -> QuantParamsConfig:
-        from sim.quantization import Adaptive
-
         Adaptive(self.window, self.coarse_threshold, self.fine_threshold, tuple(self.levels), self.monotone)
         return self
 

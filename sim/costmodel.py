@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hardware_profiles import DeviceProfile
+from hardware_profiles.errors import ConfigError
 from sim.corrections import (
     Correction,
     DenseSparseGrad,
@@ -64,7 +65,6 @@ from sim.corrections import (
     corrections_of,
 )
 from sim.corrections.skinny_gemm import rows_kind
-from sim.errors import ConfigError
 from sim.plan import Plan
 from sim.problem import Problem
 from sim.quantization import QUANT_META_BYTES as QUANT_META_BYTES  # re-exported
@@ -143,7 +143,7 @@ def pass_time_s(dev: DeviceProfile, ctx: PassContext, corrections: Sequence[Corr
     ``dev``: the roofline of its work with each correction's ``terms``, plus each one's
     ``extra_s``, summed in the order of ``corrections``.
 
-    :mod:`hardware_profiles.calibrate` prices its measured points with it too."""
+    :mod:`calibration.calibrate` prices its measured points with it too."""
     mem_eff = dev.mem_eff(ctx.op, ctx.nbytes, ctx.phase, ctx.layer_kernels, ctx.has_params, ctx.reduces,
                           ctx.inplace)
     compute, memory = roofline_terms(dev, ctx.op, ctx.flops, ctx.nbytes, ctx.dtype, mem_eff, ctx.phase,
@@ -238,7 +238,7 @@ def layer_work(layer: Layer, phase: str, b: float, dtype: str, input_bytes: floa
                ) -> tuple[float, int, float]:
     """(FLOPs, kernel launches, bytes moved) of one pass of ``layer`` on ``b`` samples.
 
-    The quantities the cost model prices; :mod:`hardware_profiles.calibrate` fits
+    The quantities the cost model prices; :mod:`calibration.calibrate` fits
     efficiencies against the same ones. :func:`plain_work`, changed by the
     byte-accounting corrections the flags name, as a profile listing them prices the
     pass: ``dense_sparse_grad`` (:mod:`sim.corrections.dense_sparse_grad`: the backward

@@ -30,7 +30,7 @@ A task-graph file::
     edges:
       - {src: detect, dst: track, bytes: 512}
 
-Every fault is a one-line :class:`~sim.errors.ConfigError` naming the file and the field.
+Every fault is a one-line :class:`~hardware_profiles.errors.ConfigError` naming the file and the field.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from typing import Any
 from pydantic import Field, ValidationError
 
 from hardware_profiles.board import Board, load_board
+from hardware_profiles.errors import ConfigError
 from sim.config import (
     PeriodicPattern,
     RandomWalkPattern,
@@ -52,7 +53,7 @@ from sim.config import (
 from sim.config import validation_error as _validation_error
 from sim.dag import DagProblem, Edge, Task, TaskGraph
 from sim.des.frames import FrameOptions
-from sim.errors import ConfigError
+from sim.robotics.pipelines import PIPELINES
 
 
 class PipelineConfig(_Strict):
@@ -170,7 +171,6 @@ def _graph(cfg: DagConfig, base: Path, source: str) -> TaskGraph:
     if pc.file is not None:
         p = Path(pc.file)
         return load_graph_file(p if p.is_absolute() else base / p)
-    from sim.robotics.pipelines import PIPELINES
 
     if pc.name not in PIPELINES:
         raise ConfigError(source, "pipeline.name", f"unknown pipeline {pc.name!r}; known: {', '.join(PIPELINES)}")

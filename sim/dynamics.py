@@ -2,7 +2,7 @@
 
 A worker's status is two step functions of time: a slowdown factor (compute-time
 multiplier, background load) and the fraction of its memory free for training.
-Both start at 1.0. Each :class:`sim.problem.Dynamic` event sets one or both from
+Both start at 1.0. Each :class:`Dynamic` event sets one or both from
 its ``at_s`` on (``None`` leaves a value unchanged); a later event wins.
 
 Patterns (see :mod:`sim.config` for every field):
@@ -31,9 +31,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
+from hardware_profiles.errors import ConfigError
 from sim.config import (
     DynamicsEntry,
     Pattern,
@@ -42,14 +44,30 @@ from sim.config import (
     StepsPattern,
     Walk,
 )
-from sim.errors import ConfigError
-from sim.problem import Dynamic
 
 #: Spawn-key namespace of the dynamics streams under the config's root seed
 #: (b"DYN"), so they never coincide with another component's ``spawn(n)`` children.
 DYNAMICS_STREAM = 0x44594E
 #: Most events the dynamics of one config may expand to (each becomes a SimPy process).
 MAX_EVENTS = 1_000_000
+
+
+@dataclass(frozen=True)
+class Dynamic:
+    """A change of worker ``worker``'s status (index into ``cluster.devices``) at ``at_s``.
+
+    Attributes:
+        slowdown: compute-time multiplier from ``at_s`` on (background load).
+        fail: the worker dies at ``at_s``.
+        free_memory_frac: fraction of the device's memory free for training from
+            ``at_s`` on (co-located jobs take the rest); None leaves it unchanged.
+    """
+
+    worker: int
+    at_s: float
+    slowdown: float | None = None
+    fail: bool = False
+    free_memory_frac: float | None = None
 
 
 def seed_sequence(seed: int, entry: int, worker: int) -> np.random.SeedSequence:

@@ -20,6 +20,7 @@ import numpy as np
 from hardware_profiles import load_profile
 from sim.cluster import Cluster, Device, Network
 from sim.dag import Edge, Task, TaskGraph
+from sim.placement import PlacementSpace
 from sim.problem import Job, Objective, Problem
 from sim.workload import Layer, Model, Sparse
 
@@ -82,8 +83,6 @@ def random_problem(seed: int, n_layers: int | tuple[int, int] = (4, 24), n_types
               pipeline=bool(rng.random() < 0.5))
     problem = Problem(f"random-{seed}", seed, cluster, job, Objective("cost"))
     # throughput_min: a fraction of the fastest single-type plan (unconstrained provisioning)
-    from sim.placement import PlacementSpace
-
     space = PlacementSpace(problem)
     full = np.arange(L + 1)
     seg = space.seg_index[0, L]

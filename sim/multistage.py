@@ -45,8 +45,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hardware_profiles.errors import ConfigError
 from sim.costmodel import _ACT_SCALE, layer_times, sparse_touched_bytes
-from sim.errors import ConfigError
 from sim.placement import replica_traffic
 from sim.plan import Plan
 from sim.problem import Problem

@@ -48,8 +48,8 @@ from typing import Any
 
 import numpy as np
 
+from hardware_profiles.errors import HetsimError
 from sim.costmodel import _ACT_SCALE, layer_times, sparse_touched_bytes
-from sim.errors import HetsimError
 from sim.plan import Plan, PlanKind, Replica, Stage
 from sim.problem import Problem
 from sim.quantization import packed_bytes_array

@@ -20,7 +20,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from sim.errors import ConfigError
+from hardware_profiles.errors import ConfigError
 
 PLAN_SCHEMA = 2
 

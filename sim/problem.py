@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from hardware_profiles import load_profile
+from hardware_profiles.errors import ConfigError
 from sim.cluster import Cluster, Device, Host, Network, Placement
 from sim.config import ClusterConfig, Config, QuantParamsConfig
 from sim.convergence import (
@@ -17,9 +18,10 @@ from sim.convergence import (
     load_for,
     model_tensor_elems,
 )
-from sim.errors import ConfigError
+from sim.dynamics import Dynamic, build_dynamics
+from sim.model_specs import resolve_model
 from sim.quantization import Adaptive
-from sim.workload import Model, resolve_model
+from sim.workload import Model
 
 
 @dataclass(frozen=True)
@@ -86,24 +88,6 @@ class Objective:
 
 
 @dataclass(frozen=True)
-class Dynamic:
-    """A change of worker ``worker``'s status (index into ``cluster.devices``) at ``at_s``.
-
-    Attributes:
-        slowdown: compute-time multiplier from ``at_s`` on (background load).
-        fail: the worker dies at ``at_s``.
-        free_memory_frac: fraction of the device's memory free for training from
-            ``at_s`` on (co-located jobs take the rest); None leaves it unchanged.
-    """
-
-    worker: int
-    at_s: float
-    slowdown: float | None = None
-    fail: bool = False
-    free_memory_frac: float | None = None
-
-
-@dataclass(frozen=True)
 class Problem:
     name: str
     seed: int
@@ -148,8 +132,6 @@ def build_problem(cfg: Config, base_dir: Path, source: str = "<config>") -> Prob
     """
     cluster = _build_cluster(cfg, base_dir, source)
     job = _build_job(cfg, base_dir, cluster.devices, source)
-    from sim.dynamics import build_dynamics  # sim.dynamics imports Dynamic from here
-
     dynamics = build_dynamics(cfg.dynamics, cfg.seed, len(cluster.devices), source)
     o = cfg.objective
     return Problem(

@@ -7,12 +7,13 @@ needs. Models come from three places, all producing the same type:
 * the built-in zoo (``sim.zoo``): layer lists extracted once from real torch
   modules and shipped as YAML, so simulating never needs torch;
 * a layer-list YAML file written by a user (format in ARCHITECTURE.md);
-* any ``torch.nn.Module`` through :func:`from_torch`.
+* any ``torch.nn.Module`` through :func:`sim.torch_extract.from_torch`.
+
+:func:`sim.model_specs.resolve_model` turns a config's ``job.model`` into a Model.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -20,7 +21,8 @@ from typing import Any, Literal
 
 import yaml
 
-from sim.errors import ConfigError
+from hardware_profiles.errors import ConfigError
+from sim.config import read_yaml
 
 OpClass = Literal["gemm", "conv", "embedding", "elementwise", "attention"]
 OP_CLASSES: tuple[str, ...] = ("gemm", "conv", "embedding", "elementwise", "attention")
@@ -242,8 +244,6 @@ def _positive(v: Any, source: str, field_: str) -> float:
 
 def load_model_file(path: str | Path) -> Model:
     """Read a layer-list YAML file (see ARCHITECTURE.md, "Layer-list model file")."""
-    from sim.config import read_yaml
-
     p = Path(path)
     data = read_yaml(p)
     return model_from_dict(data, str(p))
@@ -251,69 +251,3 @@ def load_model_file(path: str | Path) -> Model:
 
 def save_model_file(model: Model, path: str | Path) -> None:
     Path(path).write_text(yaml.safe_dump(model.to_dict(), sort_keys=False))
-
-
-def resolve_model(spec: Any, base_dir: Path, source: str = "<config>") -> Model:
-    """Resolve a config's ``job.model``: zoo name, ``{file: ...}`` or ``{torch: ..., input: [...]}``."""
-    from sim import zoo
-
-    if isinstance(spec, str):
-        try:
-            return zoo.get(spec)
-        except KeyError:
-            raise ConfigError(
-                source, "job.model", f"unknown model {spec!r}; zoo has {', '.join(zoo.names())}"
-            ) from None
-    if isinstance(spec, Mapping) and set(spec) == {"file"}:
-        f = Path(str(spec["file"]))
-        f = f if f.is_absolute() else base_dir / f
-        return load_model_file(f)
-    if isinstance(spec, Mapping) and "torch" in spec:
-        extra = set(spec) - {"torch", "input", "kwargs"}
-        if extra:
-            raise ConfigError(source, f"job.model.{sorted(extra)[0]}", "unknown field")
-        return _model_from_factory(spec, source)
-    raise ConfigError(
-        source, "job.model", "must be a zoo name, {file: PATH} or {torch: 'pkg.mod:fn', input: [...]}"
-    )
-
-
-def _model_from_factory(spec: Mapping[str, Any], source: str) -> Model:
-    target = str(spec["torch"])
-    mod_name, _, fn_name = target.partition(":")
-    if not fn_name:
-        raise ConfigError(source, "job.model.torch", f"expected 'pkg.module:factory', got {target!r}")
-    try:
-        fn = getattr(importlib.import_module(mod_name), fn_name)
-    except (ImportError, AttributeError) as e:
-        raise ConfigError(source, "job.model.torch", f"cannot import {target!r}: {e}") from None
-    shape = spec.get("input")
-    if not isinstance(shape, Sequence) or not shape or not all(isinstance(s, int) and s > 0 for s in shape):
-        raise ConfigError(source, "job.model.input", "must be a list of positive ints (one sample's shape)")
-    import torch
-
-    kwargs = spec.get("kwargs") or {}
-    if not isinstance(kwargs, Mapping):
-        raise ConfigError(source, "job.model.kwargs", "must be a mapping of keyword arguments")
-    try:
-        module = fn(**dict(kwargs))
-    except Exception as e:  # a user's factory may raise anything
-        raise ConfigError(source, "job.model.kwargs", f"{target}(...) failed: {type(e).__name__}: {e}") from None
-    if not isinstance(module, torch.nn.Module):
-        raise ConfigError(source, "job.model.torch", f"{target!r} did not return a torch.nn.Module")
-    try:
-        return from_torch(module, torch.randn(1, *shape), name=fn_name)
-    except Exception as e:  # e.g. the input shape does not fit the module
-        raise ConfigError(source, "job.model.input",
-                          f"forward/backward on a {list(shape)} sample failed: {type(e).__name__}: {e}") from None
-
-
-def from_torch(module: Any, example_input: Any, name: str | None = None) -> Model:
-    """Extract a layer list from any ``torch.nn.Module``.
-
-    Defined in :mod:`sim.torch_extract` (imports torch lazily); re-exported here
-    because this is where users look for it.
-    """
-    from sim.torch_extract import from_torch as _impl
-
-    return _impl(module, example_input, name=name)

@@ -12,8 +12,9 @@ from typing import Any
 
 from hardware_profiles import DeviceProfile
 from sim.cluster import Cluster, Device, Network
+from sim.dynamics import Dynamic
 from sim.plan import Plan, Replica, Stage
-from sim.problem import Dynamic, Job, Problem
+from sim.problem import Job, Problem
 from sim.workload import Layer, Model, Sparse
 
 

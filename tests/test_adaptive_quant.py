@@ -13,9 +13,9 @@ import yaml
 
 from experiments import runner
 from experiments.cli import main
+from hardware_profiles.errors import ConfigError
 from sim import analytic, des
 from sim.convergence import load_for
-from sim.errors import ConfigError
 from sim.result import RunResult
 
 # window 3, three levels: r >= 0.2 -> 4 bits, r <= 0.05 -> 32 bits, in between 8 bits

@@ -13,11 +13,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from experiments.cli import main
-from hardware_profiles import calibrate as calibrate_module
-from hardware_profiles import load_profile_file
-from hardware_profiles import profiler as P
-from hardware_profiles.calibrate import (
+from calibration import calibrate as calibrate_module
+from calibration import profiler as P
+from calibration.calibrate import (
     Point,
     _bandwidth_fit,
     _compute_overhead,
@@ -26,10 +24,15 @@ from hardware_profiles.calibrate import (
     _with_fit,
     fit_curve,
 )
+from calibration.profiler import layers as PL
+from calibration.profiler import network as PN
+from calibration.profiler import timing as PT
+from experiments.cli import main
+from hardware_profiles import load_profile_file
+from hardware_profiles.errors import ConfigError, HetsimError
 from hardware_profiles.schema import BandwidthCurve, DeviceProfile, EfficiencyCurve, IntensityCurve
 from sim.corrections import PassContext, corrections_of
 from sim.costmodel import layer_time_s, layer_work, pool_ops
-from sim.errors import ConfigError, HetsimError
 from sim.workload import Layer
 from tests.helpers_profiles import bare_profile
 
@@ -207,15 +210,15 @@ def test_attention_benchmarks_with_dropout_run_the_zoo_transformers_path() -> No
     zoo_attn = next(ly for ly in tr.layers if ly.op == "attention")
     got = {}
     for name in ("mha_512h8_seq128", "mha_512h8_seq128_drop"):
-        module, example, batches = P._micro_layers(name, "cpu")
+        module, example, batches = PL._micro_layers(name, "cpu")
         assert batches == (1, 4)
         assert module.attn.dropout == (0.1 if name.endswith("_drop") else 0.0)
-        model, layer = P._single_layer(module.train(), example(1))
+        model, layer = PL._single_layer(module.train(), example(1))
         got[name] = (layer.fwd_flops, compute_kind(layer, model.input_bytes_of(0), 1))
     assert got["mha_512h8_seq128_drop"] == (zoo_attn.fwd_flops, "unfused")
     assert got["mha_512h8_seq128"] == (268_435_456, "fused")
     with pytest.raises(KeyError):
-        P._micro_layers("mha_512h8_seq128_dropx", "cpu")
+        PL._micro_layers("mha_512h8_seq128_dropx", "cpu")
 
 
 def test_a_rate_kind_is_priced_by_its_curve_alone_where_the_profile_has_it() -> None:
@@ -255,7 +258,7 @@ def test_a_rate_kind_is_priced_by_its_curve_alone_where_the_profile_has_it() -> 
 
 
 def test_a_memory_bound_pass_is_a_point_of_both_curves() -> None:
-    from hardware_profiles.calibrate import CURVE_VARIABLES, _compute_points, _variables
+    from calibration.calibrate import CURVE_VARIABLES, _compute_points, _variables
 
     # busy = 1e-3 + 1e-6 - launch 1e-6 = 1e-3 s; its 8e5 bytes at 1e9 B/s take 0.8 ms,
     # 80% of it: memory-bound, so a bandwidth point (8e5 / (1e9 * 1e-3) = 0.8 of mem_bw)
@@ -633,7 +636,7 @@ def test_network_bench_tears_down_on_ctrl_c(monkeypatch: pytest.MonkeyPatch) -> 
     def interrupted() -> float:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(P, "time", types.SimpleNamespace(monotonic=interrupted))
+    monkeypatch.setattr(PN, "time", types.SimpleNamespace(monotonic=interrupted))
     with pytest.raises(KeyboardInterrupt):
         P.network_bench("cpu", sizes=(8,), reps=1, timeout_s=60)
     assert _spawned_children() == []
@@ -676,7 +679,7 @@ def test_tiny_profile_end_to_end(tmp_path: Path) -> None:
 
 
 def test_drift_figures_by_hand() -> None:
-    from hardware_profiles.calibrate import drift_of, spread_of
+    from calibration.calibrate import drift_of, spread_of
 
     times = [1.0, 2.0, 3.0, 4.0, 10.0]  # median 3; quartiles 2 and 4
     raw = {"drift": {"samples": [{"after": f"s{i}", "at_s": float(i), "gemm_s": t,
@@ -717,8 +720,8 @@ def test_a_failed_network_benchmark_keeps_the_other_measurements(
     def broken(*args: object, **kwargs: object) -> None:
         raise error
 
-    monkeypatch.setattr(P, "network_bench", lambda *a, **k: dict(_NET))
-    monkeypatch.setattr(P, fails, broken)
+    monkeypatch.setattr(PN, "network_bench", lambda *a, **k: dict(_NET))
+    monkeypatch.setattr(PN, fails, broken)
     out = tmp_path / "kept.json"
     with pytest.raises(HetsimError) as e:
         P.run_profile("cpu", out, threads=1, network=True, progress=False, spec=spec)
@@ -752,12 +755,12 @@ def test_a_failed_fit_keeps_the_measurements(tmp_path: Path, monkeypatch: pytest
 
 
 def test_micro_benchmark_names_choose_their_batches() -> None:
-    assert P._micro_layers("linear_1024x1024_b1", "cpu")[2] == (1, 2, 4)
-    assert P._micro_layers("linear_1024x1024", "cpu")[2] == (8, 64, 512)
-    assert P._micro_layers("linear_1024x1024_b16", "cpu")[2] == (16, 32)
-    assert P._micro_layers("linear_784x1024_rows", "cpu")[2] == (8, 16, 32, 64)
+    assert PL._micro_layers("linear_1024x1024_b1", "cpu")[2] == (1, 2, 4)
+    assert PL._micro_layers("linear_1024x1024", "cpu")[2] == (8, 64, 512)
+    assert PL._micro_layers("linear_1024x1024_b16", "cpu")[2] == (16, 32)
+    assert PL._micro_layers("linear_784x1024_rows", "cpu")[2] == (8, 16, 32, 64)
     with pytest.raises(KeyError):
-        P._micro_layers("linear_1024x1024_b9", "cpu")
+        PL._micro_layers("linear_1024x1024_b9", "cpu")
 
 
 @pytest.mark.gpu
@@ -795,18 +798,18 @@ def test_rounds_spread_each_items_repeats_by_hand() -> None:
             log.append(f"step {what}")
 
     a, b = Item("a", 10), Item("b", 3)
-    P._run_rounds([("g", [a, b])], 4, Bar())  # type: ignore[arg-type]
+    PT._run_rounds([("g", [a, b])], 4, Bar())  # type: ignore[arg-type]
     assert log == (["start a", "a x3", "start b", "b x1", "step g (round 1/4)"]
                    + [x for r in (2, 3, 4) for x in ("a x3", "b x1", f"step g (round {r}/4)")])
     log.clear()
-    P._run_rounds([("g", [b])], 1, Bar())  # type: ignore[arg-type]
+    PT._run_rounds([("g", [b])], 1, Bar())  # type: ignore[arg-type]
     assert log == ["start b", "b x3", "step g"]  # one round: back to back, no tag
 
 
 def test_an_op_item_warms_up_again_at_each_later_visit() -> None:
     calls = []
     spec = replace(P.spec_for(True), min_reps=3, max_reps=3, warmup=1)
-    item = P._OpItem(P._OpTimer(torch.device("cpu"), spec), lambda: calls.append(1), "count")
+    item = PT._OpItem(PT._OpTimer(torch.device("cpu"), spec), lambda: calls.append(1), "count")
     assert item.start() == 3 and len(calls) == 2  # warm-up + the call that sets the repeats
     item.visit(2)
     assert len(calls) == 4 and len(item.samples) == 2  # the first visit follows start()
@@ -815,7 +818,7 @@ def test_an_op_item_warms_up_again_at_each_later_visit() -> None:
 
 
 def test_a_rounds_figure_is_a_low_percentile_of_the_samples() -> None:
-    t = P._ModelTimer(torch.nn.Linear(2, 2), torch.ones(1, 2), torch.device("cpu"),
+    t = PL._ModelTimer(torch.nn.Linear(2, 2), torch.ones(1, 2), torch.device("cpu"),
                       P.spec_for(True))
     t.fw, t.bw = {"0": [5.0, 1.0, 4.0, 2.0, 3.0]}, {"0": [10.0, 20.0, 30.0, 40.0, 50.0]}
     t.ofw, t.obw = {"0": [1.0, 2.0, 3.0, 4.0, 5.0]}, {"0": [1.0, 1.0, 1.0, 1.0, 1.0]}

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-import bench.calibration_accuracy as bench_mod
-from bench.calibration_accuracy import loo_rows, noise_floor, twin_floor
-from hardware_profiles.calibrate import predict_layers
+import calibration.accuracy as bench_mod
+from calibration.accuracy import loo_rows, noise_floor, twin_floor
+from calibration.calibrate import predict_layers
 from hardware_profiles.schema import Measurement
 from sim import zoo
 from tests.helpers_profiles import bare_profile

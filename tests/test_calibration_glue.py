@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-import bench.calibration_accuracy as bench_mod
-from bench.calibration_accuracy import loo_rows
-from hardware_profiles.calibrate import fit_glue, glue_rows, points_from_raw, predict_layers
+import calibration.accuracy as bench_mod
+from calibration.accuracy import loo_rows
+from calibration.calibrate import fit_glue, glue_rows, points_from_raw, predict_layers
 from hardware_profiles.schema import LayerTable, Measurement
 from sim import zoo
 from sim.costmodel import glue_time_s, iteration_compute_s, layer_time_s

@@ -12,10 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from experiments.cli import main
-from hardware_profiles import load_profile_file
-from hardware_profiles import profiler as P
-from hardware_profiles.calibrate import (
+from calibration import profiler as P
+from calibration.calibrate import (
     COLD_WINDOWS,
     _bandwidth_fit,
     _point_time,
@@ -24,10 +22,12 @@ from hardware_profiles.calibrate import (
     fit,
     points_from_raw,
 )
+from experiments.cli import main
+from hardware_profiles import load_profile_file
+from hardware_profiles.errors import ConfigError
 from hardware_profiles.schema import BandwidthCurve, Measurement
 from sim.corrections import PassContext, RowCost, corrections_of
 from sim.costmodel import layer_time_s, looked_up_rows
-from sim.errors import ConfigError
 from sim.workload import Layer, Sparse
 from tests.helpers_profiles import bare_profile
 

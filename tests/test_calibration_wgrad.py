@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from hardware_profiles.calibrate import points_from_raw
+from calibration.calibrate import points_from_raw
 from hardware_profiles.schema import DeviceProfile
 from sim import zoo
 from sim.corrections.weight_grad_only_bwd import computes_input_grad

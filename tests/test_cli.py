@@ -20,8 +20,8 @@ import pytest
 import yaml
 
 from experiments.cli import main
+from hardware_profiles.errors import ConfigError
 from sim.config import Config
-from sim.errors import ConfigError
 from sim.plan import Plan, Replica, Stage, check_plan, load_plan
 from sim.problem import build_problem
 from sim.result import HEADLINE_KEYS

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from bench import cold_call
+from calibration import cold_call
 
 
 def test_rows_cover_every_size_and_op_in_order(capsys: pytest.CaptureFixture[str]) -> None:

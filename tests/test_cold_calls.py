@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
+from calibration.calibrate import Point, _point_time, cold_curves
 from hardware_profiles import DeviceProfile
-from hardware_profiles.calibrate import Point, _point_time, cold_curves
 from sim.corrections import ColdCalls, corrections_of
 from sim.costmodel import layer_time_s, layer_times, layer_work, window_sums
 from tests.helpers_eval import dense, model
@@ -120,7 +120,7 @@ def test_a_point_is_priced_with_its_window() -> None:
 
 
 def test_the_profile_summary_states_the_cold_calls() -> None:
-    from hardware_profiles.profiler import summary
+    from calibration.profiler import summary
 
     dev = cold_profile({"elementwise": CURVE}, 3)
     # 16 MiB = 16777216 bytes: log10 7.2248, 0.6124 of the way from 1e6 (0 s) to 1e8 (100 us)
@@ -142,7 +142,7 @@ def test_a_malformed_benchmark_is_refused(cold: dict, message: str) -> None:
 
 def test_a_benchmark_that_measured_no_cold_cost_leaves_the_fit_alone() -> None:
     # cold == warm at every size: every window's cold seconds are 0, no window beats none
-    from hardware_profiles.calibrate import fit
+    from calibration.calibrate import fit
 
     raw = {"micro": [{"name": "relu_x", "model": {
         "name": "micro", "input_bytes": 4096.0,
@@ -159,8 +159,8 @@ def test_a_benchmark_that_measured_no_cold_cost_leaves_the_fit_alone() -> None:
 
 
 def test_calibrate_refuses_a_malformed_benchmark_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from calibration.profiler import write_profile
     from experiments.cli import main
-    from hardware_profiles.profiler import write_profile
 
     raw = {"micro": [{"name": "relu_x", "model": {
         "name": "micro", "input_bytes": 4096.0,

@@ -143,10 +143,10 @@ def test_json_round_trip(tmp_path: Path) -> None:
 
 from dataclasses import replace  # noqa: E402
 
+from hardware_profiles.errors import ConfigError  # noqa: E402
 from sim import analytic, des, zoo  # noqa: E402
 from sim.config import config_from_dict  # noqa: E402
 from sim.convergence import effective_to_target_iterations  # noqa: E402
-from sim.errors import ConfigError  # noqa: E402
 from sim.problem import build_problem  # noqa: E402
 from tests.helpers_eval import dense, model, plan, problem, profile  # noqa: E402
 

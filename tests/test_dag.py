@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 import schedulers
 from hardware_profiles import load_profile
 from hardware_profiles.board import list_boards, load_board
+from hardware_profiles.errors import ConfigError
 from schedulers.dag import (
     energy_schedule,
     heft_schedule,
@@ -34,7 +35,6 @@ from sim.dag import (
     topological_order,
 )
 from sim.des.frames import FrameOptions, simulate_frames
-from sim.errors import ConfigError
 from sim.instances import random_graph
 from sim.robotics.kernels import KERNELS, predicted_time_s
 from sim.robotics.pipelines import THIS_MACHINE, calibration_rows, load_calibration, perception_slam

@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from sim import des
 from sim.costmodel import AGG_PASSES, APPLY_PASSES, QUANT_META_BYTES
 from sim.des.network import FlowNetwork
-from sim.problem import Dynamic
+from sim.dynamics import Dynamic
 from sim.result import HEADLINE_KEYS
 from tests.helpers_eval import (
     build,

@@ -17,10 +17,10 @@ import pytest
 import yaml
 
 from experiments import runner
+from hardware_profiles.errors import ConfigError
 from sim.config import Config, config_from_dict
-from sim.dynamics import DYNAMICS_STREAM, MAX_EVENTS, seed_sequence, status_trace
-from sim.errors import ConfigError
-from sim.problem import Dynamic, Problem, build_problem
+from sim.dynamics import DYNAMICS_STREAM, MAX_EVENTS, Dynamic, seed_sequence, status_trace
+from sim.problem import Problem, build_problem
 from tests.test_cli import assert_one_line_error, cli, write_config
 
 # three workers: t4:0, cpu-8c:0, cpu-8c:1

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from bench import gemm_shapes as gs
-from hardware_profiles.profiler import write_profile
-from sim.errors import ConfigError
+from calibration import gemm_shapes as gs
+from calibration.profiler import write_profile
+from hardware_profiles.errors import ConfigError
 from tests.helpers_profiles import bare_profile
 
 

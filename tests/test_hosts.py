@@ -16,11 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from hardware_profiles.errors import ConfigError
 from sim import analytic, des
 from sim.cluster import Host, Placement, thread_rates
 from sim.config import config_from_dict, load_config
-from sim.errors import ConfigError
-from sim.problem import Dynamic, Problem, build_problem
+from sim.dynamics import Dynamic
+from sim.problem import Problem, build_problem
 from tests.helpers_eval import dense, model, plan, problem, profile, time_limit
 
 EXACT = 1e-9
@@ -499,8 +500,8 @@ def test_wire_figures_by_hand() -> None:
     (2e9 B/s). CPU over the same 2e6 bytes: worker push 1 ms, shard push 0.5 ms, shard pull
     0.5 ms, worker pull 0.4 ms; the mean over the four, 0.6 ms per 2e6 bytes: 3.333e9 B/s.
     A time that does not grow is refused."""
-    from hardware_profiles.profiler import wire_figures
-    from sim.errors import HetsimError
+    from calibration.profiler import wire_figures
+    from hardware_profiles.errors import HetsimError
 
     junk = [(9.0, 9.0, 9.0)] * 3
     worker = [junk, [(1e-4, 0, 0), (6e-4, 0, 1e-4), (1.1e-3, 0, 2e-4)],
@@ -522,8 +523,8 @@ def test_wire_bench_runs_and_leaves_no_process() -> None:
     grow with the size) the one-line refusal; either way no rank is left running."""
     import multiprocessing as mp
 
-    from hardware_profiles.profiler import wire_bench
-    from sim.errors import HetsimError
+    from calibration.profiler import wire_bench
+    from hardware_profiles.errors import HetsimError
 
     with time_limit(120):
         try:
@@ -541,7 +542,7 @@ def test_handoff_rtts_report_both_ranks_and_leave_no_process() -> None:
     and each rank's CPU (gloo's thread apart where /proc names it); no rank left running."""
     import multiprocessing as mp
 
-    from hardware_profiles.profiler import handoff_rtts
+    from calibration.profiler import handoff_rtts
 
     with time_limit(120):
         got = handoff_rtts(0, 6, warmup=2, payload_bytes=64)

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from bench import measurement_noise as noise
-from bench.calibration_accuracy import run_errors
-from hardware_profiles.calibrate import predict_layers
+from calibration import measurement_noise as noise
+from calibration.accuracy import run_errors
+from calibration.calibrate import predict_layers
 from sim import zoo
 from tests.helpers_profiles import bare_profile
 
@@ -122,7 +122,7 @@ def test_against_scores_each_trial_as_the_bench_does() -> None:
     raw = {"models": {"mlp": [base], "ctr_dnn": [ctr]}}
     prof = bare_profile(measurement={"raw": raw})
     got = noise.against(prof, [{"mlp": [base]}, {"mlp": [double]}])
-    from hardware_profiles.calibrate import fit
+    from calibration.calibrate import fit
 
     fitted, _ = fit(prof, exclude=["mlp"])
     want = [run_errors(fitted, zoo.get("mlp"), r) for r in (base, double)]

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from sim.errors import ConfigError
-from sim.workload import resolve_model
+from hardware_profiles.errors import ConfigError
+from sim.model_specs import resolve_model
 
 
 def test_torch_factory_is_extracted_with_its_kwargs():

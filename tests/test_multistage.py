@@ -19,9 +19,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from experiments.cli import main
+from hardware_profiles.errors import HetsimError
 from schedulers import make
 from sim.des.pipeline import default_in_flight, simulate_pipeline
-from sim.errors import HetsimError
 from sim.evaluate import evaluate
 from sim.instances import random_problem
 from sim.multistage import evaluate_analytic, pipeline_model, steady_figures

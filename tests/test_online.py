@@ -30,9 +30,9 @@ from sim.costmodel import (
     fixed_memory_bytes,
     max_batch_in_memory,
 )
+from sim.dynamics import Dynamic
 from sim.observation import Observation, WorkerStatus, accepted_shares
 from sim.plan import Plan
-from sim.problem import Dynamic
 from tests.helpers_eval import dense, model, plan, problem, profile, sparse, time_limit
 
 EXACT = 1e-9

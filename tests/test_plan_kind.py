@@ -15,11 +15,11 @@ import schedulers
 import sim.scheduling
 from experiments.dag_runner import DAG_KEYS, plan_and_simulate
 from hardware_profiles.board import load_board
+from hardware_profiles.errors import ConfigError
 from schedulers.dag import heft_schedule, list_schedule, make_dag
 from sim import analytic, des
 from sim.dag import DagCosts, DagPlan, DagProblem, dag_costs
 from sim.des.frames import FrameOptions, simulate_frames
-from sim.errors import ConfigError
 from sim.evaluate import evaluate
 from sim.instances import random_graph
 from sim.multistage import evaluate_analytic

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from hardware_profiles import MEASURED_DIR, DeviceProfile, load_profile_file
+from hardware_profiles.errors import ConfigError
 from hardware_profiles.migrate import migrate_v1
 from sim import zoo
 from sim.costmodel import layer_times
-from sim.errors import ConfigError
 
 BASE = {"name": "m", "kind": "cpu", "peak_flops": {"fp32": 1e9}, "mem_bw_Bps": 1e9,
         "memory_bytes": 1e9, "launch_overhead_s": 1e-6, "nic_bw_Bps": 1e9, "price_per_hour": 0.0,

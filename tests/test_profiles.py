@@ -17,7 +17,7 @@ from hardware_profiles import (
     load_profile,
     load_profile_file,
 )
-from sim.errors import ConfigError
+from hardware_profiles.errors import ConfigError
 
 SHIPPED = ["cpu-2c", "cpu-8c", "cpu-16c", "t4", "l4", "a10g", "v100", "a100", "h100", "h200"]
 

@@ -43,10 +43,11 @@ def test_this_machine_carries_its_measured_quantization_cost() -> None:
 
 
 def test_quant_bench_rows_and_costs() -> None:
-    from hardware_profiles import profiler as P
+    from calibration import profiler as P
+    from calibration.profiler import timing as PT
 
     dev, _ = P.setup_host("cpu", 1)
-    rows = P.quant_bench(P._OpTimer(dev, P.spec_for(True)), 4096)
+    rows = P.quant_bench(PT._OpTimer(dev, P.spec_for(True)), 4096)
     assert [r["bits"] for r in rows] == [2, 4, 8, 16] and all(r["pack_s"] > 0 for r in rows)
     costs = P.quant_costs({"quant": rows})
     assert costs is not None

@@ -23,11 +23,11 @@ from stable_baselines3.common.env_checker import check_env as sb3_check_env
 import schedulers
 import schedulers.rl  # noqa: F401  (registers hetsim/Placement-v0)
 from experiments.cli import main
+from hardware_profiles.errors import HetsimError
 from schedulers.rl.env import MAX_TYPES, Instance, PlacementEnv
 from schedulers.rl.scheduler import DEFAULT_POLICY, RL, load_policy
 from schedulers.rl.tblog import crc32c, read_scalars
 from schedulers.rl.train import TrainConfig, train
-from sim.errors import HetsimError
 from sim.instances import random_problem
 from sim.plan import check_plan
 from sim.problem import Objective

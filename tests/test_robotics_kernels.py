@@ -13,6 +13,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from calibration import robotics_kernels as RK
 from experiments.cli import main
 from hardware_profiles import list_profiles, load_profile
 from hardware_profiles.schema import OP_CLASSES
@@ -217,7 +218,7 @@ def test_ray_leaving_the_grid_marks_only_cells_inside() -> None:
 # --------------------------------------------------------------- measurement
 def test_profile_kernels_small(tmp_path: Path) -> None:
     sizes = {"pf_resample": [10, 100], "icp": [8]}
-    r = K.profile_kernels("cpu", sizes, repeats=2, warmup=0, threads=1)
+    r = RK.profile_kernels("cpu", sizes, repeats=2, warmup=0, threads=1)
     assert r["suite"] == "robotics" and set(r["kernels"]) == set(sizes)
     src = r["source"]
     assert src["kind"] == "measured" and src["threads"] == 1 and src["clock"] == "thread"
@@ -232,7 +233,7 @@ def test_profile_kernels_small(tmp_path: Path) -> None:
         pred = K.predicted_time_s(K.KERNELS[row["kernel"]], row["size"], prof)
         assert row["ratio"] == pytest.approx(row["measured_s"] / pred, rel=1e-3)
     assert "ratio" in K.format_comparison(rows, "this_machine")
-    path = K.write_measurement(r, tmp_path / "m.json", rows, "this_machine")
+    path = RK.write_measurement(r, tmp_path / "m.json", rows, "this_machine")
     back = json.loads(path.read_text())
     assert back["kernels"] == r["kernels"] and back["model"]["profile"] == "this_machine"
 
@@ -249,10 +250,10 @@ def test_predicted_time_is_the_cost_model_formula() -> None:
 
 
 def test_unknown_kernel_is_a_config_error() -> None:
-    from sim.errors import ConfigError
+    from hardware_profiles.errors import ConfigError
 
     with pytest.raises(ConfigError, match="unknown kernel 'nope'"):
-        K.profile_kernels("cpu", {"nope": [1]})
+        RK.profile_kernels("cpu", {"nope": [1]})
 
 
 def test_cli_robotics_suite(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -307,6 +308,6 @@ def test_kernel_matches_reference_on_gpu(name: str, size: int) -> None:
 @needs_cuda
 @pytest.mark.gpu
 def test_profile_kernels_on_gpu() -> None:
-    r = K.profile_kernels("cuda:0", {"pf_weight": [1000], "grid_update": [90]}, repeats=3)
+    r = RK.profile_kernels("cuda:0", {"pf_weight": [1000], "grid_update": [90]}, repeats=3)
     assert r["source"]["clock"] == "cuda"
     assert all(run["t_s"] > 0 for e in r["kernels"].values() for run in e["runs"])

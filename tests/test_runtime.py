@@ -522,7 +522,7 @@ def test_bad_input_exits_2_with_one_line(tmp_path: Path) -> None:
 ])
 def test_pinning_to_cpus_that_are_not_here_is_refused(tmp_path: Path, runtime: dict, field: str,
                                                        message: str) -> None:
-    from sim.errors import ConfigError
+    from hardware_profiles.errors import ConfigError
 
     with pytest.raises(ConfigError) as e:
         entry.prepare(config(tmp_path, runtime=runtime))

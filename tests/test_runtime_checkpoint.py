@@ -24,9 +24,9 @@ import torch
 import yaml
 
 from experiments.cli import main
+from hardware_profiles.errors import ConfigError
 from runtime import checkpoint, entry, task
 from runtime.launch import RuntimeFailure, run_local
-from sim.errors import ConfigError
 from tests.test_runtime import HETSIM, ROOT, config, descendants, psutil
 
 K, EVERY = 12, 4

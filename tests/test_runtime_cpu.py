@@ -1,4 +1,4 @@
-"""The runtime CPU model (experiments/runtime_cpu.py) and its calibration (bench/runtime_calibration.py).
+"""The runtime CPU model (calibration/runtime_cpu.py) and its calibration (experiments/runtime_calibration.py).
 
 Hand-computed cases: the sharing count, the DES's message ends, a fit that must
 recover the coefficients that generated its samples, the scales, and the
@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from bench import runtime_calibration
-from experiments import runtime_cpu, validate
-from experiments.runtime_cpu import Figures, RuntimeCpuModel
+from calibration import runtime_cpu
+from calibration.runtime_cpu import Figures, RuntimeCpuModel
+from experiments import runtime_calibration, validate
+from hardware_profiles.errors import ConfigError
 from sim.cluster import Host, Placement
-from sim.errors import ConfigError
 from tests.test_hosts import _approx, _hosted, _run
 
 REPO = Path(__file__).resolve().parents[1]

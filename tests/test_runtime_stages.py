@@ -18,10 +18,10 @@ import pytest
 import torch
 import yaml
 
+from hardware_profiles.errors import ConfigError
 from runtime import checkpoint, entry, stages, task
 from runtime.launch import RuntimeFailure, run_local
 from sim import zoo
-from sim.errors import ConfigError
 from tests.test_runtime import assert_sigint_leaves_nothing, descendants, psutil
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -32,7 +32,7 @@ from experiments.sweep import (
     set_path,
     sweep_from_dict,
 )
-from sim.errors import ConfigError
+from hardware_profiles.errors import ConfigError
 from sim.result import HEADLINE_KEYS
 
 HETSIM = Path(sys.executable).with_name("hetsim")

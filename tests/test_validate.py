@@ -132,7 +132,7 @@ def test_ranking_tie_tolerance_is_a_parameter() -> None:
 
 # --------------------------------------------------- what the DES is given
 def test_simulated_problem_has_exact_model_teacher_and_slowdown(tmp_path: Path) -> None:
-    from runtime.entry import read_config
+    from experiments.run import read_config
 
     path = _write(tmp_path)
     cfg, rt = read_config(path)
@@ -285,7 +285,7 @@ def test_validate_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert set(rc["models"]) == {"this_machine"}
     assert set(rc["scales"]) == set(rc["figures"]) == {"this_machine:0", "this_machine:1", "ps:0"}
     # BSP with a static plan: the simulated side charges each process what the model predicts
-    from experiments.runtime_cpu import Figures, RuntimeCpuModel
+    from calibration.runtime_cpu import Figures, RuntimeCpuModel
 
     model = RuntimeCpuModel.from_json(rc["models"]["this_machine"])
     for dev, f in rc["figures"].items():

@@ -11,8 +11,8 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from hardware_profiles.errors import ConfigError
 from sim import zoo
-from sim.errors import ConfigError
 from sim.torch_extract import from_torch
 from sim.workload import (
     Layer,

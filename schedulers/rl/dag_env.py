@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from hardware_profiles.board import Board, list_boards, load_board
+from hardware_profiles.errors import HetsimError
 from schedulers.dag import (
     energy_schedule,
     heft_schedule,
@@ -33,7 +34,6 @@ from schedulers.dag import (
 )
 from schedulers.rl.masked_env import MaskedSlotEnv, log_ratio, observation_vector, padded_mask
 from sim.dag import DagCosts, DagPlan, DagProblem, dag_costs
-from sim.errors import HetsimError
 from sim.instances import random_graph
 
 #: Unit slots of the observation and the action space; boards with more units are refused.

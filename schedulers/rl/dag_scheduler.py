@@ -19,11 +19,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, ClassVar
 
+from hardware_profiles.errors import ConfigError
 from schedulers.dag import best_plan
 from schedulers.rl.dag_env import DagEpisode, DagInstance
 from schedulers.rl.scheduler import load_policy, run_episodes
 from sim.dag import DagCosts, DagPlan, DagProblem, dag_costs
-from sim.errors import ConfigError
 
 DEFAULT_DAG_POLICY = Path(__file__).with_name("dag_default_policy.zip")
 

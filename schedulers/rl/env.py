@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
+from hardware_profiles.errors import HetsimError
 from schedulers.placement import Genetic, Greedy, single_type
 from schedulers.rl.masked_env import MaskedSlotEnv, log_ratio, observation_vector, padded_mask
-from sim.errors import HetsimError
 from sim.instances import random_problem
 from sim.placement import PlacementSpace
 from sim.problem import Problem

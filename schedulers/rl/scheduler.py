@@ -25,10 +25,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from hardware_profiles.errors import ConfigError
 from schedulers.placement import Genetic, Greedy, PlacementScheduler, merge_descent, score
 from schedulers.rl.env import Episode, Instance
 from schedulers.rl.masked_env import Stepper
-from sim.errors import ConfigError
 from sim.placement import PlacementInfeasible, PlacementSpace
 from sim.plan import Plan
 from sim.problem import Problem

@@ -24,11 +24,15 @@ import torch
 from sb3_contrib import MaskablePPO
 from stable_baselines3.common.vec_env import DummyVecEnv
 
+from schedulers.exact import solve
+from schedulers.placement import Greedy
 from schedulers.rl.env import MAX_TYPES, Episode, Instance, PlacementEnv
 from schedulers.rl.masked_env import TRAIN_SEED_LIMIT
 from schedulers.rl.policy import SlotPolicy
+from schedulers.rl.scheduler import DEFAULT_POLICY, RL, load_policy
 from schedulers.rl.training import MaskedPPOTraining, demonstrations
 from sim.instances import random_problem
+from sim.placement import PlacementInfeasible
 from sim.problem import Problem
 
 
@@ -90,8 +94,6 @@ def expert_steps(pool: list[Instance], time_limit_s: float = 1.0, progress: bool
     stricter than the whole placement).
     """
     from tqdm import tqdm
-
-    from schedulers.exact import solve
 
     def runs() -> Iterator[tuple[Episode, list[int]]]:
         for inst in tqdm(pool, desc="exact", unit="inst", disable=not progress):
@@ -181,17 +183,11 @@ def train(out: str | Path, cfg: TrainConfig, problem: Problem | None = None, ini
 
 def default_policy() -> Path:
     """The policy shipped with the package."""
-    from schedulers.rl.scheduler import DEFAULT_POLICY
-
     return DEFAULT_POLICY
 
 
 def compare_on(problem: Problem, policy: str | Path) -> str:
     """One line: the policy's plan cost on ``problem`` next to greedy's."""
-    from schedulers.placement import Greedy
-    from schedulers.rl.scheduler import RL, load_policy
-    from sim.placement import PlacementInfeasible
-
     load_policy.cache_clear()
     parts = []
     for name, sched in (("rl", RL(str(policy))), ("greedy", Greedy())):

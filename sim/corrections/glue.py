@@ -10,7 +10,7 @@ leave out. Not charged to a layer priced by a measured table (which holds its gl
 nor to a measured point (a layer's own time). Reads ``corrections.glue``: ``{"fwd": [a,
 c], "bwd": [a, c]}`` (:class:`hardware_profiles.corrections.GlueParams`). ``hetsim
 calibrate`` fits it where the raw runs record the layers' own times
-(``hardware_profiles.calibrate.fit_glue``).
+(``calibration.calibrate.fit_glue``).
 """
 
 from __future__ import annotations

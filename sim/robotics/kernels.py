@@ -1,4 +1,4 @@
-"""Vectorised torch versions of the robotics algorithms, their costs and their measurement.
+"""Vectorised torch versions of the robotics algorithms and their costs.
 
 Every kernel takes tensors on any device and computes, with whole-tensor ops
 and no Python loop over particles, rays or points, exactly the function that
@@ -35,32 +35,25 @@ natural parallel size. The counts follow these rules:
   (the edges of a pipeline DAG), shared constants (the map, the grid's
   geometry) excluded when they are a few numbers.
 
-:func:`profile_kernels` times them with :func:`hardware_profiles.profiler.time_callable`
-(the profiler's own clocks); :func:`compare_to_model` sets those times against
-:mod:`sim.costmodel`'s prediction for a device profile.
+:func:`predicted_time_s` is the cost model's time of a kernel on a device
+profile; :func:`compare_to_model` sets measured times (``hetsim profile --suite
+robotics``, :mod:`calibration.robotics_kernels`) against it.
 """
 
 from __future__ import annotations
 
-import datetime as _dt
-import functools
-import json
 import math
-import os
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from sim.fileio import atomic_write
+from sim.costmodel import roofline_s
 from sim.robotics import reference as ref
 
 __all__ = [
     "ATOL",
-    "DEFAULT_OUT",
     "EKF_LANDMARKS",
     "GRID_CELLS",
     "ICP_ITERS",
@@ -79,10 +72,7 @@ __all__ = [
     "pf_resample",
     "pf_weight",
     "predicted_time_s",
-    "profile_kernels",
-    "run_profile",
     "to_numpy",
-    "write_measurement",
 ]
 
 #: Tolerances of the float64 comparison with the references (relative, absolute).
@@ -583,7 +573,8 @@ class KernelSpec:
         kernels: ATen ops (kernel launches) of one call at ``size``.
         in_bytes: fp32 bytes handed to the task per call.
         out_bytes: fp32/int64 bytes it hands on per call.
-        default_sizes: sizes :func:`profile_kernels` times by default.
+        default_sizes: sizes :func:`calibration.robotics_kernels.profile_kernels` times by
+            default.
         test_sizes: sizes the reference comparison tests use.
         description: one line on what the kernel does.
     """
@@ -664,12 +655,7 @@ KERNELS: dict[str, KernelSpec] = {s.name: s for s in (
 )}
 
 
-# ---------------------------------------------------------------- measurement
-#: Where ``hetsim profile --suite robotics`` writes by default. Not in
-#: ``measured/`` itself: every JSON file there is loaded as a device profile.
-DEFAULT_OUT = Path("hardware_profiles") / "measured" / "robotics" / "local.json"
-
-
+# ------------------------------------------------------------ the model's time
 def predicted_time_s(spec: KernelSpec, size: int, profile: Any, dtype: str = "fp32") -> float:
     """The cost model's time for one call of ``spec`` at ``size`` on the device ``profile``.
 
@@ -678,94 +664,9 @@ def predicted_time_s(spec: KernelSpec, size: int, profile: Any, dtype: str = "fp
     with the op class's memory efficiency, exactly as :func:`sim.dag.dag_costs`
     prices a task, so a measured/predicted ratio can scale a DAG task's time.
     """
-    from sim.costmodel import roofline_s
-
     flops, nbytes = spec.flops(size), spec.bytes(size)
     return float(roofline_s(profile, spec.op_class, flops, nbytes, spec.kernels(size), dtype,
                             profile.mem_eff(spec.op_class, nbytes)))
-
-
-def profile_kernels(device: str = "cpu", sizes: Mapping[str, Sequence[int]] | None = None,
-                    repeats: int = 5, warmup: int = 1, progress: bool = False,
-                    threads: int | None = None, seed: int = 0) -> dict[str, Any]:
-    """Time every kernel of :data:`KERNELS` at several sizes on ``device`` (fp32).
-
-    The host is prepared and each call timed exactly as ``hetsim profile`` does
-    for its other benchmarks (:func:`hardware_profiles.profiler.setup_host`,
-    :func:`hardware_profiles.profiler.time_callable`): warm-up calls excluded,
-    then ``repeats`` samples with CUDA events on a GPU, the thread's CPU time
-    with one CPU thread, ``torch.profiler`` ranges otherwise; the figure is the
-    median and its spread the relative inter-quartile range.
-
-    Args:
-        device: 'cpu' or 'cuda:N'.
-        sizes: kernel name -> sizes; kernels not named are skipped (default:
-            every kernel at its ``default_sizes``).
-        repeats: timed samples per (kernel, size).
-        warmup: untimed calls before them.
-        progress: a progress bar on stderr.
-        threads: torch intra-op threads (default: the CPUs available).
-        seed: seed of the inputs.
-
-    Returns:
-        A JSON-ready record: ``suite``, ``schema``, ``source`` (provenance:
-        device, its name, torch version, threads, clock, date, ...), ``dtype``,
-        ``repeats``, ``warmup``, ``wall_s`` and ``kernels``: name ->
-        ``{op_class, size_name, runs: [{size, t_s, rel_iqr, flops, bytes,
-        kernels, in_bytes, out_bytes}]}``.
-
-    Raises:
-        ConfigError: for an unavailable device or an unknown kernel name.
-    """
-    from hardware_profiles import profiler
-    from sim.errors import ConfigError
-
-    chosen = {n: tuple(s.default_sizes) for n, s in KERNELS.items()} if sizes is None else \
-        {n: tuple(int(x) for x in v) for n, v in sizes.items()}
-    unknown = sorted(set(chosen) - set(KERNELS))
-    if unknown:
-        raise ConfigError("<command line>", "--sizes", f"unknown kernel {unknown[0]!r} "
-                          f"(known: {', '.join(KERNELS)})")
-    dev, host = profiler.setup_host(device, threads)
-    # other processes' load, for the record: a wall clock would see it, the
-    # thread clock (one CPU thread) mostly does not
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=sum(len(v) for v in chosen.values()), desc="robotics", unit="run")
-    started = time.perf_counter()
-    out: dict[str, Any] = {}
-    try:
-        for name, szs in chosen.items():
-            spec = KERNELS[name]
-            runs = []
-            for n in szs:
-                inputs = spec.inputs(n, seed=seed, device=dev, dtype=torch.float32)
-                with torch.inference_mode():
-                    med, iqr, _ = profiler.time_callable(
-                        functools.partial(spec.run_torch, *inputs), dev,
-                        repeats=repeats, warmup=warmup, label=f"{name}@{n}")
-                runs.append({"size": n, "t_s": _sig(med), "rel_iqr": _sig(iqr),
-                             "flops": spec.flops(n), "bytes": spec.bytes(n),
-                             "kernels": spec.kernels(n), "in_bytes": spec.in_bytes(n),
-                             "out_bytes": spec.out_bytes(n)})
-                if bar is not None:
-                    bar.set_postfix_str(f"{name} {n}", refresh=False)
-                    bar.update(1)
-            out[name] = {"op_class": spec.op_class, "size_name": spec.size_name, "runs": runs}
-    finally:
-        if bar is not None:
-            bar.close()
-    source = {"kind": "measured", "date": _dt.date.today().isoformat(),
-              **host, **profiler.describe_device(dev), "load_avg_1m": load,
-              "note": "hetsim profile --suite robotics: fp32 kernels of sim.robotics.kernels, "
-                      "median of repeats after warm-up; flops/bytes/kernels are the analytic "
-                      "counts of each KernelSpec."}
-    return {"schema": 1, "suite": "robotics", "source": source, "dtype": "fp32", "seed": seed,
-            "repeats": repeats, "warmup": warmup, "statistic": "median of repeats after warm-up",
-            "wall_s": round(time.perf_counter() - started, 1), "kernels": out}
 
 
 def _sig(x: float) -> float:
@@ -777,7 +678,7 @@ def compare_to_model(result: Mapping[str, Any], profile: Any,
     """Measured against predicted time for every (kernel, size) of ``result``.
 
     Args:
-        result: a :func:`profile_kernels` record.
+        result: a :func:`calibration.robotics_kernels.profile_kernels` record.
         profile: the :class:`~hardware_profiles.schema.DeviceProfile` to predict with.
         dtype: the peak_flops entry to use.
 
@@ -812,58 +713,3 @@ def _cell(x: Any) -> str:
     if isinstance(x, float):
         return f"{x:.3g}"
     return "-" if x is None else str(x)
-
-
-def write_measurement(result: Mapping[str, Any], out: str | os.PathLike[str],
-                      comparison: Sequence[Mapping[str, Any]] | None = None,
-                      profile_name: str = "") -> Path:
-    """Write a :func:`profile_kernels` record as JSON (atomically), with the model
-    comparison under ``model`` when given."""
-    data = dict(result)
-    if comparison is not None:
-        data["model"] = {"profile": profile_name, "ratio": "measured_s / predicted_s",
-                         "rows": list(comparison)}
-    return atomic_write(out, json.dumps(data, indent=1) + "\n")
-
-
-def run_profile(device: str = "cpu", out: str | os.PathLike[str] = DEFAULT_OUT,
-                quick: bool = False, threads: int | None = None, compare: str | None = None,
-                progress: bool = True) -> tuple[Path, str]:
-    """``hetsim profile --suite robotics``: measure, compare with the cost model, write.
-
-    Args:
-        device: 'cpu' or 'cuda:N'.
-        out: the JSON file to write (its folder is created).
-        quick: the two smallest default sizes of each kernel, 3 repeats.
-        threads: torch intra-op threads (default: the CPUs available).
-        compare: device profile name to predict with (default ``this_machine``
-            on a CPU, none on a GPU); the comparison is printed and stored.
-        progress: a progress bar on stderr.
-
-    Returns:
-        ``(path written, report text)``.
-
-    Raises:
-        ConfigError: for an unavailable device, an unwritable ``out`` or an
-            unknown ``compare`` profile, before anything is measured.
-    """
-    from hardware_profiles import load_profile
-    from hardware_profiles.profiler import check_device, check_writable
-
-    dev = check_device(device)
-    path = check_writable(out)
-    name = compare if compare is not None else ("this_machine" if dev.type == "cpu" else None)
-    prof = load_profile(name, source="<command line>", field="--compare") if name else None
-    sizes = {n: k.default_sizes[:2] for n, k in KERNELS.items()} if quick else None
-    result = profile_kernels(device, sizes, repeats=3 if quick else 7, warmup=1 if quick else 2,
-                             progress=progress, threads=threads)
-    src = result["source"]
-    text = (f"robotics kernels on {src['device_name']} ({src['device']}), torch {src['torch']}, "
-            f"{src['threads']} thread(s), clock {src['clock']}, {result['wall_s']} s")
-    rows = compare_to_model(result, prof) if prof is not None else None
-    if rows is not None and name:
-        text += "\n" + format_comparison(rows, name)
-    else:
-        text += "\n" + "\n".join(f"{k} {r['size']}: {r['t_s']:.3g} s" for k, e in
-                                 result["kernels"].items() for r in e["runs"])
-    return write_measurement(result, path, rows, name or ""), text

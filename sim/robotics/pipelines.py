@@ -36,6 +36,9 @@ from typing import Any
 
 import numpy as np
 
+from hardware_profiles import load_profile
+from hardware_profiles.errors import HetsimError
+from sim.costmodel import layer_work
 from sim.dag import Edge, Task, TaskGraph
 from sim.zoo import get as zoo_model
 
@@ -51,8 +54,6 @@ def calibration_rows(path: str | Path = THIS_MACHINE) -> list[dict[str, Any]]:
     kernels were measured went stale whenever the profile was refitted since (its
     curves, hence every prediction, move). The stored rows where the named profile
     cannot be loaded (or none is named)."""
-    from hardware_profiles import load_profile
-    from sim.errors import HetsimError
     from sim.robotics.kernels import compare_to_model
 
     data = json.loads(Path(path).read_text(encoding="utf-8"))
@@ -102,8 +103,6 @@ def kernel_task(name: str, kernel: str, size: int,
 
 def model_task(name: str, model: str, batch: int = 1) -> Task:
     """A zoo CNN's forward pass on ``batch`` images as one task (its layers' totals)."""
-    from sim.costmodel import layer_work
-
     m = zoo_model(model)
     work = [layer_work(ly, "fwd", batch, "fp32", m.input_bytes_of(i)) for i, ly in enumerate(m.layers)]
     return Task(name, "conv", sum(w[0] for w in work), sum(w[2] for w in work), sum(w[1] for w in work))

@@ -1,9 +1,12 @@
-"""Durable file writes shared by the profiler, the sweep table and the runtime's checkpoints."""
+"""File helpers shared by every layer: durable writes (the profiler, the sweep table, the
+runtime's checkpoints) and output folders made or refused with a one-line error."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+
+from hardware_profiles.errors import ConfigError
 
 
 def atomic_write(path: str | os.PathLike[str], data: bytes | str) -> Path:
@@ -28,3 +31,16 @@ def fsync_dir(folder: str | os.PathLike[str]) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def prepare_out(out: str | Path, option: str = "--out") -> Path:
+    """Create ``out`` (and parents) or fail with a one-line error naming ``option``."""
+    p = Path(out)
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        probe = p / ".hetsim-write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise ConfigError(str(p), option, f"cannot write there: {e.strerror or e}") from None
+    return p

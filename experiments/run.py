@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import Any
 
 import schedulers
+from hardware_profiles.errors import ConfigError
 from runtime import checkpoint
 from runtime.launch import run_local, run_rank
 from runtime.spec import RunSpec, build_spec, parse_options
 from sim.config import Config, config_from_dict, read_yaml
-from sim.errors import ConfigError
 from sim.plan import Plan, check_plan, load_plan
 from sim.problem import build_problem
 from sim.result import RunResult

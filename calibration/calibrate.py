@@ -12,7 +12,7 @@ with ``glue`` and ``skinny_gemm``)
 
 Calibration takes every measured layer pass of a profile's ``raw`` data (the
 GEMM grid, the single-layer benchmarks and the zoo models' per-layer times,
-see :mod:`hardware_profiles.profiler`) as a point ``(op, phase, flops, bytes,
+see :mod:`calibration.profiler`) as a point ``(op, phase, flops, bytes,
 kernels, t)`` with the work computed by :func:`sim.costmodel.layer_work`, and
 fits, per phase:
 
@@ -98,6 +98,7 @@ from hardware_profiles.schema import (
     LayerTable,
     mem_key,
 )
+from sim import zoo
 from sim.corrections import ColdCalls, Correction, PassContext, corrections_of
 from sim.corrections.skinny_gemm import RATE_KINDS, SkinnyGemm
 from sim.costmodel import (
@@ -200,8 +201,6 @@ class Point:
 
 
 def _zoo_model(name: str) -> Model:
-    from sim import zoo
-
     return zoo.get(name)
 
 
@@ -1011,7 +1010,7 @@ def spread_of(raw: dict[str, Any]) -> dict[str, Any]:
 def drift_of(raw: dict[str, Any]) -> dict[str, Any] | None:
     """How far the machine's speed moved while the profile measured, from the drift
     probe's samples (the same GEMM and copy timed after every step; see
-    :class:`hardware_profiles.profiler._DriftProbe`), or None without them.
+    :class:`calibration.profiler._DriftProbe`), or None without them.
 
     ``samples``; ``gemm_range``, ``copy_range``: (slowest - fastest) / median of
     the probe's times; ``gemm_iqr``, ``copy_iqr``: their relative IQR over the run.

@@ -1,4 +1,4 @@
-"""What the measuring benches (:mod:`bench.measurement_noise`, :mod:`bench.gemm_shapes`)
+"""What the measuring benches (:mod:`calibration.measurement_noise`, :mod:`calibration.gemm_shapes`)
 share: their run options, the checks before measuring, saving and reloading runs, and
 reading the per-layer times of a ``raw`` run as ``hetsim profile`` records them."""
 
@@ -10,7 +10,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from sim.errors import ConfigError
+from hardware_profiles import load_profile_file
+from hardware_profiles.errors import ConfigError
+from hardware_profiles.fileio import prepare_out
 
 
 def half_range(xs: Sequence[float]) -> float:
@@ -68,8 +70,6 @@ def start_run(a: argparse.Namespace) -> tuple[Any, Any]:
     """
     prof = None
     if a.profile:
-        from hardware_profiles import load_profile_file
-
         prof = load_profile_file(a.profile)
         raw = prof.measurement.raw
         if not raw or ("models" not in raw and "micro" not in raw):
@@ -83,7 +83,6 @@ def start_run(a: argparse.Namespace) -> tuple[Any, Any]:
     if a.rounds < 1 or a.threads < 1:
         raise ConfigError("<command line>", "--rounds" if a.rounds < 1 else "--threads",
                           "must be at least 1")
-    from experiments.runner import prepare_out
 
     prepare_out(Path(a.out).parent, "--out")
     return prof, None

@@ -1,0 +1,238 @@
+"""Fit the runtime CPU model (calibration/runtime_cpu.py) to real runs of configs that are not validated.
+
+    python -m bench.runtime_calibration [--out results/runtime_calibration] [--only c1,c3]
+        [--report-only] [--write PROFILE]
+
+Runs `hetsim validate` on each config of experiments/configs/runtime_calibration/
+(real runs on this machine, emulated as in the validation suite), takes from each
+process its DES figures (compute, transport, messages, processes sharing its cores)
+and its real CPU per iteration, fits the model's coefficients per role, and prints
+them with the fit's errors per process, in all and leaving each config out in turn
+(fit on the others, predict it); then, what the model is for, each run's mean
+iteration time as the DES predicts it alone, with the fit and with the fit to the
+other configs only (:func:`iteration_rows`, the simulated side of `hetsim validate`
+again without the real run). ``--write PROFILE`` stores the fit in that profile's
+``network.runtime_cpu`` (the rest of the profile unchanged), from where `hetsim
+validate` applies it. ``--report-only`` refits from OUT/*/validation.json without
+running anything. Writes OUT/calibration.json and OUT/report.md.
+
+The validation suite's configs (experiments/configs/validation/) are never used
+here: the suite measures the model out of sample.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from calibration import runtime_cpu
+from calibration.profiler import write_profile
+from experiments import validate
+from experiments.plots import markdown_table
+from hardware_profiles.schema import DeviceProfile, NetworkMeasurement
+from sim.cluster import Host
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG_DIR = ROOT / "experiments" / "configs" / "runtime_calibration"
+
+
+def samples_of(v: validate.Validation) -> list[tuple[str, runtime_cpu.Figures, float]]:
+    """``(label, DES figures, real CPU ms per iteration)`` of every process of every run of
+    ``v`` that has both (the figures are those of the DES before any runtime CPU model)."""
+    out = []
+    for r in v.runs:
+        figs = (r.diagnostics.get("runtime_cpu") or {}).get("figures") or {}
+        cpu = r.diagnostics.get("cpu_per_iteration") or {}
+        for dev, f in figs.items():
+            real = cpu.get("processes", {}).get(dev, {}).get("real_ms")
+            if real:
+                out.append((f"{v.name}|{r.scheduler}|{dev}", runtime_cpu.Figures(**f), float(real)))
+    return out
+
+
+def runs_of(v: validate.Validation) -> list[dict[str, Any]]:
+    """What :func:`iteration_rows` needs of each run of ``v`` to simulate it again: its
+    config, scheduler, host (cores, background load as recorded) and real mean iteration."""
+    return [{"config": v.name, "scheduler": r.scheduler, "cores": r.diagnostics["host"]["cores"],
+             "background_threads": r.diagnostics["host"]["background_threads"],
+             "real_s": r.metrics["iteration_time_mean_s"]["real"]}
+            for r in v.runs if r.metrics["iteration_time_mean_s"]["real"] and "host" in r.diagnostics]
+
+
+def iteration_rows(runs: list[dict[str, Any]], samples: list[tuple[str, runtime_cpu.Figures, float]],
+                   model: runtime_cpu.RuntimeCpuModel) -> list[dict[str, Any]]:
+    """Per run, the mean iteration time the DES predicts (its simulated side, without a
+    real run: :func:`experiments.validate.resimulate`) alone, with ``model`` and with the
+    model fitted to every other config's samples, against the real one: what the model is
+    for, measured on configs it did not see."""
+    rows = []
+    for run in runs:
+        cfg = run["config"]
+        left_out = runtime_cpu.fit([(f, r) for lab, f, r in samples if lab.split("|")[0] != cfg])
+        got = validate.resimulate(CONFIG_DIR / f"{cfg}.yaml", run["scheduler"],
+                                  Host("local", run["cores"], run["background_threads"]),
+                                  {"fit": model, "left_out": left_out})
+        real = run["real_s"]
+        rows.append({"config": cfg, "scheduler": run["scheduler"], "real_ms": round(1e3 * real, 2),
+                     "des_ms": round(1e3 * got[""], 2), "des_error": validate.pct(got[""] / real - 1),
+                     "fit_ms": round(1e3 * got["fit"], 2), "fit_error": validate.pct(got["fit"] / real - 1),
+                     "left_out_ms": round(1e3 * got["left_out"], 2),
+                     "left_out_error": validate.pct(got["left_out"] / real - 1),
+                     "_errors": (got[""] / real - 1, got["fit"] / real - 1, got["left_out"] / real - 1)})
+    return rows
+
+
+def leave_one_out(samples: list[tuple[str, runtime_cpu.Figures, float]]) -> dict[str, float]:
+    """Per sample, the relative error of its prediction by the model fitted to every other
+    config's samples (configs: the label's first field)."""
+    configs = sorted({s[0].split("|")[0] for s in samples})
+    out = {}
+    for c in configs:
+        model = runtime_cpu.fit([(f, r) for lab, f, r in samples if lab.split("|")[0] != c])
+        for lab, f, r in samples:
+            if lab.split("|")[0] == c:
+                out[lab] = model.predict_ms(f) / r - 1.0
+    return out
+
+
+def fit_report(samples: list[tuple[str, runtime_cpu.Figures, float]],
+               note: str) -> tuple[runtime_cpu.RuntimeCpuModel, pd.DataFrame, dict[str, Any]]:
+    """The fit on every sample, a row per process and the summary figures."""
+    model = runtime_cpu.fit([(f, r) for _, f, r in samples], note)
+    loo = leave_one_out(samples) if len({s[0].split("|")[0] for s in samples}) > 1 else {}
+    rows = []
+    for lab, f, r in samples:
+        cfg, sched, dev = lab.split("|")
+        rows.append({"config": cfg, "scheduler": sched, "process": dev, "role": f.role, "m": round(f.sharing, 2),
+                     "compute_ms": round(f.compute_ms, 2), "transport_ms": round(f.transport_ms, 2),
+                     "messages": round(f.messages, 1), "des_ms": round(f.sim_ms, 2), "real_ms": round(r, 2),
+                     "des_error": validate.pct(f.sim_ms / r - 1), "fit_ms": round(model.predict_ms(f), 2),
+                     "fit_error": validate.pct(model.predict_ms(f) / r - 1),
+                     "left_out_error": validate.pct(loo.get(lab))})
+
+    def med(xs: list[float]) -> float | None:
+        return statistics.median(abs(x) for x in xs) if xs else None
+
+    summary = {"processes": len(samples),
+               "des_median_abs_error": med([f.sim_ms / r - 1 for _, f, r in samples]),
+               "fit_median_abs_error": med([model.predict_ms(f) / r - 1 for _, f, r in samples]),
+               "left_out_median_abs_error": med(list(loo.values()))}
+    return model, pd.DataFrame(rows), summary
+
+
+def saved_samples(out: Path, stems: list[str]
+                  ) -> tuple[list[tuple[str, runtime_cpu.Figures, float]], list[dict[str, Any]]] | None:
+    """The samples and runs (:func:`runs_of`) of the configs ``stems`` from
+    OUT/STEM/validation.json where every one exists, else from OUT/calibration.json's
+    ``samples`` (unrounded, as fitted) and ``runs`` (none in a file from before they were
+    kept); None without either."""
+    files = [out / s / "validation.json" for s in stems]
+    if all(f.is_file() for f in files):
+        vs = [validate.Validation.from_json(json.loads(f.read_text())) for f in files]
+        return [x for v in vs for x in samples_of(v)], [x for v in vs for x in runs_of(v)]
+    cal = out / "calibration.json"
+    if not cal.is_file() or "samples" not in (data := json.loads(cal.read_text())):
+        return None
+    return ([(x["label"], runtime_cpu.Figures(**x["figures"]), float(x["real_ms"])) for x in data["samples"]
+             if x["label"].split("|")[0] in stems],
+            [x for x in data.get("runs", []) if x["config"] in stems])
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def write_model(profile_path: Path, model: runtime_cpu.RuntimeCpuModel) -> None:
+    """Store ``model`` in the profile's ``network.runtime_cpu``, the rest unchanged."""
+    prof = DeviceProfile.model_validate(json.loads(profile_path.read_text()))
+    net = prof.network.model_dump() if prof.network is not None else {}
+    net["runtime_cpu"] = model.to_json()
+    write_profile(prof.model_copy(update={"network": NetworkMeasurement(**net)}), profile_path)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default="results/runtime_calibration")
+    ap.add_argument("--only", help="comma-separated config name prefixes (c1,c3)")
+    ap.add_argument("--report-only", action="store_true",
+                    help="refit from OUT/*/validation.json, or from OUT/calibration.json's samples")
+    ap.add_argument("--write", metavar="PROFILE", help="store the fit in this profile's network.runtime_cpu")
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    configs = sorted(CONFIG_DIR.glob("*.yaml"))
+    if args.only:
+        keep = tuple(x.strip() for x in args.only.split(",") if x.strip())
+        configs = [c for c in configs if c.stem.startswith(keep)]
+    t0 = time.monotonic()
+    previous = out / "calibration.json"
+    runs: list[dict[str, Any]] = []
+    if args.report_only:
+        saved = saved_samples(out, [c.stem for c in configs])
+        if saved is None:
+            print(f"{out}: neither */validation.json of every config nor calibration.json with samples "
+                  "(run without --report-only first)", file=sys.stderr)
+            return 2
+        samples, runs = saved
+    else:
+        samples = []
+        for i, c in enumerate(configs):
+            print(f"[{i + 1}/{len(configs)}] {c.stem} ...", flush=True)
+            v = validate.validate(c, out=out / c.stem)
+            samples += samples_of(v)
+            runs += runs_of(v)
+    if not samples:
+        print("no process has both DES figures and real CPU", file=sys.stderr)
+        return 2
+    names = list(dict.fromkeys(lab.split("|")[0] for lab, _, _ in samples))
+    note = (f"bench.runtime_calibration, fitted {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC: "
+            f"{len(samples)} processes of {', '.join(names)}")
+    model, df, summary = fit_report(samples, note)
+    coef = pd.DataFrame([{"role": role, **dict(zip(runtime_cpu.TERMS, getattr(model, role)))} for role in
+                         runtime_cpu.ROLES])
+    text = ["# Runtime CPU model: fit", "", note, "",
+            "cpu = a compute + b compute (m - 1) + c transport + d messages (ms per iteration; d in ms per "
+            "message end)", "", markdown_table(coef.round(4)), "",
+            f"Median |error| per process: the DES alone {_pct(summary['des_median_abs_error'])}, the fit "
+            f"{_pct(summary['fit_median_abs_error'])}, each config left out of the fit "
+            f"{_pct(summary['left_out_median_abs_error'])}.", "", markdown_table(df), ""]
+    if runs:  # what the model is for: the iteration times, each config predicted by the fit without it
+        it_rows = iteration_rows(runs, samples, model)
+        errs = list(zip(*(r.pop("_errors") for r in it_rows), strict=True))
+        med = [statistics.median(abs(x) for x in e) for e in errs]
+        summary.update({"iteration_des_median_abs_error": med[0], "iteration_fit_median_abs_error": med[1],
+                        "iteration_left_out_median_abs_error": med[2]})
+        text += ["## Mean iteration time", "",
+                 "The DES's simulated side of each run again (experiments.validate.resimulate: the same host "
+                 "and background load, no real run) alone, with the fit, and with the fit to the other configs "
+                 "only, against the real run.", "",
+                 f"Median |error|: the DES alone {_pct(med[0])}, the fit {_pct(med[1])}, each config left out "
+                 f"of the fit {_pct(med[2])}.", "", markdown_table(pd.DataFrame(it_rows)), ""]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.md").write_text("\n".join(text))
+    wall: float | None = time.monotonic() - t0
+    if args.report_only:  # nothing ran: keep the runs' own wall time (None where unknown)
+        wall = json.loads(previous.read_text()).get("wall_s") if previous.is_file() else None
+    (out / "calibration.json").write_text(json.dumps({
+        "model": model.to_json(), "summary": summary, "wall_s": wall, "rows": df.to_dict("records"),
+        "samples": [{"label": lab, "figures": dataclasses.asdict(f), "real_ms": r} for lab, f, r in samples],
+        "runs": runs},
+        indent=1) + "\n")
+    print("\n".join(text[:9]))
+    if "iteration_left_out_median_abs_error" in summary:
+        print(f"Mean iteration time, median |error|: the DES alone {_pct(summary['iteration_des_median_abs_error'])}, "
+              f"the fit {_pct(summary['iteration_fit_median_abs_error'])}, each config left out "
+              f"{_pct(summary['iteration_left_out_median_abs_error'])}")
+    if args.write:
+        write_model(Path(args.write), model)
+        print(f"stored in {args.write} (network.runtime_cpu)")
+    return 0

@@ -1,0 +1,46 @@
+"""The import contracts of ``.importlinter`` (docs/architecture.md) hold.
+
+``make lint`` runs them with ``lint-imports``; this test runs them with the suite, so
+an import that breaks a layer or closes a cycle fails CI. The contracts themselves are
+pinned too: weakening a layer or dropping a package from the cycle check fails here,
+not silently.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from importlinter import api
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = REPO / ".importlinter"
+
+
+def test_the_import_contracts_hold() -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
+    run = subprocess.run(
+        [sys.executable, "-c", "import sys; from importlinter.cli import lint_imports; "
+         "sys.exit(lint_imports(config_filename=sys.argv[1], no_cache=True, no_logo=True))",
+         str(CONFIG)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "Contracts: 2 kept, 0 broken." in run.stdout
+
+
+def test_the_contracts_are_the_documented_layers() -> None:
+    contracts = {c["id"]: c for c in api.read_configuration(str(CONFIG))["contracts_options"]}
+    assert set(contracts) == {"layers", "acyclic"}
+    layers = contracts["layers"]
+    assert layers["type"] == "layers"
+    assert layers["layers"] == ["bench : tests", "experiments", "calibration",
+                                "schedulers | runtime", "sim", "hardware_profiles"]
+    # the one exception: `python -m runtime` is the CLI's `run` under torchrun
+    assert layers.get("ignore_imports") == ["runtime.__main__ -> experiments.cli"]
+    acyclic = contracts["acyclic"]
+    assert acyclic["type"] == "acyclic_siblings"
+    assert sorted(acyclic["ancestors"]) == sorted(
+        ["hardware_profiles", "sim", "schedulers", "runtime", "calibration", "experiments"])
