@@ -32,7 +32,8 @@ from typing import Any
 
 import yaml
 
-from runtime import entry, task
+from experiments import run as entry
+from runtime import task
 from runtime.launch import LOOPBACK, die_with_parent, free_port, keep_freed_memory, reap, run_local
 
 # zoo sizes small enough for a few CPU cores; resnet18 keeps its full width at 32x32 input

@@ -20,7 +20,8 @@ import pytest
 import torch
 import yaml
 
-from runtime import entry, quant, task
+from experiments import run as entry
+from runtime import quant, task
 from runtime.launch import RuntimeFailure, run_local
 from sim.quantization import packed_bytes
 

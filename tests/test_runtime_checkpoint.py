@@ -23,9 +23,10 @@ import pytest
 import torch
 import yaml
 
+from experiments import run as entry
 from experiments.cli import main
 from hardware_profiles.errors import ConfigError
-from runtime import checkpoint, entry, task
+from runtime import checkpoint, task
 from runtime.launch import RuntimeFailure, run_local
 from tests.test_runtime import HETSIM, ROOT, config, descendants, psutil
 

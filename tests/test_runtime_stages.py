@@ -18,8 +18,9 @@ import pytest
 import torch
 import yaml
 
+from experiments import run as entry
 from hardware_profiles.errors import ConfigError
-from runtime import checkpoint, entry, stages, task
+from runtime import checkpoint, stages, task
 from runtime.launch import RuntimeFailure, run_local
 from sim import zoo
 from tests.test_runtime import assert_sigint_leaves_nothing, descendants, psutil
