@@ -1,6 +1,7 @@
 """The validation suite: `hetsim validate` over experiments/configs/validation/.
 
     python -m bench.validation_suite [--out results/validation_suite] [--only v1,v3] [--iterations N]
+    python -m bench.validation_suite --resimulate results/validation_suite/suite.json --out DIR [--only v1,v3]
 
 Each config is planned, simulated with the DES (the measured single-thread
 profile ``this_machine``) and run for real; the suite then reports the error
@@ -18,6 +19,11 @@ with each process's CPU predicted by it, and the suite also reports the DES
 without it. Writes OUT/report.md
 (the suite table, then every metric of every run), OUT/validation.csv,
 OUT/validation.json, OUT/sim_vs_real.png and OUT/CONFIG/SCHEDULER/{sim,real}/.
+
+``--resimulate SUITE_JSON`` runs nothing real: each row of that suite.json is simulated
+again (the DES side of ``hetsim validate``, :func:`experiments.validate.resimulate_figures`)
+on a host of the row's cores and recorded background threads, into OUT/resimulated.csv
+beside the recorded sim_s; on the code that wrote the suite they are equal.
 
 Target (issue 6): median absolute error of the mean iteration time <= 10%
 on this CPU machine, ranking preserved.
