@@ -1,6 +1,7 @@
 """The validation suite: `hetsim validate` over experiments/configs/validation/.
 
     python -m bench.validation_suite [--out results/validation_suite] [--only v1,v3] [--iterations N]
+    python -m bench.validation_suite --resimulate results/validation_suite/suite.json --out DIR [--only v1,v3]
 
 Each config is planned, simulated with the DES (the measured single-thread
 profile ``this_machine``) and run for real; the suite then reports the error
@@ -19,6 +20,11 @@ without it. Writes OUT/report.md
 (the suite table, then every metric of every run), OUT/validation.csv,
 OUT/validation.json, OUT/sim_vs_real.png and OUT/CONFIG/SCHEDULER/{sim,real}/.
 
+``--resimulate SUITE_JSON`` runs nothing real: each row of that suite.json is simulated
+again (the DES side of ``hetsim validate``, :func:`experiments.validate.resimulate_figures`)
+on a host of the row's cores and recorded background threads, into OUT/resimulated.csv
+beside the recorded sim_s; on the code that wrote the suite they are equal.
+
 Target (issue 6): median absolute error of the mean iteration time <= 10%
 on this CPU machine, ranking preserved.
 """
@@ -26,6 +32,7 @@ on this CPU machine, ranking preserved.
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import statistics
 import sys
@@ -36,6 +43,7 @@ from typing import Any
 
 from experiments import validate
 from experiments.plots import markdown_table
+from sim.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = ROOT / "experiments" / "configs" / "validation"
@@ -202,6 +210,61 @@ def summary_lines(results: Sequence[validate.Validation]) -> list[str]:
             f"- ranking preserved: {kept} of {len(ranked)} multi-scheduler configs"]
 
 
+def resimulate_rows(suite_json: Path, configs: Sequence[Path], iterations: int | None = None
+                    ) -> list[dict[str, Any]]:
+    """Each row of a suite.json (its ``rows``) whose config is among ``configs``, simulated
+    again without the real run (:func:`experiments.validate.resimulate_figures`) on a host
+    of the row's cores and recorded background threads: the recorded and the new simulated
+    mean iteration time, and the new figures without the CPU model, host and copies.
+
+    Raises:
+        ConfigError: suite.json unreadable, or a row without the fields needed (one line).
+    """
+    from sim.cluster import Host
+
+    try:
+        rows = json.loads(suite_json.read_text())["rows"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ConfigError(str(suite_json), "rows", f"no suite rows to re-simulate ({type(e).__name__}: {e})") from None
+    by_stem = {c.stem: c for c in configs}
+    out = []
+    for i, row in enumerate(rows):
+        try:
+            config = by_stem.get(row["config"])
+            if config is None:
+                continue
+            cores = int(str(row["worker threads / cores"]).split("/")[1])
+            host = Host("local", cores, float(row["background threads"]))
+            scheduler = str(row["scheduler"])
+        except (KeyError, IndexError, ValueError, TypeError) as e:
+            raise ConfigError(str(suite_json), f"rows[{i}]", f"cannot re-simulate this row ({type(e).__name__}: {e})") from None
+        got = validate.resimulate_figures(config, scheduler, host, iterations)
+        out.append({"config": row["config"], "scheduler": scheduler, "cores": cores,
+                    "background threads": host.background_threads, "recorded sim_s": row.get("sim_s"),
+                    "sim_s": got["sim"], "sim w/o CPU model": got["sim_without_model"],
+                    "sim w/o host": got["sim_without_host"], "sim w/o copies": got["sim_without_copies"]})
+    return out
+
+
+def resimulate_main(suite_json: Path, configs: Sequence[Path], out: Path, iterations: int | None) -> int:
+    """``--resimulate``: write OUT/resimulated.csv and print it with how many rows match."""
+    import pandas as pd
+
+    rows = resimulate_rows(suite_json, configs, iterations)
+    if not rows:
+        raise ConfigError(str(suite_json), "rows", "no row of the selected configs")
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / "resimulated.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]), lineterminator="\n")
+        w.writeheader()
+        w.writerows({k: ("" if v is None else v) for k, v in r.items()} for r in rows)
+    print(markdown_table(pd.DataFrame(rows)))
+    same = sum(1 for r in rows if r["sim_s"] == r["recorded sim_s"])
+    print(f"{same} of {len(rows)} rows give the recorded sim_s again exactly")
+    print(f"wrote {out / 'resimulated.csv'}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.validation_suite", description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="results/validation_suite")
@@ -210,6 +273,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
     ap.add_argument("--report-only", action="store_true",
                     help="rebuild the reports from OUT/*/validation.json without running anything")
+    ap.add_argument("--resimulate", metavar="SUITE_JSON", type=Path,
+                    help="no real runs: simulate each row of this suite.json again (the DES side "
+                         "only, on a host of the row's cores and recorded background threads) and "
+                         "write OUT/resimulated.csv with the recorded and the new sim_s "
+                         "(e.g. --resimulate results/validation_suite/suite.json --out /tmp/resim)")
     a = ap.parse_args(argv)
     from tqdm import tqdm
 
@@ -223,6 +291,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"no configs matched in {CONFIG_DIR}", file=sys.stderr)
         return 2
     out = Path(a.out)
+    if a.resimulate is not None:
+        try:
+            return resimulate_main(a.resimulate, configs, out, a.iterations)
+        except ConfigError as e:
+            print(f"python -m bench.validation_suite: error: {e}", file=sys.stderr)
+            return 2
     results = []
     t0 = time.monotonic()
     steps = sum(len(SCHEDULERS.get(c.stem, "x").split(",")) * 2 for c in configs)

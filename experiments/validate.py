@@ -609,6 +609,25 @@ def des_again(loaded: runner.Loaded, problem: Problem, scheduler: str, variant: 
     return runner.evaluate(variant, plan, "des", trace=trace, scheduler=sched)
 
 
+def without_copies(problem: Problem) -> Problem:
+    """``problem`` with its hosts' messages free of CPU (``copy_Bps`` 0), as before copies
+    were charged."""
+    cl = problem.cluster
+    return dataclasses.replace(problem, cluster=dataclasses.replace(
+        cl, hosts=tuple(dataclasses.replace(h, copy_Bps=0.0) for h in cl.hosts)))
+
+
+def _first_des(config: str | Path, scheduler: str, host: Host, iterations: int | None
+               ) -> tuple[runner.Loaded, RuntimeOptions, Problem, Plan, Problem, RunResult]:
+    """What :func:`validate` simulates first, without the real run: ``(loaded, runtime
+    options, problem, plan, simulated problem on host, its DES result)``."""
+    _, loaded, opts, problem = load(config, iterations)
+    sched, plan = runner.schedule(loaded, problem, scheduler)
+    sim_problem = simulated_problem(problem, plan, opts, host)
+    first = runner.evaluate(sim_problem, plan, "des", trace=False, scheduler=sched)
+    return loaded, opts, problem, plan, sim_problem, first
+
+
 def resimulate(config: str | Path, scheduler: str, host: Host, models: dict[str, runtime_cpu.RuntimeCpuModel],
                iterations: int | None = None) -> dict[str, float]:
     """The simulated side of a validation again, without the real run: the DES's mean
@@ -617,16 +636,36 @@ def resimulate(config: str | Path, scheduler: str, host: Host, models: dict[str,
     each process's CPU predicted by each of ``models`` (their keys), as :func:`validate`
     does with the profile's model. Deterministic: with the run's host and the profile's
     model it gives the run's simulated figure again."""
-    _, loaded, opts, problem = load(config, iterations)
-    sched, plan = runner.schedule(loaded, problem, scheduler)
-    sim_problem = simulated_problem(problem, plan, opts, host)
-    first = runner.evaluate(sim_problem, plan, "des", trace=False, scheduler=sched)
+    loaded, _, problem, plan, sim_problem, first = _first_des(config, scheduler, host, iterations)
     figs = runtime_cpu.figures(sim_problem, first)
     out = {"": first.summary()["iteration_time_s"]["mean"]}
     for key, m in models.items():
         out[key] = des_again(loaded, problem, scheduler, with_cpu_model(sim_problem, m.scales(figs)),
                              plan).summary()["iteration_time_s"]["mean"]
     return out
+
+
+def resimulate_figures(config: str | Path, scheduler: str, host: Host,
+                       iterations: int | None = None) -> dict[str, float | None]:
+    """The simulated figures of a validation run again, without the real run, on ``host``
+    (the run's cores and recorded background load): the mean iteration time of the
+    simulated side (``sim``: with each process's CPU from its profile's runtime CPU model
+    where it has one, as :func:`validate`), of the DES before that model
+    (``sim_without_model``, None where no profile has one), without the host
+    (``sim_without_host``) and with the host but messages free of CPU
+    (``sim_without_copies``), as in :func:`validate`'s diagnostics."""
+    loaded, opts, problem, plan, sim_problem, first = _first_des(config, scheduler, host, iterations)
+    scales = runtime_cpu.scales_for(sim_problem, runtime_cpu.figures(sim_problem, first))
+    sim = (des_again(loaded, problem, scheduler, with_cpu_model(sim_problem, scales), plan)
+           if scales else first)
+    no_host = des_again(loaded, problem, scheduler, simulated_problem(problem, plan, opts), plan)
+    no_copy = des_again(loaded, problem, scheduler, without_copies(sim_problem), plan)
+
+    def mean(r: RunResult) -> float:
+        return float(r.summary()["iteration_time_s"]["mean"])
+
+    return {"sim": mean(sim), "sim_without_model": mean(first) if scales else None,
+            "sim_without_host": mean(no_host), "sim_without_copies": mean(no_copy)}
 
 
 def validate(config: str | Path, scheduler_arg: str | None = None, iterations: int | None = None,
@@ -683,10 +722,7 @@ def validate(config: str | Path, scheduler_arg: str | None = None, iterations: i
         # the DES as it was before hosts: every device computing on its own
         no_host = des_again(loaded, problem, name, simulated_problem(problem, plan, opts), plan)
         # and with the host but messages free of CPU (copy_Bps 0), as before copies were charged
-        cl = base_problem.cluster
-        no_copy_problem = dataclasses.replace(base_problem, cluster=dataclasses.replace(
-            cl, hosts=tuple(dataclasses.replace(h, copy_Bps=0.0) for h in cl.hosts)))
-        no_copy = des_again(loaded, problem, name, no_copy_problem, plan)
+        no_copy = des_again(loaded, problem, name, without_copies(base_problem), plan)
         shares = sorted({r.batch for r in plan.replicas})
         standalone = {b: standalone_compute_s(spec, b) for b in shares}
         if on_step:
