@@ -43,7 +43,7 @@ from typing import Any
 
 from experiments import validate
 from experiments.plots import markdown_table
-from sim.errors import ConfigError
+from hardware_profiles.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = ROOT / "experiments" / "configs" / "validation"

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from bench import validation_suite
-from experiments import runtime_cpu, validate
+from calibration import runtime_cpu
+from experiments import validate
 from sim.cluster import Host
 
 V1 = validation_suite.CONFIG_DIR / "v1_mlp_2w_bsp.yaml"
