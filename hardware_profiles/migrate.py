@@ -44,7 +44,9 @@ def migrate_v1(data: dict[str, Any]) -> dict[str, Any]:
     name, listed without parameters (false: not listed); ``skinny_gemm`` listed where
     ``efficiency`` or ``efficiency_bwd`` has a ``gemm/rows1`` ... ``gemm/rows4`` curve
     (schema 1 priced those by compute alone); ``spread`` and ``raw`` ->
-    ``measurement``. Every other field is kept as it is; ``schema`` becomes 2.
+    ``measurement``; the precisions schema 1 ran without a peak of their own (fp16 and
+    bf16 stood in for each other, else fp32; tf32 at fp32) -> ``math_fallback``. Every
+    other field is kept as it is; ``schema`` becomes 2.
 
     Raises:
         ValueError: ``data`` also has ``corrections`` or ``measurement`` (schema 2

@@ -180,10 +180,12 @@ QUANT_BITS = ("2", "4", "8", "16")
 
 
 class Source(BaseModel):
-    """Provenance of the figures: datasheet or measured (device, torch version, date)."""
+    """Provenance of the figures: ``datasheet`` (vendor figures), ``fitted`` (datasheet
+    figures plus parameters fitted to published measurements: ``calibration.published``)
+    or ``measured`` (``hetsim profile``: device, torch version, date)."""
 
     model_config = ConfigDict(extra="allow", frozen=True)
-    kind: Literal["datasheet", "measured"]
+    kind: Literal["datasheet", "fitted", "measured"]
     note: str = ""
     date: str = ""
 
