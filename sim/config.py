@@ -192,12 +192,16 @@ class JobConfig(_Strict):
 
     @model_serializer(mode="wrap")
     def _dump(self, handler: Any) -> dict[str, Any]:
-        # quantization_params and compute_noise appear in the resolved config only when given
+        # quantization_params, compute_noise and memory_format appear in the resolved config
+        # only when given (a sweep point's id hashes the config: fields with their default
+        # left out keep the ids of configs written before them)
         out = handler(self)
         if out.get("quantization_params", 0) is None:
             del out["quantization_params"]
         if out.get("compute_noise") == 0:
             del out["compute_noise"]
+        if out.get("memory_format") == "contiguous":
+            del out["memory_format"]
         return out
 
     @model_validator(mode="after")
