@@ -123,6 +123,8 @@ def run_one(loaded: Loaded, evaluator: str, scheduler: str | None = None,
     for key in ("incomplete", "note"):
         if key in result.extra:
             print(f"hetsim: warning: {result.extra[key]}", file=sys.stderr)
+    for note in result.extra.get("notes", ()):
+        print(f"hetsim: note: {note}", file=sys.stderr)
     if out is not None:
         write_run(out, result, plan, loaded, trace=trace)
     return result, plan

@@ -102,6 +102,34 @@ class WeightGradOnlyBwdParams(_Strict):
     convolution that computes no input gradient moves only the bytes it needs."""
 
 
+class WaveQuantizationParams(_Strict):
+    """``wave_quantization``: a GPU runs a GEMM or convolution as output tiles of
+    ``tile_m x tile_n``, ``sms`` of them at a time (one per streaming multiprocessor)."""
+
+    sms: int = Field(gt=0, le=100_000, description="streaming multiprocessors (datasheet)")
+    tile_m: int = Field(128, gt=0, le=4096, description="rows of one output tile")
+    tile_n: int = Field(128, gt=0, le=4096, description="columns of one output tile")
+
+
+_MODES = ("fp32", "tf32", "fp16", "bf16", "int8")
+
+
+class LayoutTransposeParams(_Strict):
+    """``layout_transpose``: memory passes over a convolution's activations that
+    contiguous (NCHW) layout costs in the math modes whose kernels want channels-last."""
+
+    passes: float = Field(ge=0, le=100, description="passes over the input and output bytes")
+    modes: tuple[str, ...] = Field(("fp16", "bf16"), description="math modes that pay them")
+
+    @field_validator("modes")
+    @classmethod
+    def _modes(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for m in v:
+            if m not in _MODES:
+                raise ValueError(f"unknown math mode {m!r} (known: {', '.join(_MODES)})")
+        return v
+
+
 class Corrections(_Strict):
     """A profile's ``corrections``: each correction listed with its parameters (an
     absent one is not applied). Formulas: ``sim/corrections/<name>.py``."""
@@ -113,3 +141,5 @@ class Corrections(_Strict):
     skinny_gemm: SkinnyGemmParams | None = None
     dense_sparse_grad: DenseSparseGradParams | None = None
     weight_grad_only_bwd: WeightGradOnlyBwdParams | None = None
+    wave_quantization: WaveQuantizationParams | None = None
+    layout_transpose: LayoutTransposeParams | None = None

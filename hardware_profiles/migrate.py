@@ -44,7 +44,9 @@ def migrate_v1(data: dict[str, Any]) -> dict[str, Any]:
     name, listed without parameters (false: not listed); ``skinny_gemm`` listed where
     ``efficiency`` or ``efficiency_bwd`` has a ``gemm/rows1`` ... ``gemm/rows4`` curve
     (schema 1 priced those by compute alone); ``spread`` and ``raw`` ->
-    ``measurement``. Every other field is kept as it is; ``schema`` becomes 2.
+    ``measurement``; the precisions schema 1 ran without a peak of their own (fp16 and
+    bf16 stood in for each other, else fp32; tf32 at fp32) -> ``math_fallback``. Every
+    other field is kept as it is; ``schema`` becomes 2.
 
     Raises:
         ValueError: ``data`` also has ``corrections`` or ``measurement`` (schema 2
@@ -76,9 +78,24 @@ def migrate_v1(data: dict[str, Any]) -> dict[str, Any]:
                 continue
             if on:
                 corr[flag] = {}
+    fallback = _v1_fallback(data.get("peak_flops"))
+    if fallback:
+        out["math_fallback"] = fallback
     if corr:
         out["corrections"] = corr
     meas = {k: data[k] for k in ("spread", "raw") if data.get(k) is not None}
     if meas:
         out["measurement"] = meas
+    return out
+
+
+def _v1_fallback(peaks: Any) -> dict[str, str]:
+    """Schema 1's implied fallback of the precisions a profile has no peak for: fp16 and
+    bf16 stood in for each other, everything else (tf32 did not exist) ran at fp32."""
+    if not isinstance(peaks, dict) or "fp32" not in peaks:
+        return {}  # left for the schema to reject
+    out = {}
+    for mode, alt in (("tf32", None), ("fp16", "bf16"), ("bf16", "fp16")):
+        if mode not in peaks:
+            out[mode] = alt if alt is not None and alt in peaks else "fp32"
     return out

@@ -59,7 +59,10 @@ __all__ = [
     "mem_key",
 ]
 
-DTYPES = ("fp32", "fp16", "bf16", "int8")
+DTYPES = ("fp32", "tf32", "fp16", "bf16", "int8")
+#: The math modes a profile may give its own efficiency table (``math_efficiency``):
+#: every peak but the fp32 one, whose table is ``efficiency``.
+MATH_MODES = ("tf32", "fp16", "bf16", "int8")
 
 
 class _EffCurve(_Curve):
@@ -177,10 +180,12 @@ QUANT_BITS = ("2", "4", "8", "16")
 
 
 class Source(BaseModel):
-    """Provenance of the figures: datasheet or measured (device, torch version, date)."""
+    """Provenance of the figures: ``datasheet`` (vendor figures), ``fitted`` (datasheet
+    figures plus parameters fitted to published measurements: ``calibration.published``)
+    or ``measured`` (``hetsim profile``: device, torch version, date)."""
 
     model_config = ConfigDict(extra="allow", frozen=True)
-    kind: Literal["datasheet", "measured"]
+    kind: Literal["datasheet", "fitted", "measured"]
     note: str = ""
     date: str = ""
 
@@ -240,7 +245,17 @@ class DeviceProfile(_Strict):
     schema_: Literal[2] = Field(2, alias="schema", description="format version")
     name: str = Field(min_length=1, description="type name used in configs, e.g. 'v100'")
     kind: Literal["cpu", "gpu", "accel"]
-    peak_flops: dict[str, float] = Field(description="peak FLOP/s per dtype; fp32 required")
+    peak_flops: dict[str, float] = Field(description="peak FLOP/s per math mode (fp32, tf32, fp16, "
+                                         "bf16, int8; dense, without sparsity); fp32 required")
+    math_fallback: dict[str, str] | None = Field(
+        default=None, description="for a precision without a peak here, the math mode this "
+        "device runs its matmuls in instead, e.g. {\"tf32\": \"fp32\"} for a GPU without TF32 "
+        "(missing: such a precision is an error on this device)")
+    math_efficiency: dict[str, dict[str, Efficiency]] | None = Field(
+        default=None, description="per math mode other than fp32 (tensor-core modes), the "
+        "fraction of that mode's peak per op class, as efficiency (which stays the fp32 "
+        "table and the fallback for an op class a mode's table lacks); when given, one "
+        "table for every such mode in peak_flops")
     mem_bw_Bps: float = Field(gt=0, description="memory bandwidth, bytes/s")
     memory_bytes: float = Field(gt=0, description="device memory, bytes")
     launch_overhead_s: float = Field(ge=0, description="fixed cost of one kernel launch")
@@ -295,6 +310,35 @@ class DeviceProfile(_Strict):
                 raise ValueError(f"{k} must be > 0")
         return v
 
+    @model_validator(mode="after")
+    def _math_modes(self) -> DeviceProfile:
+        for k, to in (self.math_fallback or {}).items():
+            if k not in DTYPES or k == "fp32":
+                raise ValueError(f"math_fallback.{k}: not a precision with a fallback "
+                                 f"(known: {', '.join(d for d in DTYPES if d != 'fp32')})")
+            if k in self.peak_flops:
+                raise ValueError(f"math_fallback.{k}: peak_flops has {k}; a fallback is for a "
+                                 "mode the device lacks")
+            if to not in self.peak_flops:
+                raise ValueError(f"math_fallback.{k}: {to!r} is not a peak_flops entry")
+        if self.math_efficiency is not None:
+            for k, table in self.math_efficiency.items():
+                if k not in MATH_MODES:
+                    raise ValueError(f"math_efficiency.{k}: not a math mode with its own table "
+                                     f"(known: {', '.join(MATH_MODES)})")
+                if k not in self.peak_flops:
+                    raise ValueError(f"math_efficiency.{k}: peak_flops has no {k}")
+                for op in table:
+                    if op not in OP_CLASSES and not _EFF_KEY_RE.match(op):
+                        raise ValueError(f"math_efficiency.{k}.{op}: unknown op class "
+                                         f"(known: {', '.join(OP_CLASSES)}, or OP/KIND)")
+            missing = [m for m in MATH_MODES if m in self.peak_flops and m != "int8"
+                       and m not in self.math_efficiency]
+            if missing:
+                raise ValueError(f"math_efficiency.{missing[0]}: incomplete: peak_flops has "
+                                 f"{missing[0]} but math_efficiency has no table for it")
+        return self
+
     @field_validator("quant")
     @classmethod
     def _quant_bits(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -321,26 +365,28 @@ class DeviceProfile(_Strict):
                                  "or OP/KIND)")
         return v
 
-    def peak(self, dtype: str) -> float:
-        """Peak FLOP/s for ``dtype``; bf16 and fp16 stand in for each other, else fp32."""
-        if dtype in self.peak_flops:
-            return self.peak_flops[dtype]
-        alt = {"bf16": "fp16", "fp16": "bf16"}.get(dtype)
-        if alt and alt in self.peak_flops:
-            return self.peak_flops[alt]
-        return self.peak_flops["fp32"]
+    def peak(self, mode: str) -> float:
+        """Peak FLOP/s of math mode ``mode`` (a ``peak_flops`` key; which mode a job's
+        precision runs in on this device is :func:`sim.precision.math_mode`'s answer).
+
+        Raises:
+            KeyError: the profile has no peak for ``mode``.
+        """
+        return self.peak_flops[mode]
 
     def eff(self, op: str, flops: float, phase: str = "fwd", nbytes: float | None = None,
-            kind: str | None = None) -> float:
-        """Fraction of peak for one call of ``flops`` FLOPs of op class ``op``.
+            kind: str | None = None, mode: str = "fp32") -> float:
+        """Fraction of ``mode``'s peak for one call of ``flops`` FLOPs of op class ``op``.
 
-        The backward pass (``phase='bwd'``) uses ``efficiency_bwd`` where it has
-        the op class, else ``efficiency``. Within a table the entry ``OP/KIND``
-        (e.g. ``conv/spatial``, see :func:`sim.costmodel.compute_kind`) is used
-        where present, else the op class's. An intensity curve reads ``flops /
-        nbytes`` (its last value when ``nbytes`` is not given).
+        In math mode ``mode`` other than fp32, ``math_efficiency[mode]`` where it has
+        the op class (or its ``OP/KIND``). Otherwise the backward pass
+        (``phase='bwd'``) uses ``efficiency_bwd`` where it has the op class, else
+        ``efficiency``. Within a table the entry ``OP/KIND`` (e.g. ``conv/spatial``,
+        see :func:`sim.costmodel.compute_kind`) is used where present, else the op
+        class's. An intensity curve reads ``flops / nbytes`` (its last value when
+        ``nbytes`` is not given).
         """
-        found = self._eff_entry(op, phase, kind)
+        found = self._eff_entry(op, phase, kind, mode)
         if found is None:
             return 1.0
         e = found[1]
@@ -350,17 +396,19 @@ class DeviceProfile(_Strict):
             return e.at(flops / nbytes) if nbytes else e.eff[-1]
         return float(e)
 
-    def eff_key(self, op: str, phase: str = "fwd", kind: str | None = None) -> str | None:
+    def eff_key(self, op: str, phase: str = "fwd", kind: str | None = None,
+                mode: str = "fp32") -> str | None:
         """The key of the entry :meth:`eff` prices such a pass with (``OP/KIND`` or
         the op class), None where it finds none (and returns 1.0)."""
-        found = self._eff_entry(op, phase, kind)
+        found = self._eff_entry(op, phase, kind, mode)
         return found[0] if found is not None else None
 
-    def _eff_entry(self, op: str, phase: str, kind: str | None
+    def _eff_entry(self, op: str, phase: str, kind: str | None, mode: str = "fp32"
                    ) -> tuple[str, Efficiency] | None:
         keys = [f"{op}/{kind}", op] if kind else [op]
-        for table in ((self.efficiency_bwd, self.efficiency) if phase == "bwd"
-                      else (self.efficiency,)):
+        by_mode = (self.math_efficiency or {}).get(mode) if mode != "fp32" else None
+        for table in ((by_mode, self.efficiency_bwd, self.efficiency) if phase == "bwd"
+                      else (by_mode, self.efficiency)):
             for k in keys:
                 if table and k in table:
                     return k, table[k]

@@ -98,7 +98,7 @@ class StageLoop:
         self.ws = ws = spec.workers[w]  # its threads and CPUs were set by runtime.launch.run_rank
         self.me = me = Replica(spec, w)
         self.last = len(spec.stages) - 1
-        self.device = f"cuda:{local_rank}" if spec.device == "cuda" and not ws.cpu else "cpu"
+        self.device = task.compute_device("cpu" if ws.cpu else spec.device, local_rank)
         module, _ = task.build(spec.model, spec.seed, spec.model_kwargs)
         self.module = module = module.to(self.device).train()
         self.blocks = stages.blocks(spec.model, module)[slice(*me.stage.blocks)]

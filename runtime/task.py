@@ -26,6 +26,15 @@ NOISE = 0.1
 PROBE = 256
 
 
+def compute_device(kind: str, local_rank: int) -> str:
+    """The torch device a rank computes on: ``cpu``, or for ``cuda`` the GPU of its local
+    rank, ranks sharing the GPUs in turn where there are fewer GPUs than ranks (every
+    rank of a one-GPU machine on ``cuda:0``)."""
+    if kind != "cuda":
+        return "cpu"
+    return f"cuda:{local_rank % max(1, torch.cuda.device_count())}"
+
+
 def build(name: str, seed: int, model_kwargs: dict[str, Any]) -> tuple[nn.Module, Any]:
     """Zoo model ``name`` with ``model_kwargs`` and its example input (batch 2)."""
     kw = {k: (tuple(v) if isinstance(v, list) else v) for k, v in model_kwargs.items()}

@@ -244,7 +244,7 @@ class PSClient:
 def run_worker(spec: RunSpec, w: int, local_rank: int = 0) -> None:
     ws = spec.workers[w]  # its threads and CPUs were set by runtime.launch.run_rank
     S = spec.n_shards
-    device = f"cuda:{local_rank}" if spec.device == "cuda" else "cpu"
+    device = task.compute_device(spec.device, local_rank)
     module, _ = task.build(spec.model, spec.seed, spec.model_kwargs)
     module = module.to(device).train()
     teacher = task.Teacher(spec.model, spec.seed, spec.model_kwargs, device)

@@ -166,7 +166,14 @@ class JobConfig(_Strict):
         description="zoo name | {file: model.yaml} | {torch: 'pkg.mod:fn', input: [..]}"
     )
     global_batch: int = Field(gt=0, description="samples per (global) iteration")
-    dtype: Literal["fp32", "fp16", "bf16"] = Field("fp32", description="compute dtype")
+    dtype: Literal["fp32", "tf32", "fp16", "bf16"] = Field(
+        "fp32", description="training precision: fp32; tf32 (fp32 storage, TF32 tensor-core "
+        "matmuls and convolutions); fp16 or bf16 (mixed precision as torch.autocast: half-"
+        "precision matmuls, fp32 master weights and autocast's fp32 ops); see sim.precision")
+    memory_format: Literal["contiguous", "channels_last"] = Field(
+        "contiguous", description="layout of 4-D activations (torch's names): contiguous "
+        "(NCHW) or channels_last (NHWC); tensor-core convolutions in contiguous layout pay "
+        "layout transposes where the profile lists that correction")
     iterations: int | None = Field(None, gt=0, description="iterations to run")
     samples: int | None = Field(None, gt=0, description="or: samples to process")
     target_loss: float | None = Field(None, gt=0, description="or: train to this loss")
@@ -185,12 +192,16 @@ class JobConfig(_Strict):
 
     @model_serializer(mode="wrap")
     def _dump(self, handler: Any) -> dict[str, Any]:
-        # quantization_params and compute_noise appear in the resolved config only when given
+        # quantization_params, compute_noise and memory_format appear in the resolved config
+        # only when given (a sweep point's id hashes the config: fields with their default
+        # left out keep the ids of configs written before them)
         out = handler(self)
         if out.get("quantization_params", 0) is None:
             del out["quantization_params"]
         if out.get("compute_noise") == 0:
             del out["compute_noise"]
+        if out.get("memory_format") == "contiguous":
+            del out["memory_format"]
         return out
 
     @model_validator(mode="after")

@@ -66,6 +66,7 @@ from sim.corrections import (
 )
 from sim.corrections.skinny_gemm import rows_kind
 from sim.plan import Plan
+from sim.precision import HALF, MATMUL_OPS, activation_scales, pass_mode
 from sim.problem import Problem
 from sim.quantization import QUANT_META_BYTES as QUANT_META_BYTES  # re-exported
 from sim.quantization import packed_bytes_array
@@ -102,7 +103,9 @@ def _table_time(batch: list[int], times: list[float], b: float) -> float:
 
 def layer_time_s(layer: Layer, phase: str, b: float, dev: DeviceProfile, dtype: str,
                  input_bytes: float, streamed_bytes: float = 0.0,
-                 corrections: Sequence[Correction] | None = None) -> float:
+                 corrections: Sequence[Correction] | None = None,
+                 scales: tuple[float, float] | None = None,
+                 memory_format: str = "contiguous") -> float:
     """Seconds for one layer's forward ('fwd') or backward ('bwd') pass on ``b`` samples.
 
     The layer's measured table where the profile has one (:func:`table_key`), else
@@ -110,6 +113,8 @@ def layer_time_s(layer: Layer, phase: str, b: float, dev: DeviceProfile, dtype: 
     (default: :func:`sim.corrections.corrections_of` ``dev``). ``streamed_bytes``: what
     the passes before it moved (:func:`streamed_before`), which a correction with a
     window reads (``cold_calls``); a measured table holds their cost already.
+    ``scales``: its (input, output) activation sizes relative to fp32
+    (:func:`sim.precision.activation_scales`; default: both by ``dtype``).
     """
     if b <= 0:
         return 0.0
@@ -117,22 +122,30 @@ def layer_time_s(layer: Layer, phase: str, b: float, dev: DeviceProfile, dtype: 
         t = dev.layers[key]
         return _table_time(t.batch, t.fwd_s if phase == "fwd" else t.bwd_s, b)
     cs = corrections_of(dev) if corrections is None else corrections
-    return pass_time_s(dev, pass_context(layer, phase, b, dtype, input_bytes, cs, streamed_bytes), cs)
+    return pass_time_s(dev, pass_context(layer, phase, b, dtype, input_bytes, cs, streamed_bytes, scales,
+                                         memory_format), cs)
 
 
 def pass_context(layer: Layer, phase: str, b: float, dtype: str, input_bytes: float,
-                 corrections: Sequence[Correction] = (), streamed_bytes: float = 0.0) -> PassContext:
+                 corrections: Sequence[Correction] = (), streamed_bytes: float = 0.0,
+                 scales: tuple[float, float] | None = None,
+                 memory_format: str = "contiguous") -> PassContext:
     """The pass of ``layer`` on ``b`` samples as the roofline and the corrections read it:
-    its work (:func:`plain_work`) changed by the ``work`` of each of ``corrections``."""
-    act = _ACT_SCALE.get(dtype, 1.0)
-    flops, kernels, nbytes = plain_work(layer, phase, b, dtype, input_bytes)
+    its work (:func:`plain_work`) changed by the ``work`` of each of ``corrections``.
+    ``scales``: (input, output) activation sizes relative to fp32 (default: both
+    ``dtype``'s, :data:`_ACT_SCALE`)."""
+    if scales is None:
+        act = _ACT_SCALE.get(dtype, 1.0)
+        scales = (act, act)
+    flops, kernels, nbytes = plain_work(layer, phase, b, dtype, input_bytes, scales)
     ctx = PassContext(
         op=layer.op, phase=phase, flops=flops, kernels=kernels, nbytes=nbytes, dtype=dtype, batch=b,
-        layer=layer, input_bytes=input_bytes, weight_bytes=_touched_param_bytes(layer, b), act_scale=act,
-        out_bytes=b * act * layer.activation_bytes, rows=looked_up_rows(layer, b),
+        layer=layer, input_bytes=input_bytes, weight_bytes=_weight_scale(layer, dtype) * _touched_param_bytes(
+            layer, b), act_scale=scales[1], in_scale=scales[0],
+        out_bytes=b * scales[1] * layer.activation_bytes, rows=looked_up_rows(layer, b),
         kind=compute_kind(layer, input_bytes, b), layer_kernels=layer.kernels,
         has_params=layer.param_bytes > 0, reduces=layer.activation_bytes < input_bytes,
-        inplace=layer.inplace, streamed_bytes=streamed_bytes)
+        inplace=layer.inplace, streamed_bytes=streamed_bytes, memory_format=memory_format)
     for c in corrections:
         ctx = c.work(ctx)
     return ctx
@@ -140,15 +153,18 @@ def pass_context(layer: Layer, phase: str, b: float, dtype: str, input_bytes: fl
 
 def pass_time_s(dev: DeviceProfile, ctx: PassContext, corrections: Sequence[Correction] = ()) -> float:
     """Seconds of the pass ``ctx`` (its work final: the corrections' ``work`` applied) on
-    ``dev``: the roofline of its work with each correction's ``terms``, plus each one's
-    ``extra_s``, summed in the order of ``corrections``.
+    ``dev``: the roofline of its work (its FLOPs in the math mode
+    :func:`sim.precision.pass_mode` gives) with each correction's ``terms``, plus each
+    one's ``extra_s``, summed in the order of ``corrections``.
 
     :mod:`calibration.calibrate` prices its measured points with it too."""
     mem_eff = dev.mem_eff(ctx.op, ctx.nbytes, ctx.phase, ctx.layer_kernels, ctx.has_params, ctx.reduces,
                           ctx.inplace)
+    mode = pass_mode(dev, ctx.dtype, ctx.op, ctx.flops)
     compute, memory = roofline_terms(dev, ctx.op, ctx.flops, ctx.nbytes, ctx.dtype, mem_eff, ctx.phase,
-                                     ctx.kind)
-    ctx = ctx.replace(compute_s=compute, memory_s=memory, eff_key=dev.eff_key(ctx.op, ctx.phase, ctx.kind))
+                                     ctx.kind, mode)
+    ctx = ctx.replace(compute_s=compute, memory_s=memory, mode=mode,
+                      eff_key=dev.eff_key(ctx.op, ctx.phase, ctx.kind, mode))
     for c in corrections:
         ctx = c.terms(ctx)
     return dev.launch_overhead_s * ctx.kernels + max(ctx.compute_s, ctx.memory_s) + sum(
@@ -175,13 +191,16 @@ def glue_time_s(layer: Layer, phase: str, b: float, dev: DeviceProfile, dtype: s
 
 
 def roofline_terms(dev: DeviceProfile, op: str, flops: float, nbytes: float, dtype: str,
-                   mem_eff: float = 1.0, phase: str = "fwd", kind: str | None = None
-                   ) -> tuple[float, float]:
+                   mem_eff: float = 1.0, phase: str = "fwd", kind: str | None = None,
+                   mode: str | None = None) -> tuple[float, float]:
     """The roofline's (compute seconds, memory seconds) of a piece of work:
-    ``flops / (peak[dtype] * eff(op, kind, size))`` (0 without FLOPs) and
-    ``nbytes / (mem_bw * mem_eff)``."""
-    compute = (flops / (dev.peak(dtype) * dev.eff(op, flops, phase, nbytes, kind))
-               if flops > 0 else 0.0)
+    ``flops / (peak[mode] * eff(op, kind, size, mode))`` (0 without FLOPs) and
+    ``nbytes / (mem_bw * mem_eff)``. ``mode``: the math mode (default: the one
+    :func:`sim.precision.pass_mode` gives for ``dtype`` and ``op``)."""
+    if flops <= 0:
+        return 0.0, nbytes / (dev.mem_bw_Bps * mem_eff)
+    m = pass_mode(dev, dtype, op, flops) if mode is None else mode
+    compute = flops / (dev.peak(m) * dev.eff(op, flops, phase, nbytes, kind, m))
     return compute, nbytes / (dev.mem_bw_Bps * mem_eff)
 
 
@@ -254,27 +273,39 @@ def layer_work(layer: Layer, phase: str, b: float, dtype: str, input_bytes: floa
     return ctx.flops, ctx.kernels, ctx.nbytes
 
 
-def plain_work(layer: Layer, phase: str, b: float, dtype: str, input_bytes: float
-               ) -> tuple[float, int, float]:
+def plain_work(layer: Layer, phase: str, b: float, dtype: str, input_bytes: float,
+               scales: tuple[float, float] | None = None) -> tuple[float, int, float]:
     """(FLOPs, kernel launches, bytes moved) of one pass of ``layer`` on ``b`` samples,
     before any correction: the forward reads the weights (a sparse table's touched
     rows), its input and writes its output; the backward reads the weights and writes
     their gradient, reads its input and the output gradient and writes the input
     gradient, in twice the forward's kernels. The forward of a pooling layer counts
-    :func:`pool_ops` among its FLOPs. Activations scale with ``dtype`` (fp16/bf16: half).
+    :func:`pool_ops` among its FLOPs. Activations scale by ``scales`` (input, output;
+    default: both ``dtype``'s, fp16/bf16: half); under mixed precision a matmul-class
+    layer reads half-precision copies of its weights (:func:`_weight_scale`).
     """
-    act = _ACT_SCALE.get(dtype, 1.0)
+    if scales is None:
+        act = _ACT_SCALE.get(dtype, 1.0)
+        scales = (act, act)
+    s_in, s_out = scales
+    weights = _weight_scale(layer, dtype) * _touched_param_bytes(layer, b)
     if phase == "fwd":
         flops = (layer.fwd_flops + pool_ops(layer)) * b
         kernels = layer.kernels
-        weights = _touched_param_bytes(layer, b)
-        nbytes = weights + b * act * (input_bytes + layer.activation_bytes)
+        nbytes = weights + b * (s_in * input_bytes + s_out * layer.activation_bytes)
     else:
         flops = layer.bwd_flops * b
         kernels = 2 * layer.kernels
-        weights = 2.0 * _touched_param_bytes(layer, b)  # read weights, write their gradient
-        nbytes = weights + b * act * (input_bytes + 2.0 * layer.activation_bytes)
+        # read weights, write their gradient; read the input and the output gradient,
+        # write the input gradient
+        nbytes = 2.0 * weights + b * (s_in * input_bytes + 2.0 * s_out * layer.activation_bytes)
     return flops, kernels, nbytes
+
+
+def _weight_scale(layer: Layer, dtype: str) -> float:
+    """Bytes of a weight as a pass reads it, relative to fp32: 0.5 for a matmul-class
+    layer with FLOPs under mixed precision (autocast's half-precision copy), else 1."""
+    return 0.5 if dtype in HALF and layer.op in MATMUL_OPS and layer.fwd_flops > 0 else 1.0
 
 
 def pool_ops(layer: Layer) -> float:
@@ -347,43 +378,50 @@ def streamed_before(model: Model, dev: DeviceProfile, dtype: str, b: float
     window of ``dev``'s corrections (:func:`streamed_window`, at least 1), each pass's
     bytes as its work corrections count them (:func:`window_sums`)."""
     cs = corrections_of(dev)
-    fwd, bwd = ([pass_context(ly, ph, b, dtype, model.input_bytes_of(i), cs).nbytes
+    scales = activation_scales(model, dtype)
+    fwd, bwd = ([pass_context(ly, ph, b, dtype, model.input_bytes_of(i), cs, scales=scales[i]).nbytes
                  for i, ly in enumerate(model.layers)] for ph in ("fwd", "bwd"))
     return window_sums(fwd, bwd, streamed_window(cs) or 1)
 
 
-def _layer_times(model: Model, dev: DeviceProfile, dtype: str, b: int) -> tuple[np.ndarray, np.ndarray]:
+def _layer_times(model: Model, dev: DeviceProfile, dtype: str, b: int, memory_format: str
+                 ) -> tuple[np.ndarray, np.ndarray]:
     n = len(model.layers)
     cs = corrections_of(dev)
     sf, sb = streamed_before(model, dev, dtype, b) if streamed_window(cs) else (np.zeros(n), np.zeros(n))
-    fwd = np.array([layer_time_s(ly, "fwd", b, dev, dtype, model.input_bytes_of(i), float(sf[i]), cs)
-                    for i, ly in enumerate(model.layers)])
-    bwd = np.array([layer_time_s(ly, "bwd", b, dev, dtype, model.input_bytes_of(i), float(sb[i]), cs)
-                    for i, ly in enumerate(model.layers)])
+    scales = activation_scales(model, dtype)
+    fwd = np.array([layer_time_s(ly, "fwd", b, dev, dtype, model.input_bytes_of(i), float(sf[i]), cs,
+                                 scales[i], memory_format) for i, ly in enumerate(model.layers)])
+    bwd = np.array([layer_time_s(ly, "bwd", b, dev, dtype, model.input_bytes_of(i), float(sb[i]), cs,
+                                 scales[i], memory_format) for i, ly in enumerate(model.layers)])
     fwd.flags.writeable = False
     bwd.flags.writeable = False
     return fwd, bwd
 
 
-_CACHE: dict[tuple[int, int, str, int], tuple[Model, DeviceProfile, np.ndarray, np.ndarray]] = {}
+_CACHE: dict[tuple[int, int, str, int, str], tuple[Model, DeviceProfile, np.ndarray, np.ndarray]] = {}
 
 
-def layer_times(model: Model, dev: DeviceProfile, dtype: str, b: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per-layer forward and backward seconds of ``model`` on ``b`` samples (cached, read-only)."""
-    key = (id(model), id(dev), dtype, int(b))
+def layer_times(model: Model, dev: DeviceProfile, dtype: str, b: int, memory_format: str = "contiguous"
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """Per-layer forward and backward seconds of ``model`` on ``b`` samples in precision
+    ``dtype`` (:mod:`sim.precision`) and activation layout ``memory_format`` (cached,
+    read-only)."""
+    key = (id(model), id(dev), dtype, int(b), memory_format)
     hit = _CACHE.get(key)
     if hit is not None and hit[0] is model and hit[1] is dev:
         return hit[2], hit[3]
     if len(_CACHE) > 8192:
         _CACHE.clear()
-    fwd, bwd = _layer_times(model, dev, dtype, int(b))
+    fwd, bwd = _layer_times(model, dev, dtype, int(b), memory_format)
     _CACHE[key] = (model, dev, fwd, bwd)  # holding the objects keeps their ids unique
     return fwd, bwd
 
 
-def iteration_compute_s(model: Model, dev: DeviceProfile, dtype: str, b: int) -> float:
+def iteration_compute_s(model: Model, dev: DeviceProfile, dtype: str, b: int,
+                        memory_format: str = "contiguous") -> float:
     """Forward plus backward seconds of one iteration on ``b`` samples."""
-    f, w = layer_times(model, dev, dtype, b)
+    f, w = layer_times(model, dev, dtype, b, memory_format)
     return float(f.sum() + w.sum())
 
 
@@ -637,3 +675,37 @@ def max_batch_in_memory(model: Model, dtype: str, free_memory_bytes: float,
     if per <= 0:
         return None if room >= 0 else 0
     return max(0, int(np.floor(room / per)))
+
+
+#: fp32 memory passes over the parameters of one optimizer step, per optimizer (read
+#: and write of the weights, their gradient and the optimizer's state): SGD reads the
+#: weight and gradient and writes the weight; momentum also reads and writes its
+#: buffer; Adam two buffers.
+OPTIMIZER_PASSES = {"sgd": 3.0, "momentum": 5.0, "adam": 7.0}
+#: Mixed precision's passes per step beyond the optimizer's: the half-precision copies
+#: of the weights (read fp32, write half: 1.5) and the gradient scaler's unscale and
+#: finiteness check of the gradients (read and write: 2).
+AMP_STEP_PASSES = 3.5
+
+
+def optimizer_step_s(model: Model, dev: DeviceProfile, dtype: str = "fp32", optimizer: str = "momentum"
+                     ) -> float:
+    """Seconds of one optimizer step on the worker (data-parallel training without a
+    parameter server): ``passes * param_bytes / (mem_bw * mem_eff)``, with
+    :data:`OPTIMIZER_PASSES` of ``optimizer`` plus :data:`AMP_STEP_PASSES` under mixed
+    precision, at the bandwidth of an elementwise pass over the parameters (fused
+    optimizers: a handful of launches, not counted)."""
+    if optimizer not in OPTIMIZER_PASSES:
+        raise ValueError(f"unknown optimizer {optimizer!r} (known: {', '.join(OPTIMIZER_PASSES)})")
+    passes = OPTIMIZER_PASSES[optimizer] + (AMP_STEP_PASSES if dtype in HALF else 0.0)
+    nbytes = model.param_bytes
+    return passes * nbytes / (dev.mem_bw_Bps * dev.mem_eff("elementwise", nbytes))
+
+
+def training_step_s(model: Model, dev: DeviceProfile, dtype: str, b: int, memory_format: str = "contiguous",
+                    optimizer: str = "momentum") -> float:
+    """Seconds of one training step of ``model`` on ``b`` samples on one device: forward
+    and backward (:func:`iteration_compute_s`) plus the optimizer step
+    (:func:`optimizer_step_s`)."""
+    return (iteration_compute_s(model, dev, dtype, b, memory_format)
+            + optimizer_step_s(model, dev, dtype, optimizer))

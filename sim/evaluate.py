@@ -67,13 +67,14 @@ def evaluate(problem: Problem | DagProblem, plan: Plan | DagPlan, evaluator: str
         case PlanKind.DATA_PARALLEL:
             pr, pl = _training(problem, plan)
             if des_run:
-                return des.simulate(pr, pl, trace=trace, on_iteration=on_iteration, scheduler=scheduler)
-            return analytic.evaluate(pr, pl, scheduler=scheduler)
+                return _noted(pr, des.simulate(pr, pl, trace=trace, on_iteration=on_iteration,
+                                               scheduler=scheduler))
+            return _noted(pr, analytic.evaluate(pr, pl, scheduler=scheduler))
         case PlanKind.PLACEMENT:  # a pipeline of stages; static, so no scheduler
             pr, pl = _training(problem, plan)
             if des_run:
-                return simulate_pipeline(pr, pl, trace=trace, on_iteration=on_iteration)
-            return evaluate_analytic(pr, pl)
+                return _noted(pr, simulate_pipeline(pr, pl, trace=trace, on_iteration=on_iteration))
+            return _noted(pr, evaluate_analytic(pr, pl))
         case PlanKind.DAG:
             if not isinstance(plan, DagPlan) or not isinstance(problem, DagProblem):
                 raise ValueError("a DAG plan is a sim.dag.DagPlan of a sim.dag.DagProblem")
@@ -84,6 +85,14 @@ def evaluate(problem: Problem | DagProblem, plan: Plan | DagPlan, evaluator: str
                                    name=problem.graph.name)
         case _:
             assert_never(plan.kind)
+
+
+def _noted(problem: Problem, result: RunResult) -> RunResult:
+    """``result`` with the problem's notes (:attr:`Problem.notes`) in its summary
+    (``notes``), where it has any."""
+    if problem.notes:
+        result.extra["notes"] = list(problem.notes)
+    return result
 
 
 def _training(problem: Problem | DagProblem, plan: Plan | DagPlan) -> tuple[Problem, Plan]:

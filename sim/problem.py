@@ -20,6 +20,7 @@ from sim.convergence import (
 )
 from sim.dynamics import Dynamic, build_dynamics
 from sim.model_specs import resolve_model
+from sim.precision import PrecisionError, precision_notes
 from sim.quantization import Adaptive
 from sim.workload import Model
 
@@ -31,7 +32,8 @@ class Job:
     Attributes:
         model: the layer chain.
         global_batch: samples per iteration, summed over workers.
-        dtype: compute dtype (selects the peak FLOP/s entry).
+        dtype: training precision (:mod:`sim.precision`): fp32, tf32, fp16 or bf16.
+        memory_format: layout of 4-D activations, ``contiguous`` or ``channels_last``.
         iterations: iterations to run (from ``samples`` when given so).
         target_loss: train to this loss instead; ``iterations`` is then the BSP
             prediction of the convergence model (evaluators may run past it).
@@ -64,6 +66,7 @@ class Job:
     model: Model
     global_batch: int
     dtype: str = "fp32"
+    memory_format: str = "contiguous"
     iterations: int = 100
     target_loss: float | None = None
     sync: str = "bsp"
@@ -89,12 +92,17 @@ class Objective:
 
 @dataclass(frozen=True)
 class Problem:
+    """A cluster, a job and what to optimise; ``notes``: what the run does other than
+    the config asked (a precision a device runs in another math mode,
+    :func:`sim.precision.precision_notes`), said in every summary."""
+
     name: str
     seed: int
     cluster: Cluster
     job: Job
     objective: Objective = Objective()
     dynamics: tuple[Dynamic, ...] = ()
+    notes: tuple[str, ...] = ()
 
 
 def initial_free_memory_bytes(problem: Problem) -> dict[str, float]:
@@ -133,6 +141,10 @@ def build_problem(cfg: Config, base_dir: Path, source: str = "<config>") -> Prob
     cluster = _build_cluster(cfg, base_dir, source)
     job = _build_job(cfg, base_dir, cluster.devices, source)
     dynamics = build_dynamics(cfg.dynamics, cfg.seed, len(cluster.devices), source)
+    try:
+        notes = precision_notes(list(cluster.types.values()), job.dtype)
+    except PrecisionError as e:
+        raise ConfigError(source, "job.dtype", str(e)) from None
     o = cfg.objective
     return Problem(
         name=cfg.name,
@@ -141,6 +153,7 @@ def build_problem(cfg: Config, base_dir: Path, source: str = "<config>") -> Prob
         job=job,
         objective=Objective(o.minimize, o.throughput_min, o.deadline_s, o.budget_usd),
         dynamics=dynamics,
+        notes=tuple(notes),
     )
 
 
@@ -199,6 +212,7 @@ def _build_job(cfg: Config, base_dir: Path, devices: Sequence[Device], source: s
         model=model,
         global_batch=j.global_batch,
         dtype=j.dtype,
+        memory_format=j.memory_format,
         iterations=iterations,
         target_loss=j.target_loss,
         sync=j.sync,

@@ -72,6 +72,14 @@ _NO_KERNEL = {_aten.empty, _aten.empty_like, _aten.empty_strided, _aten.lift_fre
               _aten._local_scalar_dense}
 
 _GEMM_OPS = {"mm", "addmm", "bmm", "baddbmm", "_scaled_mm"}
+#: Ops on torch.autocast's fp32 list (CUDA) that a layer without FLOPs may run: under
+#: mixed precision such a layer computes and writes fp32 (Layer.autocast_fp32).
+_AUTOCAST_FP32_OPS = {"_softmax", "softmax", "_log_softmax", "log_softmax", "native_layer_norm",
+                      "layer_norm", "native_group_norm", "group_norm", "nll_loss_forward",
+                      "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss",
+                      "binary_cross_entropy_with_logits", "kl_div", "logsumexp", "cumsum",
+                      "cumprod", "prod", "norm", "linalg_vector_norm", "exp", "log", "pow", "rsqrt"}
+
 _CONV_OPS = {"convolution", "_convolution", "cudnn_convolution", "convolution_overrideable",
              "_slow_conv2d_forward"}
 
@@ -142,6 +150,7 @@ class _Call:
     lookups: int = 0  # embedding indices read by this call
     flops_by_class: Counter[str] = field(default_factory=Counter)
     param_bytes: int = 0
+    autocast_fp32: bool = False  # ran an op of _AUTOCAST_FP32_OPS
 
 
 class _Recorder(TorchDispatchMode):
@@ -182,6 +191,8 @@ class _Recorder(TorchDispatchMode):
             call = self.stack[-1]
             if not func.is_view and packet not in _NO_KERNEL:
                 call.kernels += 1
+            if str(packet).rsplit(".", 1)[-1] in _AUTOCAST_FP32_OPS:
+                call.autocast_fp32 = True
             if flops:
                 call.fwd_flops += flops
                 call.flops_by_class[_op_class_of_aten(packet)] += flops
@@ -368,6 +379,7 @@ def _layers(calls: list[_Call], batch: int, root: nn.Module) -> list[Layer]:
             kernels=max(1, c.kernels),
             inplace=leaf and getattr(c.module, "inplace", False) is True,
             window=_window(c.module) if leaf else 1,
+            autocast_fp32=c.autocast_fp32 and not has_flops,
         )
         rows.append((pos, base, layer))
     rows.sort(key=lambda r: r[0])

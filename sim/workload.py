@@ -63,6 +63,11 @@ class Layer:
             any other layer. A pooling forward costs ``window + 2`` operations per
             output element (:func:`sim.costmodel.pool_ops`): a 3x3 and a 2x2 pool
             over equal bytes are different amounts of work.
+        autocast_fp32: under mixed precision (``job.dtype`` fp16 or bf16) the layer
+            runs in fp32, as ``torch.autocast`` runs the ops of its fp32 list
+            (softmax, layer and group norm, losses, reductions): it reads and
+            writes 4-byte elements where its neighbours use 2. Only set for layers
+            without FLOPs; it does not change the layer's signature.
     """
 
     name: str
@@ -75,6 +80,7 @@ class Layer:
     kernels: int = 1
     inplace: bool = False
     window: int = 1
+    autocast_fp32: bool = False
 
     @property
     def signature(self) -> str:
@@ -100,6 +106,8 @@ class Layer:
             del d["inplace"]
         if self.window == 1:
             del d["window"]
+        if not self.autocast_fp32:
+            del d["autocast_fp32"]
         return d
 
 
@@ -155,7 +163,7 @@ class Model:
 
 
 _LAYER_KEYS = {
-    "name", "op", "fwd_flops", "bwd_flops", "param_bytes", "activation_bytes", "sparse", "kernels", "inplace",
+    "name", "op", "fwd_flops", "bwd_flops", "param_bytes", "activation_bytes", "sparse", "kernels", "inplace", "autocast_fp32",
     "window",
 }
 
@@ -214,11 +222,14 @@ def model_from_dict(d: Any, source: str = "<model>") -> Model:
         inplace = raw.get("inplace", False)
         if not isinstance(inplace, bool):
             raise ConfigError(source, f"{where}.inplace", "must be true or false")
+        autocast_fp32 = raw.get("autocast_fp32", False)
+        if not isinstance(autocast_fp32, bool):
+            raise ConfigError(source, f"{where}.autocast_fp32", "must be true or false")
         window = raw.get("window", 1)
         if not isinstance(window, int) or isinstance(window, bool) or window < 1:
             raise ConfigError(source, f"{where}.window", "must be a positive integer")
         layers.append(Layer(name=name, op=raw["op"], sparse=sparse, kernels=kernels, inplace=inplace,
-                            window=window, **nums))
+                            window=window, autocast_fp32=autocast_fp32, **nums))
     input_bytes = _nonneg(d.get("input_bytes", 0.0), source, "input_bytes")
     return Model(name=str(d.get("name", Path(source).stem)), layers=tuple(layers), input_bytes=input_bytes)
 

@@ -31,6 +31,13 @@ Models (defaults; every size is a keyword argument of :func:`torch_module`):
   ``nn.Linear(512, 32_000)`` over every position; sequence length 128.
   The head is untied so that the token embedding stays a pure sparse table
   (a tied head would read the whole table densely every step).
+* ``bert_base``, ``bert_large``: BERT encoders (12 layers of width 768 and 12
+  heads; 24 layers of width 1024 and 16 heads) with the SQuAD span head
+  ``nn.Linear(hidden, 2)``, as fine-tuned on SQuAD: word, position and
+  token-type embeddings (vocabulary 30,522), post-norm layers with separate Q,
+  K and V projections, the attention scores, softmax and context as layers of
+  their own, GELU feed-forward of 4x the width. ``seq_len`` (default 384, at
+  most 512) is a size like the others: the committed layer lists are at 384.
 """
 
 from __future__ import annotations
@@ -44,7 +51,8 @@ from typing import Any
 from sim.workload import Model, load_model_file, save_model_file
 
 ZOO_DIR = Path(__file__).with_name("zoo_data")
-_NAMES = ("mlp", "ctr_dnn", "wide_deep", "resnet18", "resnet50", "vgg16", "transformer")
+_NAMES = ("mlp", "ctr_dnn", "wide_deep", "resnet18", "resnet50", "vgg16", "transformer",
+          "bert_base", "bert_large")
 
 
 def names() -> list[str]:

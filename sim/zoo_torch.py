@@ -247,8 +247,109 @@ def transformer(batch: int, vocab: int = 32_000, d_model: int = 512, heads: int 
     return m, torch.randint(0, vocab, (batch, seq_len))
 
 
+class BertScores(nn.Module):
+    """Attention scores of every head: ``q k^T / sqrt(head_dim)`` plus the padding mask."""
+
+    def __init__(self, heads: int, head_dim: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.scale = 1.0 / math.sqrt(head_dim)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        b, s, _ = q.shape
+        q = q.view(b, s, self.heads, -1).transpose(1, 2)
+        k = k.view(b, s, self.heads, -1).transpose(1, 2)
+        return torch.matmul(q, k.transpose(-1, -2)) * self.scale + mask
+
+
+class BertContext(nn.Module):
+    """Attention-weighted values of every head, merged back to the hidden width."""
+
+    def __init__(self, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+
+    def forward(self, probs: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        b, s, h = v.shape
+        v = v.view(b, s, self.heads, -1).transpose(1, 2)
+        return torch.matmul(probs, v).transpose(1, 2).reshape(b, s, h)
+
+
+class BertLayer(nn.Module):
+    """One post-norm encoder layer: self-attention (separate Q, K, V projections, so each
+    is a layer of its own), then a GELU feed-forward; dropout after the attention
+    probabilities and after each residual branch, as in the original BERT."""
+
+    def __init__(self, hidden: int, heads: int, ff: int, dropout: float) -> None:
+        super().__init__()
+        self.q, self.k, self.v = (nn.Linear(hidden, hidden) for _ in range(3))
+        self.scores = BertScores(heads, hidden // heads)
+        self.softmax = nn.Softmax(dim=-1)
+        self.attn_drop = nn.Dropout(dropout)
+        self.context = BertContext(heads)
+        self.out = nn.Linear(hidden, hidden)
+        self.out_drop = nn.Dropout(dropout)
+        self.norm1 = nn.LayerNorm(hidden, eps=1e-12)
+        self.ff1 = nn.Linear(hidden, ff)
+        self.act = nn.GELU()
+        self.ff2 = nn.Linear(ff, hidden)
+        self.ff_drop = nn.Dropout(dropout)
+        self.norm2 = nn.LayerNorm(hidden, eps=1e-12)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        probs = self.attn_drop(self.softmax(self.scores(self.q(x), self.k(x), mask)))
+        x = self.norm1(x + self.out_drop(self.out(self.context(probs, self.v(x)))))
+        return self.norm2(x + self.ff_drop(self.ff2(self.act(self.ff1(x)))))
+
+
+class BertQA(nn.Module):
+    """BERT encoder with a SQuAD span head (start and end logits per token)."""
+
+    def __init__(self, vocab: int, hidden: int, layers: int, heads: int, ff: int,
+                 max_positions: int, dropout: float) -> None:
+        super().__init__()
+        self.word = nn.Embedding(vocab, hidden)
+        self.position = nn.Embedding(max_positions, hidden)
+        self.token_type = nn.Embedding(2, hidden)
+        self.emb_norm = nn.LayerNorm(hidden, eps=1e-12)
+        self.emb_drop = nn.Dropout(dropout)
+        self.layers = nn.ModuleList(BertLayer(hidden, heads, ff, dropout) for _ in range(layers))
+        self.qa = nn.Linear(hidden, 2)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        b, s = ids.shape
+        positions = torch.arange(s, device=ids.device).expand(b, s)
+        x = self.word(ids) + self.position(positions) + self.token_type(torch.zeros_like(ids))
+        x = self.emb_drop(self.emb_norm(x))
+        mask = torch.zeros(b, 1, 1, s, device=ids.device)  # no padding: every token attends
+        for layer in self.layers:
+            x = layer(x, mask)
+        return self.qa(x)
+
+
+def _bert(batch: int, hidden: int, layers: int, heads: int, seq_len: int, vocab: int,
+          dropout: float) -> tuple[nn.Module, Any]:
+    if not 1 <= seq_len <= 512:
+        raise ValueError(f"seq_len must be in 1..512 (BERT's position table), got {seq_len}")
+    m = BertQA(vocab, hidden, layers, heads, 4 * hidden, 512, dropout)
+    return m, torch.randint(0, vocab, (batch, seq_len))
+
+
+def bert_base(batch: int, seq_len: int = 384, vocab: int = 30_522,
+              dropout: float = 0.1) -> tuple[nn.Module, Any]:
+    """``bert_base``: BERT-base (12 layers, width 768, 12 heads) with a SQuAD span head."""
+    return _bert(batch, 768, 12, 12, seq_len, vocab, dropout)
+
+
+def bert_large(batch: int, seq_len: int = 384, vocab: int = 30_522,
+               dropout: float = 0.1) -> tuple[nn.Module, Any]:
+    """``bert_large``: BERT-large (24 layers, width 1024, 16 heads) with a SQuAD span head."""
+    return _bert(batch, 1024, 24, 16, seq_len, vocab, dropout)
+
+
 #: zoo name -> builder(batch, **sizes) -> (module, example input)
 BUILDERS: dict[str, Callable[..., tuple[nn.Module, Any]]] = {
     "mlp": mlp, "ctr_dnn": ctr_dnn, "wide_deep": wide_deep, "resnet18": resnet18,
     "resnet50": resnet50, "vgg16": vgg16, "transformer": transformer,
+    "bert_base": bert_base, "bert_large": bert_large,
 }

@@ -44,8 +44,9 @@ def test_weight_grad_only_bytes() -> None:
     # a layer computing both gradients and every forward: the flag changes nothing
     assert layer_work(INNER, "bwd", 2, "fp32", 100.0, weight_grad_only=True) == (8e3, 2, 8360.0)
     assert layer_work(FIRST, "fwd", 2, "fp32", 100.0, weight_grad_only=True) == (4e3, 1, 4e3 + 280.0)
-    # half precision halves the activations only: 4e3 + 2 * 0.5 * 140
-    assert layer_work(FIRST, "bwd", 2, "bf16", 100.0, weight_grad_only=True)[2] == 4140.0
+    # mixed precision halves the activations and the weights (the GEMM reads and writes
+    # half copies): 0.5 * 4e3 + 2 * 0.5 * 140
+    assert layer_work(FIRST, "bwd", 2, "bf16", 100.0, weight_grad_only=True)[2] == 2140.0
 
 
 def test_profile_flag_prices_it_and_old_profiles_price_as_before() -> None:

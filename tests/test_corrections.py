@@ -24,12 +24,15 @@ from sim.corrections import (
     ColdCalls,
     DenseSparseGrad,
     Glue,
+    LayoutTranspose,
     PassContext,
     RowCost,
     SkinnyGemm,
+    WaveQuantization,
     WeightGradOnlyBwd,
     corrections_of,
 )
+from sim.corrections.wave_quantization import utilization
 from sim.costmodel import compute_kind, layer_time_s, layer_times, layer_work, plain_work
 from sim.workload import Layer, Model, Sparse
 from tests.helpers_profiles import bare_profile
@@ -127,6 +130,54 @@ def test_skinny_gemm_by_hand() -> None:
     assert [type(c) for c in corrections_of(dev)] == [SkinnyGemm]
 
 
+#: a 3x3 convolution 64 -> 64 channels on 8 x 8 pixels (weights 64*64*9 = 36864), stride 1
+CONV = Layer("conv", "conv", 2 * 64 * 36864.0, 4 * 64 * 36864.0, 4 * 36864.0, 4 * 64 * 64.0)
+
+
+def test_wave_quantization_by_hand() -> None:
+    # 256 x 200 output, 128 x 128 tiles: 2 x 2 = 4 tiles on 3 SMs: 2 waves of 3 slots,
+    # 4 / 6 of them filled
+    assert utilization(256, 200, 3, 128, 128) == 4 / 6
+    assert utilization(256, 256, 4, 128, 128) == 1.0  # 4 tiles, one full wave
+    assert utilization(100, 100, 80, 128, 128) == 1 / 80  # one tile on 80 SMs
+    # the convolution: positions = 2*64*36864 / (2*36864) = 64 pixels, N = 64 channels;
+    # on 4 samples the forward's output is M = 256 x N = 64: 2 x 1 = 2 tiles on 5 SMs
+    # (util 2/5). compute 4 * 4718592 / 1e9 = 0.018874368 s; memory (147456 + 4 * (16384 +
+    # 16384)) / 1e9 = 2.78528e-4 s; the compute term grows by 5/2
+    dev = bare_profile(corrections={"wave_quantization": {"sms": 5}})
+    fwd = layer_time_s(CONV, "fwd", 4, dev, "fp32", 16384.0)
+    assert fwd == 1e-6 * 1 + (4 * 4718592.0 / (1e9 * 1.0)) / (2 / 5)
+    # backward: the input gradient's M = 256 x K = 36864 / 64 = 576 (5 tiles, one wave on 5 SMs)
+    bwd = layer_time_s(CONV, "bwd", 4, dev, "fp32", 16384.0)
+    assert bwd == layer_time_s(CONV, "bwd", 4, bare_profile(), "fp32", 16384.0)
+    # a layer without parameters (a batched matmul of attention) is left alone
+    bmm = Layer("scores", "gemm", 1e6, 2e6, 0.0, 4e3)
+    assert layer_time_s(bmm, "fwd", 4, dev, "fp32", 4e3) == layer_time_s(bmm, "fwd", 4, bare_profile(),
+                                                                         "fp32", 4e3)
+    assert [type(c) for c in corrections_of(dev)] == [WaveQuantization]
+
+
+def test_layout_transpose_by_hand() -> None:
+    # fp16 (mixed precision): activations are half, weights half copies
+    dev = bare_profile(peak_flops={"fp32": 1e9, "fp16": 1e12},
+                       corrections={"layout_transpose": {"passes": 2.0, "modes": ["fp16"]}})
+    # forward on 4 samples, input and output 16384 B a sample at half: moved = 4 * (8192 +
+    # 8192) = 65536 B; the pass's bytes 0.5 * 147456 + 65536 = 139264 at 1 GB/s, so
+    # memory = 1.39264e-4 s > compute 0.018874368 / 1e3 s; 2 passes over 65536 B more
+    plain = layer_time_s(CONV, "fwd", 4, dev, "fp16", 16384.0, scales=(0.5, 0.5),
+                         memory_format="channels_last")
+    assert plain == 1e-6 * 1 + 139264 / 1e9
+    nchw = layer_time_s(CONV, "fwd", 4, dev, "fp16", 16384.0, scales=(0.5, 0.5))
+    assert nchw == plain + 2.0 * 65536 * (139264 / 1e9) / 139264
+    # fp32 math (no tensor cores): no transposes in either layout
+    assert (layer_time_s(CONV, "fwd", 4, dev, "fp32", 16384.0)
+            == layer_time_s(CONV, "fwd", 4, dev, "fp32", 16384.0, memory_format="channels_last"))
+    # a GEMM is not a convolution
+    assert (layer_time_s(FC, "fwd", 4, dev, "fp16", 4e3, scales=(0.5, 0.5))
+            == layer_time_s(FC, "fwd", 4, dev, "fp16", 4e3, scales=(0.5, 0.5), memory_format="channels_last"))
+    assert [type(c) for c in corrections_of(dev)] == [LayoutTranspose]
+
+
 def test_dense_sparse_grad_by_hand() -> None:
     dev = bare_profile(corrections={"dense_sparse_grad": {}})
     # the embedding's backward on 10 samples: plain 2 x 1280 + 10 x (16 + 2 x 64) = 4000 B;
@@ -166,7 +217,8 @@ def test_the_extra_seconds_add_in_registry_order() -> None:
     want = (1e-6 * 1 + 2080.0 / 1e9) + (((3e-5 + 1e-7 * 20.0) + (1e-5 + 1e-9 * 640.0)) + 5e-5)
     assert layer_time_s(EMB, "fwd", 10, dev, "fp32", 16.0, streamed_bytes=1e7) == want
     assert [c.name for c in REGISTRY] == ["dense_sparse_grad", "weight_grad_only_bwd", "skinny_gemm",
-                                         "call_overhead", "row_cost", "glue", "cold_calls"]
+                                          "wave_quantization", "call_overhead", "row_cost", "glue",
+                                          "cold_calls", "layout_transpose"]
     assert [c.name for c in corrections_of(dev, exclude=("glue",))] == ["call_overhead", "row_cost",
                                                                          "cold_calls"]
 
@@ -188,7 +240,7 @@ def test_a_correction_parameter_error_names_its_field() -> None:
         assert ".".join(str(x) for x in info.value.errors()[0]["loc"]) == where
 
 
-DATASHEETS = sorted(BUILTIN_DIR.glob("*.json"))
+DATASHEETS = sorted(p for p in BUILTIN_DIR.glob("*.json") if load_profile_file(p).source.kind == "datasheet")
 
 
 @pytest.mark.parametrize("path", DATASHEETS, ids=[p.stem for p in DATASHEETS])
@@ -197,7 +249,7 @@ def test_a_datasheet_profile_lists_no_correction_and_prices_as_the_roofline(path
     assert dev.source.kind == "datasheet" and corrections_of(dev) == () and not dev.layers
     for name in zoo.names():
         m = zoo.get(name)
-        for dtype in dev.peak_flops:
+        for dtype in ("fp32",):
             fwd, bwd = layer_times(m, dev, dtype, 16)
             for i, ly in enumerate(m.layers):
                 for phase, t in (("fwd", fwd[i]), ("bwd", bwd[i])):

@@ -21,11 +21,13 @@ BASE = {"name": "m", "kind": "cpu", "peak_flops": {"fp32": 1e9}, "mem_bw_Bps": 1
         "memory_bytes": 1e9, "launch_overhead_s": 1e-6, "nic_bw_Bps": 1e9, "price_per_hour": 0.0,
         "power_w": {"idle": 0, "active": 0}, "source": {"kind": "measured", "date": "2026-11-30"}}
 CURVE = {"bytes": [1e6, 1e8], "s": [0.0, 1e-4]}
+#: schema 1's implied precision fallback of an fp32-only profile, as migration writes it
+FB = {"tf32": "fp32", "fp16": "fp32", "bf16": "fp32"}
 
 
 def as_v1(data: dict[str, Any]) -> dict[str, Any]:
     """The schema 1 form of schema 2 profile ``data`` (the inverse of migrate_v1)."""
-    out = {k: v for k, v in data.items() if k not in ("corrections", "measurement")}
+    out = {k: v for k, v in data.items() if k not in ("corrections", "measurement", "math_fallback")}
     out["schema"] = 1
     corr = data.get("corrections", {})
     for name, fwd, bwd in (("call_overhead", "call_overhead_s", "call_overhead_bwd_s"),
@@ -57,24 +59,25 @@ def test_every_schema_1_field_moves_where_schema_2_keeps_it() -> None:
                         "row_cost": {"bwd": {"embedding": 1e-8}}, "glue": {"fwd": [1e-6, 1e-12]},
                         "cold_calls": {"window": 1, "curves": {"gemm": CURVE}},
                         "skinny_gemm": {}, "dense_sparse_grad": {}},
-        "measurement": {"spread": {"layer_median": 0.1}, "raw": {"dispatch_s": 1e-6}}}
+        "measurement": {"spread": {"layer_median": 0.1}, "raw": {"dispatch_s": 1e-6}},
+        "math_fallback": FB}
     assert "schema" in v1 and v1["schema"] == 1  # the input is left as it was
     # a datasheet's fields are the same in both: only the version changes; a window without
     # curves priced nothing and goes; no gemm/rowsM curve, no skinny_gemm
-    assert migrate_v1({**BASE, "schema": 1, "cold_window": 3}) == {**BASE, "schema": 2}
+    assert migrate_v1({**BASE, "schema": 1, "cold_window": 3}) == {**BASE, "schema": 2, "math_fallback": FB}
     assert migrate_v1({**BASE, "efficiency": {"gemm/rows5": 0.1}}) == {
-        **BASE, "schema": 2, "efficiency": {"gemm/rows5": 0.1}}
+        **BASE, "schema": 2, "efficiency": {"gemm/rows5": 0.1}, "math_fallback": FB}
 
 
 def test_the_model_reads_schema_1_and_schema_2() -> None:
     v1 = DeviceProfile.model_validate({**BASE, "schema": 1, "cold_call_s": {"gemm": CURVE}, "cold_window": 2,
                                        "raw": {"x": 1}})
     v2 = DeviceProfile.model_validate({**BASE, "schema": 2, "corrections": {"cold_calls": {
-        "window": 2, "curves": {"gemm": CURVE}}}, "measurement": {"raw": {"x": 1}}})
+        "window": 2, "curves": {"gemm": CURVE}}}, "measurement": {"raw": {"x": 1}}, "math_fallback": FB})
     assert v1 == v2 and v2.schema_ == 2
     # no schema (1 was its default): a schema 1 field says schema 1; else it reads as either
     assert DeviceProfile.model_validate({**BASE, "dense_sparse_grad": True}) == DeviceProfile.model_validate(
-        {**BASE, "corrections": {"dense_sparse_grad": {}}})
+        {**BASE, "corrections": {"dense_sparse_grad": {}}, "math_fallback": FB})
     assert DeviceProfile.model_validate(BASE).schema_ == 2
     with pytest.raises(ValueError, match="'corrections' is a schema 2 field"):
         DeviceProfile.model_validate({**BASE, "schema": 1, "corrections": {}})

@@ -18,6 +18,7 @@ from hardware_profiles import (
     load_profile_file,
 )
 from hardware_profiles.errors import ConfigError
+from sim.precision import MathMode, PrecisionError, math_mode
 
 SHIPPED = ["cpu-2c", "cpu-8c", "cpu-16c", "t4", "l4", "a10g", "v100", "a100", "h100", "h200"]
 
@@ -83,14 +84,18 @@ def test_all_datasheet_profiles_are_shipped() -> None:
 @pytest.mark.parametrize("name", SHIPPED)
 def test_datasheet_profile_provenance(name: str) -> None:
     p = load_profile(name)
-    assert p.source.kind == "datasheet"
     assert p.source.date == "2026-11-30"
-    assert "hetsim calibrate" in p.source.note
     assert p.kind == ("cpu" if name.startswith("cpu-") else "gpu")
-    assert p.launch_overhead_s == (1e-6 if p.kind == "cpu" else 5e-6)
     assert set(p.efficiency) == {"gemm", "conv", "attention", "embedding", "elementwise"}
-    assert all(0 < float(e) <= 1 for e in p.efficiency.values())
     assert p.power_w.idle < p.power_w.active
+    if p.kind == "cpu":  # datasheet figures and uncalibrated defaults
+        assert p.source.kind == "datasheet" and "hetsim calibrate" in p.source.note
+        assert p.launch_overhead_s == 1e-6
+        assert all(0 < float(e) <= 1 for e in p.efficiency.values())
+    else:  # datasheet figures plus the parameters fitted to published measurements
+        assert p.source.kind == "fitted" and "python -m calibration.published --write" in p.source.fit
+        assert p.corrections.wave_quantization is not None and p.corrections.layout_transpose is not None
+        assert set(p.math_efficiency or {}) == set(p.peak_flops) - {"fp32"}
 
 
 # (name, fp32, fp16, mem_bw_Bps, memory_bytes, TDP W, price USD/h): hardware.md
@@ -128,12 +133,17 @@ def test_specific_figures() -> None:
     assert load_profile("t4").peak_flops["fp16"] == 65e12
     assert load_profile("a100").nic_bw_Bps == 400e9 / 8 / 8  # p4d 400 Gbps over 8 GPUs
     assert load_profile("h100").nic_bw_Bps == 3200e9 / 8 / 8  # p5 3200 Gbps over 8 GPUs
-    for name in ("a100", "h100", "h200", "l4", "a10g"):  # bf16 tensor cores
+    for name in ("a100", "h100", "h200", "l4", "a10g"):  # bf16 and TF32 tensor cores
         p = load_profile(name)
         assert p.peak("bf16") == p.peak_flops["fp16"]
-    for name in ("t4", "v100"):  # no bf16 tensor cores: fp32 rate
+        assert math_mode(p, "bf16") == MathMode("bf16", "bf16") == MathMode("bf16", "bf16", None)
+        assert math_mode(p, "tf32").mode == "tf32" and p.peak("tf32") == pytest.approx(p.peak_flops["fp16"] / 2, rel=0.01)
+    for name in ("t4", "v100"):  # no bf16 or TF32 tensor cores: fp32 rate, said in a note
         p = load_profile(name)
-        assert p.peak("bf16") == p.peak_flops["fp32"]
+        for dtype in ("bf16", "tf32"):
+            assert math_mode(p, dtype) == MathMode(dtype, "fp32", f"{name} has no {dtype} math: {dtype} "
+                                                   "matmuls run as fp32")
+    assert load_profile("a100").peak("tf32") == 156e12
 
 
 @pytest.mark.parametrize("name,vcpu,price", [("cpu-2c", 2, 0.085), ("cpu-8c", 8, 0.34), ("cpu-16c", 16, 0.68)])
@@ -142,7 +152,7 @@ def test_cpu_profiles(name: str, vcpu: int, price: float) -> None:
     assert p.price_per_hour == price
     assert math.isclose(p.price_per_hour, 0.0425 * vcpu, rel_tol=1e-12)
     assert p.peak_flops == {"fp32": 96e9 * vcpu}
-    assert p.peak("bf16") == p.peak("fp32")
+    assert {math_mode(p, d).mode for d in ("tf32", "fp16", "bf16")} == {"fp32"}
     assert math.isclose(p.mem_bw_Bps, 3.2e9 * vcpu, rel_tol=1e-12)
     assert p.memory_bytes == 2 * 2**30 * vcpu
     assert math.isclose(p.power_w.active, 300 / 64 * vcpu, rel_tol=1e-12)
@@ -201,17 +211,51 @@ def test_efficiency_curve_at() -> None:
     assert one.at(1.0) == 0.5 and one.at(1e9) == 0.5
 
 
-def test_peak_fallbacks() -> None:
-    both = DeviceProfile.model_validate(_valid(peak_flops={"fp32": 1e12, "fp16": 4e12, "bf16": 5e12}))
-    assert both.peak("bf16") == 5e12 and both.peak("fp16") == 4e12
-    fp16_only = DeviceProfile.model_validate(_valid(peak_flops={"fp32": 1e12, "fp16": 4e12}))
-    assert fp16_only.peak("bf16") == 4e12  # bf16 -> fp16
-    bf16_only = DeviceProfile.model_validate(_valid(peak_flops={"fp32": 1e12, "bf16": 3e12}))
-    assert bf16_only.peak("fp16") == 3e12  # fp16 -> bf16
-    fp32_only = DeviceProfile.model_validate(_valid(peak_flops={"fp32": 1e12}))
-    assert fp32_only.peak("bf16") == 1e12  # then fp32
-    assert fp32_only.peak("fp16") == 1e12
-    assert fp32_only.peak("int8") == 1e12
+def test_schema_1_profiles_keep_their_precision_fallbacks() -> None:
+    # schema 1 let fp16 and bf16 stand in for each other, then fp32; migration writes that
+    # down as math_fallback, so a schema 1 file runs every precision as it did
+    def modes(peaks: dict) -> dict:
+        p = DeviceProfile.model_validate(_valid(peak_flops=peaks))
+        return {d: math_mode(p, d).mode for d in ("fp32", "tf32", "fp16", "bf16")}
+
+    assert modes({"fp32": 1e12, "fp16": 4e12, "bf16": 5e12}) == {
+        "fp32": "fp32", "tf32": "fp32", "fp16": "fp16", "bf16": "bf16"}
+    assert modes({"fp32": 1e12, "fp16": 4e12}) == {"fp32": "fp32", "tf32": "fp32", "fp16": "fp16", "bf16": "fp16"}
+    assert modes({"fp32": 1e12, "bf16": 3e12}) == {"fp32": "fp32", "tf32": "fp32", "fp16": "bf16", "bf16": "bf16"}
+    assert modes({"fp32": 1e12}) == {"fp32": "fp32", "tf32": "fp32", "fp16": "fp32", "bf16": "fp32"}
+
+
+def test_a_schema_2_profile_without_a_peak_or_a_fallback_cannot_run_the_precision() -> None:
+    p = DeviceProfile.model_validate(_valid(schema=2, peak_flops={"fp32": 1e12, "fp16": 4e12}))
+    assert math_mode(p, "fp16").mode == "fp16"
+    with pytest.raises(PrecisionError, match="'mydev' has no peak_flops.tf32 and no math_fallback.tf32"):
+        math_mode(p, "tf32")
+    with pytest.raises(KeyError):
+        p.peak("tf32")
+
+
+@pytest.mark.parametrize(("over", "where"), [
+    ({"math_fallback": {"fp32": "fp16"}}, "math_fallback.fp32: not a precision with a fallback"),
+    ({"math_fallback": {"fp16": "fp32"}}, "math_fallback.fp16: peak_flops has fp16"),
+    ({"math_fallback": {"tf32": "bf16"}}, "math_fallback.tf32: 'bf16' is not a peak_flops entry"),
+    ({"math_efficiency": {"tf32": {"gemm": 0.5}}}, "math_efficiency.tf32: peak_flops has no tf32"),
+    ({"math_efficiency": {"fp32": {"gemm": 0.5}}}, "math_efficiency.fp32: not a math mode"),
+    ({"peak_flops": {"fp32": 1e12, "fp16": 4e12, "bf16": 4e12}, "math_efficiency": {"fp16": {"gemm": 0.5}}},
+     "math_efficiency.bf16: incomplete"),
+    ({"math_efficiency": {"fp16": {"lstm": 0.5}}}, "math_efficiency.fp16.lstm: unknown op class"),
+])
+def test_math_mode_tables_are_checked(over: dict, where: str) -> None:
+    with pytest.raises(ValueError, match=where.replace(".", r"\.").replace("(", r"\(")):
+        DeviceProfile.model_validate(_valid(schema=2, **over))
+
+
+def test_eff_reads_the_math_mode_table_then_efficiency() -> None:
+    p = DeviceProfile.model_validate(_valid(schema=2, efficiency={"gemm": 0.7, "conv": 0.6},
+                                            math_efficiency={"fp16": {"gemm": 0.4}}))
+    assert p.eff("gemm", 1e9, mode="fp16") == 0.4
+    assert p.eff("conv", 1e9, mode="fp16") == 0.6  # the mode's table lacks conv: efficiency's
+    assert p.eff("gemm", 1e9) == 0.7 and p.eff("gemm", 1e9, phase="bwd", mode="fp16") == 0.4
+    assert p.eff_key("gemm", mode="fp16") == "gemm" and p.eff_key("attention", mode="fp16") is None
 
 
 def test_eff_per_op_class() -> None:

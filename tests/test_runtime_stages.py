@@ -314,7 +314,8 @@ def test_a_placement_schedulers_plan_runs_through_the_cli(tmp_path: Path) -> Non
         "cluster": {"devices": [{"type": "cpu-8c", "count": 2}, {"type": "t4", "count": 2}],
                     "ps": {"shards": 1, "type": "cpu-16c"}, "network": {"bandwidth_gbps": 25, "latency_us": 50}},
         "job": {"model": "ctr_dnn", "global_batch": 64, "iterations": 3, "sync": "bsp"},
-        "objective": {"minimize": "cost", "throughput_min": 20000},
+        # a floor the CPUs alone cannot meet: the dense layers go to the T4s
+        "objective": {"minimize": "cost", "throughput_min": 60000},
         "scheduler": {"name": "exact", "params": {"time_limit_s": 10}},
         "runtime": {"model_kwargs": {"fields": 26, "rows": 1000, "dim": 4, "dense": 3, "hidden": [16, 8]}},
     }

@@ -17,8 +17,10 @@ from sim.corrections.call_overhead import CallOverhead
 from sim.corrections.cold_calls import ColdCalls
 from sim.corrections.dense_sparse_grad import DenseSparseGrad
 from sim.corrections.glue import Glue
+from sim.corrections.layout_transpose import LayoutTranspose
 from sim.corrections.row_cost import RowCost
 from sim.corrections.skinny_gemm import SkinnyGemm
+from sim.corrections.wave_quantization import WaveQuantization
 from sim.corrections.weight_grad_only_bwd import WeightGradOnlyBwd
 
 __all__ = [
@@ -28,9 +30,11 @@ __all__ = [
     "Correction",
     "DenseSparseGrad",
     "Glue",
+    "LayoutTranspose",
     "PassContext",
     "RowCost",
     "SkinnyGemm",
+    "WaveQuantization",
     "WeightGradOnlyBwd",
     "corrections_of",
     "per_kind",
@@ -40,9 +44,10 @@ __all__ = [
 #: replacement of the bytes, weight_grad_only_bwd, after an addition to them), then
 #: the roofline's terms, then the extra seconds, summed in this order (call overhead,
 #: row cost, glue, cold calls: the order of the schema 1 cost model's sum, which keeps
-#: every price the same to the last bit).
+#: every price the same to the last bit; the GPU terms after them).
 REGISTRY: tuple[type[Correction], ...] = (
-    DenseSparseGrad, WeightGradOnlyBwd, SkinnyGemm, CallOverhead, RowCost, Glue, ColdCalls)
+    DenseSparseGrad, WeightGradOnlyBwd, SkinnyGemm, WaveQuantization, CallOverhead, RowCost, Glue,
+    ColdCalls, LayoutTranspose)
 
 _CACHE: dict[int, tuple[object, tuple[Correction, ...]]] = {}
 

@@ -43,8 +43,9 @@ class PassContext:
     Work: ``flops``, ``kernels`` (kernel launches of the pass), ``nbytes`` (bytes it
     moves). Layer: ``layer`` (the record; None for a measured point that has none),
     ``input_bytes`` (its input per sample), ``weight_bytes`` (the parameter bytes the
-    pass reads: the whole layer, or a sparse table's touched rows), ``act_scale``
-    (bytes of an activation value relative to fp32, by ``dtype``), ``out_bytes``
+    pass reads: the whole layer, or a sparse table's touched rows), ``act_scale`` and
+    ``in_scale`` (bytes of a value of its output and of its input relative to fp32:
+    :func:`sim.precision.activation_scales`), ``out_bytes``
     (bytes of the pass's output, ``batch * act_scale * activation_bytes``), ``rows``
     (rows of a sparse table looked up, else 0), ``kind`` (compute kind,
     :func:`sim.costmodel.compute_kind`), and the layer kind of ``mem_efficiency``
@@ -53,8 +54,11 @@ class PassContext:
     layer's call (False: a bare kernel, as the calibration's GEMM grid times).
     ``streamed_bytes``: what the passes before it moved (the window of the correction
     that reads it, :attr:`Correction.streamed_window`). Roofline (set by
-    :func:`sim.costmodel.pass_time_s` before ``terms``): ``compute_s``, ``memory_s``
-    and ``eff_key`` (the efficiency entry ``compute_s`` used, None: none, 1.0).
+    :func:`sim.costmodel.pass_time_s` before ``terms``): ``compute_s``, ``memory_s``,
+    ``eff_key`` (the efficiency entry ``compute_s`` used, None: none, 1.0) and ``mode``
+    (the math mode its FLOPs ran in, :func:`sim.precision.pass_mode`).
+    ``memory_format``: the job's layout of 4-D activations (``contiguous`` or
+    ``channels_last``).
     """
 
     op: str
@@ -68,6 +72,7 @@ class PassContext:
     input_bytes: float = 0.0
     weight_bytes: float = 0.0
     act_scale: float = 1.0
+    in_scale: float = 1.0
     out_bytes: float = 0.0
     rows: float = 0.0
     kind: str | None = None
@@ -80,6 +85,8 @@ class PassContext:
     compute_s: float = 0.0
     memory_s: float = 0.0
     eff_key: str | None = None
+    memory_format: str = "contiguous"
+    mode: str = "fp32"
 
     def replace(self, **changes: Any) -> PassContext:
         """A copy with ``changes`` (fields by name): :func:`dataclasses.replace` without

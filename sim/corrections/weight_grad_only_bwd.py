@@ -1,9 +1,9 @@
 """``weight_grad_only_bwd``: the backward of a GEMM or convolution that computes no
 input gradient moves only what the weight gradient needs.
 
-    nbytes = weight_bytes + batch * act_scale * (input_bytes + activation_bytes)
+    nbytes = weight_bytes + batch * (in_scale * input_bytes + act_scale * activation_bytes)
                                    the backward of a layer with computes_input_grad False
-    (plain: 2 * weight_bytes + batch * act_scale * (input_bytes + 2 * activation_bytes))
+    (plain: 2 * weight_bytes + batch * (in_scale * input_bytes + 2 * act_scale * activation_bytes))
 
 It reads its input and the output gradient and writes the weight gradient, but reads
 no weights and writes no input gradient: that is, ``extra = roofline(corrected bytes) -
@@ -51,5 +51,5 @@ class WeightGradOnlyBwd(Correction):
         if ly is None or computes_input_grad(ly):
             return ctx
         # write the weight gradient; read the input and the output gradient
-        return ctx.replace(nbytes=ctx.weight_bytes + ctx.batch * ctx.act_scale * (ctx.input_bytes
-                                                                                  + ly.activation_bytes))
+        return ctx.replace(nbytes=ctx.weight_bytes + ctx.batch * (ctx.in_scale * ctx.input_bytes
+                                                                   + ctx.act_scale * ly.activation_bytes))
