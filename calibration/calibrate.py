@@ -89,6 +89,7 @@ from typing import Any
 import numpy as np
 from scipy.optimize import nnls
 
+from calibration import gpu_fit
 from hardware_profiles.corrections import ColdCallsParams, ColdCurve
 from hardware_profiles.schema import (
     BandwidthCurve,
@@ -744,9 +745,12 @@ def fit(profile: DeviceProfile, exclude: Sequence[str] = (), micro: bool = True
         per-layer tables**, so that every time comes from the curves; the fit).
 
     Raises:
-        ValueError: when the profile has no raw measurements.
+        ValueError: when the profile has no raw measurements, or a GPU's per-mode ones.
     """
     raw = profile.measurement.raw
+    if gpu_fit.is_gpu_raw(raw):
+        raise ValueError("a GPU profile's per-mode measurements are fitted by calibrate() "
+                         "(calibration.gpu_fit), not by curves")
     if not raw or ("models" not in raw and "micro" not in raw):
         raise ValueError("the profile has no raw layer measurements (run hetsim profile)")
     pts = [p for p in points_from_raw(raw, exclude, micro=micro,
@@ -873,12 +877,21 @@ def calibrate(profile: DeviceProfile, exclude: Sequence[str] = ()) -> Calibratio
     signature as it is now); a profile without raw model runs keeps its tables.
 
     The residuals are those of the curves alone (tables not used), on the
-    points fitted.
+    points fitted. A GPU profile's per-mode measurements (``raw["gpu"]``) are fitted
+    by :func:`calibration.gpu_fit.fit_gpu` instead (``exclude`` does not apply), its
+    residual rows per math mode.
     """
+    raw = profile.measurement.raw
+    if gpu_fit.is_gpu_raw(raw):
+        fitted_gpu, gpu_rows = gpu_fit.fit_gpu(profile)
+        data = fitted_gpu.model_dump(by_alias=True, exclude_none=True)
+        spread = dict(profile.measurement.spread or {})
+        spread["fit_residual_median_abs_rel"] = round(gpu_rows[-1]["median_abs_rel_err"], 4)
+        data["measurement"] = {**data.get("measurement", {}), "spread": spread}
+        return CalibrationResult(DeviceProfile.model_validate(data), gpu_rows)
     fitted, f = fit(profile, exclude)
     rows = residual_rows(fitted, f.points)
     data = fitted.model_dump(by_alias=True, exclude_none=True)
-    raw = profile.measurement.raw
     tables = layer_tables(raw) if raw and raw.get("models") else None
     if tables:
         data["layers"] = {k: v.model_dump() for k, v in tables.items()}
@@ -891,10 +904,14 @@ def calibrate(profile: DeviceProfile, exclude: Sequence[str] = ()) -> Calibratio
 
 
 def format_residuals(rows: Sequence[dict[str, Any]]) -> str:
-    """The residual table as text."""
-    lines = [f"{'op':<12}{'phase':<7}{'points':>7}{'median |err|':>14}{'p90 |err|':>11}"]
+    """The residual table as text (with a math mode column where the rows have one: a
+    GPU profile's)."""
+    modes = any("mode" in r for r in rows)
+    lines = [f"{'op':<12}{'phase':<7}{'mode  ' if modes else ''}{'points':>7}{'median |err|':>14}"
+             f"{'p90 |err|':>11}"]
     for r in rows:
-        lines.append(f"{r['op']:<12}{r['phase']:<7}{r['points']:>7}"
+        mode = f"{r.get('mode', ''):<6}" if modes else ""
+        lines.append(f"{r['op']:<12}{r['phase']:<7}{mode}{r['points']:>7}"
                      f"{100 * r['median_abs_rel_err']:>13.1f}%{100 * r['p90_abs_rel_err']:>10.1f}%")
     return "\n".join(lines)
 

@@ -56,6 +56,7 @@ from typing import Any
 
 import numpy as np
 
+from calibration.gpu_fields import with_gpu_fields
 from hardware_profiles import BUILTIN_DIR, DeviceProfile, load_profile, load_profile_file
 from hardware_profiles.errors import ConfigError
 from hardware_profiles.fileio import atomic_write
@@ -234,28 +235,17 @@ def predict(rows: Sequence[Row], profiles: dict[str, DeviceProfile]) -> np.ndarr
 
 
 def with_parameters(base: DeviceProfile, theta: Sequence[float] | np.ndarray, note: str | None = None) -> DeviceProfile:
-    """``base`` with the fitted parameters ``theta`` (in :data:`PARAMS` order) written in."""
+    """``base`` with the fitted parameters ``theta`` (in :data:`PARAMS` order) written in
+    (:func:`calibration.gpu_fields.with_gpu_fields`; attention takes the GEMM values, fp16
+    and bf16 the half-precision ones)."""
     p = dict(zip(PARAMS, (float(x) for x in theta), strict=True))
-    data = base.model_dump(by_alias=True, exclude_none=True, mode="json")
-    data["efficiency"] = {**data.get("efficiency", {}), "conv": p["conv_fp32"], "gemm": p["gemm_fp32"],
-                          "attention": p["gemm_fp32"]}
-    modes = {}
-    for mode in ("tf32", "fp16", "bf16"):
-        if mode in base.peak_flops:
-            k = "tf32" if mode == "tf32" else "half"
-            modes[mode] = {"conv": p[f"conv_{k}"], "gemm": p[f"gemm_{k}"], "attention": p[f"gemm_{k}"]}
-    data["math_efficiency"] = modes or None
-    data["mem_efficiency"] = dict.fromkeys(("gemm", "conv", "embedding", "elementwise", "attention"),
-                                           p["mem_eff"])
-    data["launch_overhead_s"] = p["launch_us"] * 1e-6
-    corr = dict(data.get("corrections") or {})
-    corr["layout_transpose"] = {"passes": p["layout_passes"], "modes": ["fp16", "bf16"]}
-    data["corrections"] = corr
-    if note is not None:
-        data["source"] = {**data["source"], "kind": "fitted", "fit": note}
-    if data["math_efficiency"] is None:
-        del data["math_efficiency"]
-    return DeviceProfile.model_validate(data)
+    half = {"conv": p["conv_half"], "gemm": p["gemm_half"], "attention": p["gemm_half"]}
+    return with_gpu_fields(
+        base, {"conv": p["conv_fp32"], "gemm": p["gemm_fp32"], "attention": p["gemm_fp32"]},
+        {"tf32": {"conv": p["conv_tf32"], "gemm": p["gemm_tf32"], "attention": p["gemm_tf32"]},
+         "fp16": half, "bf16": half},
+        p["mem_eff"], p["launch_us"] * 1e-6, p["layout_passes"],
+        None if note is None else {"kind": "fitted", "fit": note})
 
 
 def rounded(theta: np.ndarray, digits: int = 4) -> np.ndarray:

@@ -329,14 +329,21 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
 
     prof = load_profile_file(a.profile)
     raw = prof.measurement.raw
-    if not raw or not (raw.get("models") or raw.get("micro")):
+    if not raw or not (raw.get("models") or raw.get("micro") or raw.get("gpu")):
         raise ConfigError(a.profile, "measurement.raw", "no raw layer measurements to fit (make the "
                           "profile with hetsim profile)")
     try:
         calibrate.cold_curves(raw)
     except ValueError as e:
         raise ConfigError(a.profile, "measurement.raw.cold", str(e).removeprefix("raw.cold").lstrip(".: ")) from None
-    result = calibrate.calibrate(prof)
+    try:
+        result = calibrate.calibrate(prof)
+    except ValueError as e:
+        if "gpu" not in raw:
+            raise
+        # a GPU profile's fit names the raw entry it lacks: "raw.KEY: why"
+        where, _, why = str(e).partition(": ")
+        raise ConfigError(a.profile, f"measurement.{where}", why) from None
     print(calibrate.format_residuals(result.residuals))
     drift = calibrate.drift_of(raw)
     if drift is not None:

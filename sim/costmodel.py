@@ -151,13 +151,12 @@ def pass_context(layer: Layer, phase: str, b: float, dtype: str, input_bytes: fl
     return ctx
 
 
-def pass_time_s(dev: DeviceProfile, ctx: PassContext, corrections: Sequence[Correction] = ()) -> float:
-    """Seconds of the pass ``ctx`` (its work final: the corrections' ``work`` applied) on
-    ``dev``: the roofline of its work (its FLOPs in the math mode
-    :func:`sim.precision.pass_mode` gives) with each correction's ``terms``, plus each
-    one's ``extra_s``, summed in the order of ``corrections``.
-
-    :mod:`calibration.calibrate` prices its measured points with it too."""
+def pass_terms(dev: DeviceProfile, ctx: PassContext, corrections: Sequence[Correction] = ()) -> PassContext:
+    """The pass ``ctx`` (its work final: the corrections' ``work`` applied) with its
+    roofline terms on ``dev`` (``compute_s``: its FLOPs in the math mode
+    :func:`sim.precision.pass_mode` gives; ``memory_s``; ``mode``; ``eff_key``), each
+    correction's ``terms`` applied in the order of ``corrections``: what
+    :func:`pass_time_s` adds up."""
     mem_eff = dev.mem_eff(ctx.op, ctx.nbytes, ctx.phase, ctx.layer_kernels, ctx.has_params, ctx.reduces,
                           ctx.inplace)
     mode = pass_mode(dev, ctx.dtype, ctx.op, ctx.flops)
@@ -167,6 +166,18 @@ def pass_time_s(dev: DeviceProfile, ctx: PassContext, corrections: Sequence[Corr
                       eff_key=dev.eff_key(ctx.op, ctx.phase, ctx.kind, mode))
     for c in corrections:
         ctx = c.terms(ctx)
+    return ctx
+
+
+def pass_time_s(dev: DeviceProfile, ctx: PassContext, corrections: Sequence[Correction] = ()) -> float:
+    """Seconds of the pass ``ctx`` (its work final: the corrections' ``work`` applied) on
+    ``dev``: the roofline of its work with each correction's ``terms``
+    (:func:`pass_terms`), plus each one's ``extra_s``, summed in the order of
+    ``corrections``.
+
+    :mod:`calibration.calibrate` and :mod:`calibration.gpu_fit` price their measured
+    points with it too."""
+    ctx = pass_terms(dev, ctx, corrections)
     return dev.launch_overhead_s * ctx.kernels + max(ctx.compute_s, ctx.memory_s) + sum(
         c.extra_s(ctx) for c in corrections)
 

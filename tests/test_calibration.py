@@ -770,7 +770,10 @@ def test_tiny_profile_on_gpu(tmp_path: Path) -> None:
                    micro=("linear_256x256",), models={"mlp": (16, 64)}, min_reps=2, max_reps=3,
                    net_bytes=(8, 65536), net_reps=2)
     prof, path = P.run_profile("cuda:0", tmp_path / "gpu.json", progress=False, spec=spec)
-    assert prof.kind == "gpu" and {"fp32", "bf16", "fp16"} <= set(prof.peak_flops)
+    # every math mode the GPU has (fp16 from compute capability 7.0, tf32 and bf16 from 8.0)
+    cap = torch.cuda.get_device_capability(0)
+    want = {"fp32"} | ({"fp16"} if cap >= (7, 0) else set()) | ({"tf32", "bf16"} if cap >= (8, 0) else set())
+    assert prof.kind == "gpu" and set(prof.peak_flops) == want
     assert prof.measurement.raw["clock"] == "cuda" and "host_device" in prof.measurement.raw
     backend = "nccl" if torch.cuda.device_count() >= 2 else "gloo"
     assert prof.network is not None and prof.network.model_dump()["backend"] == backend

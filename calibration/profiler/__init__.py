@@ -3,7 +3,8 @@
 ``hetsim profile --device cpu|cuda:N [--quick] --out FILE`` calls
 :func:`run_profile`, which
 
-1. times GEMMs over a grid of shapes (fp32; bf16/fp16 on GPUs), memory copies
+1. times GEMMs over a grid of shapes (fp32; on GPUs in every math mode the GPU
+   has, :mod:`calibration.profiler.modes`), memory copies
    and elementwise adds (bandwidth), a one-element add (dispatch overhead) and,
    on GPUs, host-device copies (:mod:`calibration.profiler.ops`). These are
    timed with ``torch.profiler`` (one ``record_function`` range per repeat; the
@@ -11,14 +12,18 @@
 2. times single-layer modules (Linear, Conv2d, Embedding/EmbeddingBag and a
    sparse gradient scatter-add, MultiheadAttention, norms and activations) and
    every zoo model at several batch sizes, forward and backward per layer (see
-   :class:`~calibration.profiler.layers.LayerTimer`);
+   :class:`~calibration.profiler.layers.LayerTimer`); on a GPU instead the GEMMs,
+   convolutions and attention among them at GPU batch sizes in every math mode, a
+   layout pair, and the zoo models only when asked for
+   (:mod:`calibration.profiler.gpu`, which records what a GPU skips and why);
 3. times the runtime's gradient quantization
    (:mod:`calibration.profiler.quantization`) and, on CPUs, small calls right
    after passes that streamed memory (:mod:`calibration.profiler.cold`);
 4. measures point-to-point and all-reduce latency and bandwidth between two
    processes over ``torch.distributed`` (gloo; NCCL on GPUs), see
    :mod:`calibration.profiler.network`;
-5. fits the efficiency curves (:mod:`calibration.calibrate`) and writes a
+5. fits the efficiency curves (:mod:`calibration.calibrate`; a GPU's per-mode tables:
+   :mod:`calibration.gpu_fit`) and writes a
    :class:`~hardware_profiles.schema.DeviceProfile` with ``source.kind =
    "measured"``, the per-layer tables, the raw measurements and their spread
    (:mod:`calibration.profiler.profile`).
@@ -40,13 +45,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-# A benchmark module registers its benchmarks when imported: cold, layers, network and
-# quantization are imported for their functions below too, ops for that alone.
+# A benchmark module registers its benchmarks when imported: cold, gpu, layers, network
+# and quantization are imported for their functions below too, ops for that alone.
 from calibration.profiler import ops as _ops  # noqa: F401
 from calibration.profiler.cold import COLD_MOVED_MIB, COLD_REPS, cold_bench, cold_calls
 from calibration.profiler.device import check_device, check_writable, describe_device, setup_host
 from calibration.profiler.drift import _DriftProbe, drift_line
+from calibration.profiler.gpu import GPU_MODELS, gpu_spec
 from calibration.profiler.layers import LayerTimer, measure_micro, measure_models, training_loss
+from calibration.profiler.modes import device_modes
 from calibration.profiler.network import (
     handoff_rtts,
     network_bench,
@@ -80,6 +87,7 @@ __all__ = [
     "ProfileSpec",
     "add_micro",
     "build_profile",
+    "gpu_spec",
     "check_device",
     "check_writable",
     "cold_bench",
@@ -116,9 +124,12 @@ def measure(device: str = "cpu", quick: bool = False, threads: int | None = None
 
     Args:
         device: 'cpu' or 'cuda:N'.
-        quick: the small spec (see :func:`spec_for`), unless ``spec`` is given.
+        quick: the small spec (see :func:`spec_for`; on a GPU :func:`gpu_spec`), unless
+            ``spec`` is given.
         threads: torch intra-op threads (default: the CPUs this process may use).
-        models: zoo models to time (default: the spec's).
+        models: zoo models to time (default: the spec's; on a GPU none, as their
+            per-layer tables would be of one math mode: asked for, they are timed at
+            the spec's batch sizes and make no tables).
         network: run the two-process network benchmark. Should it fail (it runs
             last; any exception but Ctrl-C), the rest is returned all the same,
             with its error in ``raw["network_error"]`` and the network part missing
@@ -134,17 +145,22 @@ def measure(device: str = "cpu", quick: bool = False, threads: int | None = None
             with one round); the quantization, host-device, network and (on a
             CPU) cold-call benchmarks run once.
     """
-    check_device(device)  # an unavailable device is reported before a bad model name
-    spec = spec or spec_for(quick)
-    chosen = {m: spec.models[m] for m in (models if models is not None else spec.models)}
-    unknown = sorted(set(chosen) - set(zoo.names()))
+    # an unavailable device is reported before a bad model name
+    cuda = check_device(device).type == "cuda"
+    spec = spec or (gpu_spec(quick) if cuda else spec_for(quick))
+    if cuda:
+        unknown = sorted(set(models or ()) - set(zoo.names()))
+        chosen = {m: spec.models.get(m) or GPU_MODELS[m] for m in models or () if not unknown}
+    else:
+        chosen = {m: spec.models[m] for m in (models if models is not None else spec.models)}
+        unknown = sorted(set(chosen) - set(zoo.names()))
     if unknown:
         raise ConfigError("<command line>", "--models", f"unknown zoo model {unknown[0]!r}")
     rounds = spec.rounds if rounds is None else rounds
     if rounds < 1:
         raise ConfigError("<command line>", "--rounds", f"must be at least 1, got {rounds}")
     dev, host = setup_host(device, threads)
-    dtypes = ("fp32",) + (("bf16", "fp16") if dev.type == "cuda" else ())
+    dtypes = device_modes(dev) if cuda else ("fp32",)
     run = Run(device, dev, spec, _OpTimer(dev, spec), dtypes, chosen, quick, network)
     benches = [b for b in registered() if b.applies(run)]
     started = time.perf_counter()
@@ -257,6 +273,9 @@ def add_micro(path: str | os.PathLike[str], names: Sequence[str], device: str | 
     shown = os.fspath(path)
     prof = load_profile_file(path)
     raw = dict(prof.measurement.raw or {})
+    if "gpu" in raw:
+        raise ConfigError(shown, "measurement.raw.gpu", "a GPU profile's single-layer benchmarks "
+                          "are per math mode: measure the profile again (hetsim profile --device cuda:N)")
     if prof.source.kind != "measured" or "micro" not in raw:
         raise ConfigError(shown, "measurement.raw.micro", "no single-layer benchmarks to add to (make the "
                           "profile with hetsim profile)")

@@ -421,19 +421,25 @@ def _micro_timers(names: Sequence[str], dev: Any, spec: ProfileSpec
                   ) -> list[tuple[str, dict[str, Any], list[tuple[int, _ModelTimer]]]]:
     """(name, the extracted one-layer model's record, [(batch, timer)]) of each
     single-layer benchmark ``names`` (:func:`_micro_layers`) on ``dev``."""
-    import torch
-
     out = []
     for name in names:
         module, make, batches = _micro_layers(name, dev)
         module = module.to(dev).train()
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(0)
-            cpu_mod, cpu_make, _ = _micro_layers(name, torch.device("cpu"))
-            model, _layer = _single_layer(cpu_mod, cpu_make(batches[0]))
-        out.append((name, model.to_dict(),
+        out.append((name, micro_record(name),
                     [(bs, _ModelTimer(module, make(bs), dev, spec)) for bs in batches]))
     return out
+
+
+def micro_record(name: str) -> dict[str, Any]:
+    """The one-layer model ``from_torch`` extracts from the single-layer benchmark ``name``
+    (on the CPU, seeded, at its first batch size), as a ``raw["micro"]`` entry records it."""
+    import torch
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        cpu_mod, cpu_make, batches = _micro_layers(name, torch.device("cpu"))
+        model, _layer = _single_layer(cpu_mod, cpu_make(batches[0]))
+    return model.to_dict()
 
 
 def _micro_entries(timers: Sequence[tuple[str, dict[str, Any], list[tuple[int, _ModelTimer]]]],
@@ -512,8 +518,12 @@ def measure_micro(names: Sequence[str], dev: Any, spec: ProfileSpec,
 register(Benchmark(
     "micro", "single-layer modules (the spec's micro grid), forward and backward per batch size",
     ("micro",), order=40, build=lambda run: _micro(run.spec.micro, run.dev, run.spec),
-    groups=lambda run: len(run.spec.micro)))
+    groups=lambda run: len(run.spec.micro),
+    # a GPU times them per math mode instead (calibration.profiler.gpu, micro_by_mode)
+    applies=lambda run: run.dev.type != "cuda"))
 register(Benchmark(
     "models", "the chosen zoo models, forward and backward per layer and whole, per batch size",
     ("models",), order=50, build=lambda run: _models(run.models, run.dev, run.spec),
-    groups=lambda run: sum(len(b) for b in run.models.values())))
+    groups=lambda run: sum(len(b) for b in run.models.values()),
+    # a GPU's default spec chooses none (calibration.profiler.gpu.SKIPPED)
+    applies=lambda run: run.dev.type != "cuda" or bool(run.models)))

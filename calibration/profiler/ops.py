@@ -1,9 +1,10 @@
 """Single operators: the ``gemm``, ``bandwidth``, ``dispatch`` and ``host_device``
 benchmarks.
 
-GEMMs over a grid of shapes (fp32; bf16/fp16 on GPUs), memory copies and
-elementwise adds (bandwidth), a one-element add (dispatch overhead) and, on
-GPUs, host-device copies. Each is timed with the run's timer
+GEMMs over a grid of shapes (fp32; on GPUs in every math mode the GPU has,
+:mod:`calibration.profiler.modes`), memory copies and elementwise adds (bandwidth), a
+one-element add (dispatch overhead; on GPUs a loop of :data:`DISPATCH_LOOP` of them, the
+time per add) and, on GPUs, host-device copies. Each is timed with the run's timer
 (:class:`~calibration.profiler.timing._OpTimer`): ``torch.profiler`` ranges on
 CPUs with the wall clock, the thread's CPU time with one thread, CUDA events on
 GPUs.
@@ -15,27 +16,38 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
+from calibration.profiler.modes import InMode
 from calibration.profiler.registry import Benchmark, Run, Sampled, register
 from calibration.profiler.timing import _median_iqr, _OpItem, _OpTimer, _r
 
+#: One-element adds per dispatch sample on a GPU: back to back, without a sync between
+#: them, the time per add is what one more kernel costs a stream the host keeps fed
+#: (one add between two CUDA events would time the events' own overhead too).
+DISPATCH_LOOP = 100
 
-def _row(head: dict[str, Any], item: _OpItem, q: float) -> dict[str, Any]:
+
+def _row(head: dict[str, Any], item: _OpItem | InMode, q: float) -> dict[str, Any]:
     t_s, iqr = item.figures(q)
     return {**head, "t_s": t_s, "rel_iqr": iqr}
 
 
 def _gemm(run: Run) -> Sampled:
-    """Every (dtype, shape) of the GEMM grid, one item and progress group each."""
+    """Every (dtype, shape) of the GEMM grid, one item and progress group each; on a GPU
+    each dtype is a math mode, timed in its settings (:class:`~calibration.profiler.modes.InMode`:
+    fp32 with TF32 off, tf32 with it on; fp16 and bf16 operands in that dtype)."""
     import torch
 
-    tdt = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+    tdt = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
     groups: list[tuple[str, Sequence[Any]]] = []
     gemm = []
     for dt in run.dtypes:
         for m, n, k in run.spec.gemm:
             lhs = torch.randn(m, k, device=run.dev, dtype=tdt[dt])
             rhs = torch.randn(k, n, device=run.dev, dtype=tdt[dt])
-            item = _OpItem(run.timer, functools.partial(torch.mm, lhs, rhs), f"mm{m}x{n}x{k}")
+            item: _OpItem | InMode = _OpItem(run.timer, functools.partial(torch.mm, lhs, rhs),
+                                             f"mm{m}x{n}x{k}")
+            if run.dev.type == "cuda":
+                item = InMode(item, dt)
             gemm.append(({"dtype": dt, "m": m, "n": n, "k": k, "flops": 2.0 * m * n * k}, item))
             groups.append((f"gemm {dt} {m}x{n}x{k}", [item]))
     return Sampled(groups, lambda q: {"gemm": [_row(h, it, q) for h, it in gemm]})
@@ -59,17 +71,32 @@ def _bandwidth(run: Run) -> Sampled:
 
 
 def _dispatch(run: Run) -> Sampled:
-    """A one-element add: the framework's dispatch overhead."""
+    """A one-element add: the framework's dispatch overhead (on a GPU, per add of a loop of
+    :data:`DISPATCH_LOOP`, ``raw["dispatch_loop"]``)."""
     import torch
 
     one = torch.ones(1, device=run.dev)
-    dispatch = _OpItem(run.timer, functools.partial(one.add, one), "dispatch")
+    if run.dev.type != "cuda":
+        dispatch = _OpItem(run.timer, functools.partial(one.add, one), "dispatch")
 
-    def finish(q: float) -> dict[str, Any]:
-        t_s, iqr = dispatch.figures(q)
-        return {"dispatch_s": t_s, "dispatch_rel_iqr": iqr}
+        def finish(q: float) -> dict[str, Any]:
+            t_s, iqr = dispatch.figures(q)
+            return {"dispatch_s": t_s, "dispatch_rel_iqr": iqr}
 
-    return Sampled([("dispatch", [dispatch])], finish)
+        return Sampled([("dispatch", [dispatch])], finish)
+
+    def adds() -> None:
+        for _ in range(DISPATCH_LOOP):
+            one.add(one)
+
+    loop = _OpItem(run.timer, adds, "dispatch")
+
+    def finish_loop(q: float) -> dict[str, Any]:
+        t_s, iqr = loop.figures(q)
+        return {"dispatch_s": _r(t_s / DISPATCH_LOOP), "dispatch_rel_iqr": iqr,
+                "dispatch_loop": DISPATCH_LOOP}
+
+    return Sampled([("dispatch", [loop])], finish_loop)
 
 
 def _host_device(timer: _OpTimer, dev: Any) -> dict[str, Any]:
@@ -86,14 +113,15 @@ def _host_device(timer: _OpTimer, dev: Any) -> dict[str, Any]:
 
 
 register(Benchmark(
-    "gemm", "torch.mm over the spec's grid of shapes, per dtype", ("gemm",), order=10,
+    "gemm", "torch.mm over the spec's grid of shapes, per dtype (a GPU: per math mode)", ("gemm",),
+    order=10,
     build=_gemm, groups=lambda run: len(run.spec.gemm) * len(run.dtypes)))
 register(Benchmark(
     "bandwidth", "copy and add of the spec's element counts (memory bandwidth)", ("bandwidth",),
     order=20, build=_bandwidth, groups=lambda run: 1))
 register(Benchmark(
-    "dispatch", "a one-element add (the framework's dispatch overhead)",
-    ("dispatch_s", "dispatch_rel_iqr"), order=30, build=_dispatch, groups=lambda run: 1))
+    "dispatch", "a one-element add (the framework's dispatch overhead; on a GPU per add of a loop)",
+    ("dispatch_s", "dispatch_rel_iqr", "dispatch_loop"), order=30, build=_dispatch, groups=lambda run: 1))
 register(Benchmark(
     "host_device", "pinned host to GPU and GPU to host copies of 64 MB", ("host_device",),
     order=80, run=lambda run: {"host_device": _host_device(run.timer, run.dev)},

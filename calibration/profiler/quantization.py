@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from calibration.profiler.registry import Benchmark, register
+from calibration.profiler.registry import Benchmark, Run, register
 from calibration.profiler.timing import _median_iqr, _OpTimer, _r
 from runtime.launch import keep_freed_memory
 
@@ -47,7 +47,17 @@ def quant_costs(raw: dict[str, Any]) -> dict[str, dict[str, float]] | None:
                              "unpack_s_per_value": _r(r["unpack_s"] / r["values"])} for r in rows}
 
 
+def _host_timer(run: Run) -> _OpTimer:
+    """The timer of the pack and unpack, which run on the host CPU: the run's own on a
+    CPU, a CPU clock's (not CUDA events) on a GPU."""
+    if run.dev.type != "cuda":
+        return run.timer
+    import torch
+
+    return _OpTimer(torch.device("cpu"), run.spec)
+
+
 register(Benchmark(
     "quant", "the runtime's gradient pack and unpack at 2, 4, 8 and 16 bits", ("quant",),
-    order=60, run=lambda run: {"quant": quant_bench(run.timer, 1 << (18 if run.quick else 20))},
+    order=60, run=lambda run: {"quant": quant_bench(_host_timer(run), 1 << (18 if run.quick else 20))},
     label="quantization"))

@@ -35,9 +35,10 @@ class Run:
         device: the device as given ('cpu' or 'cuda:N').
         dev: its ``torch.device``.
         spec: sizes and repeat counts.
-        timer: the timer of the GEMM grid, bandwidth, dispatch, quantization and
-            host-device benchmarks.
-        dtypes: the GEMM grid's dtypes (fp32; bf16 and fp16 too on a GPU).
+        timer: the timer of the GEMM grid, bandwidth, dispatch, quantization (on a CPU)
+            and host-device benchmarks.
+        dtypes: the math modes the run times (fp32; on a GPU every mode it has,
+            :func:`calibration.profiler.modes.device_modes`).
         models: zoo model -> batch sizes to time.
         quick: a ``--quick`` run.
         network: the network benchmark was asked for.

@@ -28,6 +28,9 @@ class ProfileSpec:
         wake_rounds, wire_reps: round trips of the CPU network extras
             (:func:`~calibration.profiler.network.wake_bench`,
             :func:`~calibration.profiler.network.wire_bench`).
+        batches: batch sizes of single-layer benchmarks in place of their own (a GPU's
+            per-mode benchmarks, :mod:`calibration.profiler.gpu`; a name not here keeps
+            its own).
     """
 
     gemm: tuple[tuple[int, int, int], ...]
@@ -44,6 +47,7 @@ class ProfileSpec:
     wake_rounds: int = 1000
     wire_reps: int = 25
     extra: dict[str, Any] = field(default_factory=dict)
+    batches: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
 
 _ALL_MICRO = (
