@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
+import math
 import os
 import select
 import shutil
@@ -23,7 +25,7 @@ from typing import Any, NoReturn
 from experiments.runner import EVALUATORS
 from experiments.sweep import BACKENDS
 from hardware_profiles.errors import ConfigError, HetsimError
-from hardware_profiles.fileio import prepare_out
+from hardware_profiles.fileio import atomic_write, prepare_file_out, prepare_out
 
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "demo.yaml"
 DEMO_MODELS = ("resnet18", "ctr_dnn")
@@ -53,12 +55,29 @@ def _row(result: Any, **extra: Any) -> dict[str, Any]:
 
 
 def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    """``rows`` as a CSV file, written atomically."""
     cols = list(rows[0]) if rows else []
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=cols, lineterminator="\n")
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: ("" if v is None else v) for k, v in r.items()})
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=cols, lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: ("" if v is None else v) for k, v in r.items()})
+    atomic_write(path, buf.getvalue())
+
+
+def _positive_seconds(text: str) -> float:
+    """argparse type of --timeout: a finite number of seconds > 0."""
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+    if not (x > 0 and math.isfinite(x)):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text!r}")
+    return x
+
+
+FORCE_HELP = ("run even beyond the size limits (sim/limits.py: devices plus PS shards, iterations, "
+              "DES work), which are otherwise refused up front")
 
 
 # ---------------------------------------------------------------- commands
@@ -69,7 +88,8 @@ def cmd_simulate(a: argparse.Namespace) -> int:
     out = prepare_out(a.out or Path("results") / loaded.config.name / a.evaluator)
     if a.plan and a.scheduler:
         raise ConfigError("<command line>", "--plan", "give --plan or --scheduler, not both")
-    result, plan = runner.run_one(loaded, a.evaluator, a.scheduler, out, progress=True, plan_file=a.plan)
+    result, plan = runner.run_one(loaded, a.evaluator, a.scheduler, out, progress=True, plan_file=a.plan,
+                                  force=a.force)
     print_table([_row(result)], SUMMARY_COLS)
     print(f"wrote {out}/ (summary.json, iterations.csv, trace.json, plan.json, config.json)")
     return 0
@@ -86,7 +106,7 @@ def cmd_dag(a: argparse.Namespace) -> int:
             raise ConfigError("<command line>", "--schedulers",
                               f"unknown DAG scheduler {n!r}; known: {', '.join(schedulers.names('dag'))}")
     out = prepare_out(a.out or Path("results") / Path(a.config).stem / "dag")
-    rows = dag_runner.run_dag(a.config, names, out)
+    rows = dag_runner.run_dag(a.config, names, out, force=a.force)
     write_csv(out / "comparison.csv", rows)
     print_table(rows, ("scheduler", "mode", "plan_frame_ms", "deadline_ms", "plan_energy_mj", "des_miss_rate",
                        "des_latency_p99_ms", "des_energy_mj"))
@@ -97,14 +117,16 @@ def cmd_dag(a: argparse.Namespace) -> int:
 def cmd_plan(a: argparse.Namespace) -> int:
     from experiments import runner
 
+    from sim import limits
+
     loaded = runner.load(a.config)
+    out = prepare_file_out(a.out) if a.out else None
+    limits.check_config(loaded.config, loaded.source, a.force)
     problem = runner.problem_of(loaded)
     plan = runner.plan_for(loaded, problem, a.scheduler)
     text = plan.dumps()
-    if a.out:
-        out = Path(a.out)
-        prepare_out(out.parent if str(out.parent) else Path("."))
-        out.write_text(text)
+    if out is not None:
+        atomic_write(out, text, "--out")
         print(f"wrote {out}")
     else:
         sys.stdout.write(text)
@@ -126,7 +148,7 @@ def cmd_compare(a: argparse.Namespace) -> int:
     rows = []
     for n in names:
         try:
-            result, _ = runner.run_one(loaded, a.evaluator, n, out / n, progress=True)
+            result, _ = runner.run_one(loaded, a.evaluator, n, out / n, progress=True, force=a.force)
         except HetsimError as e:
             if a.schedulers:  # asked for by name: its error is the answer
                 raise
@@ -405,12 +427,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--scheduler", help="override the config's scheduler")
     s.add_argument("--plan", help="evaluate this plan.json instead of planning (e.g. one edited by hand)")
     s.add_argument("--out", help="output folder (default results/NAME/EVALUATOR)")
+    s.add_argument("--force", action="store_true", help=FORCE_HELP)
     s.set_defaults(fn=cmd_simulate)
 
     pl = sub.add_parser("plan", help="print or save the plan a scheduler makes")
     pl.add_argument("config")
     pl.add_argument("--scheduler", help="override the config's scheduler")
     pl.add_argument("--out", help="plan.json path (default: stdout)")
+    pl.add_argument("--force", action="store_true", help=FORCE_HELP)
     pl.set_defaults(fn=cmd_plan)
 
     c = sub.add_parser("compare", help="compare schedulers on one config")
@@ -418,6 +442,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--schedulers", help="comma-separated names (default: all registered)")
     c.add_argument("--evaluator", choices=EVALUATORS, default="des")
     c.add_argument("--out", help="output folder (default results/NAME/compare)")
+    c.add_argument("--force", action="store_true", help=FORCE_HELP)
     c.set_defaults(fn=cmd_compare)
 
     dg = sub.add_parser("dag", help="schedule a periodic robotics pipeline on an embedded board and "
@@ -425,6 +450,8 @@ def build_parser() -> argparse.ArgumentParser:
     dg.add_argument("config", help="a robotics config (format: sim/dag_config.py, README)")
     dg.add_argument("--schedulers", help="comma-separated DAG schedulers (default: the config's)")
     dg.add_argument("--out", help="output folder (default results/CONFIG/dag)")
+    dg.add_argument("--force", action="store_true", help="simulate even beyond the size limit of "
+                    "des.frames x tasks (sim/limits.py), otherwise refused up front")
     dg.set_defaults(fn=cmd_dag)
 
     sw = sub.add_parser("sweep", help="run a sweep file's points in parallel (resumable)")
@@ -506,7 +533,7 @@ def build_parser() -> argparse.ArgumentParser:
     ru.add_argument("--scheduler", help="override the config's scheduler")
     ru.add_argument("--out", help="output folder (default results/NAME/runtime)")
     ru.add_argument("--iterations", type=int, help="override job.iterations")
-    ru.add_argument("--timeout", type=float, default=600.0,
+    ru.add_argument("--timeout", type=_positive_seconds, default=600.0,
                     help="wall-clock limit of the whole run in seconds (default 600)")
     ru.add_argument("--resume", action="store_true",
                     help="continue from the last complete checkpoint in OUT/checkpoint "
@@ -518,7 +545,7 @@ def build_parser() -> argparse.ArgumentParser:
     va.add_argument("config", help="a config, with a runtime: section for the real run")
     va.add_argument("--schedulers", help="comma-separated names (default: the config's scheduler)")
     va.add_argument("--iterations", type=int, help="override job.iterations on both sides")
-    va.add_argument("--timeout", type=float, default=600.0,
+    va.add_argument("--timeout", type=_positive_seconds, default=600.0,
                     help="wall-clock limit of each real run in seconds (default 600)")
     va.add_argument("--out", help="output folder (default results/NAME/validate)")
     va.set_defaults(fn=cmd_validate)

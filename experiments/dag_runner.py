@@ -20,11 +20,13 @@ from typing import Any
 import numpy as np
 
 from hardware_profiles.errors import ConfigError
+from hardware_profiles.fileio import atomic_write
 from schedulers.dag import make_dag
 from sim.dag import DagPlan, DagProblem, dag_costs
 from sim.dag_config import load_dag_config
 from sim.des.frames import FrameOptions
 from sim.evaluate import evaluate
+from sim.limits import check_frames
 from sim.result import FrameResult
 
 TRACE_FRAMES = 3
@@ -73,9 +75,8 @@ def run_one(problem: DagProblem, opts: FrameOptions, name: str, params: dict[str
             source: str) -> dict[str, Any]:
     """Plan with one scheduler, simulate, write its folder (and a Gantt chart); its row."""
     row, files = plan_and_simulate(problem, opts, name, params, source)
-    out.mkdir(parents=True, exist_ok=True)
     for fname, text in files.items():
-        (out / fname).write_text(text)
+        atomic_write(out / fname, text)
     from experiments import plots
 
     plots.gantt(out / "trace.json", out / "gantt.png", iterations=10**9,
@@ -84,10 +85,13 @@ def run_one(problem: DagProblem, opts: FrameOptions, name: str, params: dict[str
     return row
 
 
-def run_dag(config: str | Path, names: Sequence[str] | None, out: Path) -> list[dict[str, Any]]:
+def run_dag(config: str | Path, names: Sequence[str] | None, out: Path,
+            force: bool = False) -> list[dict[str, Any]]:
+    """Every scheduler of ``names`` (default: the config's) on the config's problem, each
+    in ``out/NAME/``; refused up front beyond :func:`sim.limits.check_frames` unless ``force``."""
     cfg, problem, opts = load_dag_config(config)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(cfg.model_dump_json(indent=1) + "\n")
+    check_frames(opts.frames, len(problem.graph.tasks), str(config), force)
+    atomic_write(out / "config.json", cfg.model_dump_json(indent=1) + "\n")
     # the config's own scheduler keeps its params when it is among the names
     runs = ([(n, cfg.scheduler.params if n == cfg.scheduler.name else {}) for n in names] if names
             else [(cfg.scheduler.name, cfg.scheduler.params)])

@@ -25,7 +25,7 @@ import schedulers
 from hardware_profiles.errors import ConfigError
 from runtime import checkpoint
 from runtime.launch import run_local, run_rank
-from runtime.spec import RunSpec, build_spec, parse_options
+from runtime.spec import RunSpec, RuntimeOptions, build_spec, parse_options
 from sim.config import Config, config_from_dict, read_yaml
 from sim.plan import Plan, check_plan, load_plan
 from sim.problem import build_problem
@@ -85,6 +85,7 @@ def prepare(path: str | Path, config: str | Path | None = None, iterations: int 
     opts_raw = dict(plan.options.get("runtime") or {})
     opts_raw.update(runtime_raw or {})
     opts = parse_options(opts_raw, str(cfg_path))
+    check_runtime(problem.job.model.name, problem.seed, opts, str(cfg_path))
     if iterations is not None and iterations <= 0:
         raise ConfigError("<command line>", "--iterations", f"must be > 0, got {iterations}")
     spec = build_spec(problem, plan, opts, sched, iterations, timeout_s, str(cfg_path),
@@ -92,6 +93,32 @@ def prepare(path: str | Path, config: str | Path | None = None, iterations: int 
     resolved = cfg.model_dump(mode="json")
     resolved["runtime"] = opts.model_dump(mode="json")
     return Prepared(spec, plan, resolved, str(cfg_path))
+
+
+def check_runtime(model: str, seed: int, opts: RuntimeOptions, source: str) -> None:
+    """What every rank would otherwise fail on, checked here before any rank starts:
+    ``runtime.device: cuda`` on a machine where torch sees no GPU, and
+    ``runtime.model_kwargs`` the zoo's torch module refuses (an unknown key, a negative
+    size), by building the module once.
+
+    Raises:
+        ConfigError: naming the runtime field and why.
+    """
+    if opts.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError(source, "runtime.device", "cuda, but torch sees no CUDA device on this machine "
+                              "(use device: cpu)")
+    if not opts.model_kwargs:
+        return
+    from runtime import task
+
+    try:
+        task.build(model, seed, opts.model_kwargs)
+    except Exception as e:  # noqa: BLE001 (whatever the module's constructor raises is the user's input)
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ConfigError(source, "runtime.model_kwargs", f"the {model} module refuses them: {why}") from None
 
 
 def attach_checkpoints(prep: Prepared, out: Path, resume: bool, writer: bool = True) -> None:

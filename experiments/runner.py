@@ -7,6 +7,7 @@ call these; nothing here models anything.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,8 +15,10 @@ from typing import Any
 
 import schedulers
 from hardware_profiles.errors import ConfigError
+from hardware_profiles.fileio import atomic_write
 from schedulers import Scheduler
 from sim import evaluate as evaluation
+from sim import limits
 from sim.config import Config, config_from_dict, read_yaml
 from sim.evaluate import EVALUATORS
 from sim.plan import Plan, check_plan, load_plan
@@ -101,18 +104,50 @@ def run_files(result: RunResult, plan: Plan, loaded: Loaded, trace: bool = True)
 
 
 def write_run(out: Path, result: RunResult, plan: Plan, loaded: Loaded, trace: bool = True) -> None:
-    """Write :func:`run_files` into ``out`` (created if missing)."""
-    out.mkdir(parents=True, exist_ok=True)
+    """Write :func:`run_files` into ``out`` (created if missing), each file atomically."""
     for name, text in run_files(result, plan, loaded, trace).items():
-        (out / name).write_text(text)
+        atomic_write(out / name, text)
+
+
+def check_finite(result: RunResult, source: str) -> None:
+    """Refuse a result whose headline figures overflowed (a price of 1e308 a hour makes
+    the cost infinite): JSON has no infinity, and a figure that is not a number is no
+    answer.
+
+    Raises:
+        ConfigError: naming the figure and the inputs it comes from.
+    """
+    bad = _non_finite(result.summary())
+    if bad is not None:
+        k, v = bad
+        why = (" (the devices' price_per_hour too large)" if "cost" in k
+               else " (the devices' power_w too large)" if "energy" in k else "")
+        raise ConfigError(source, "", f"the result's {k} is {v} (not a finite number){why}")
+
+
+def _non_finite(x: Any, where: str = "") -> tuple[str, float] | None:
+    """The first (dotted path, value) of a float in ``x`` that is infinite or NaN."""
+    if isinstance(x, float):
+        return None if math.isfinite(x) else (where, x)
+    items = x.items() if isinstance(x, dict) else enumerate(x) if isinstance(x, (list, tuple)) else ()
+    for k, v in items:
+        bad = _non_finite(v, f"{where}.{k}" if where and isinstance(k, str) else
+                          f"{where}[{k}]" if where else str(k))
+        if bad is not None:
+            return bad
+    return None
 
 
 def run_one(loaded: Loaded, evaluator: str, scheduler: str | None = None,
             out: Path | None = None, trace: bool = True,
-            progress: bool = False, plan_file: str | Path | None = None) -> tuple[RunResult, Plan]:
+            progress: bool = False, plan_file: str | Path | None = None,
+            force: bool = False) -> tuple[RunResult, Plan]:
     """Plan (or read ``plan_file``) and evaluate one config; write the run's files
-    into ``out`` when given."""
+    into ``out`` when given. Unless ``force``, a run beyond :mod:`sim.limits` is refused
+    before any work; a result that is not finite is refused before any file is written."""
+    limits.check_config(loaded.config, loaded.source, force)
     problem = problem_of(loaded)
+    limits.check_problem(problem, evaluator, loaded.source, force)
     sched: Scheduler | None = None
     if plan_file is not None:  # a plan file is evaluated as given: nobody rebalances it
         plan = load_plan(plan_file)
@@ -125,6 +160,7 @@ def run_one(loaded: Loaded, evaluator: str, scheduler: str | None = None,
             print(f"hetsim: warning: {result.extra[key]}", file=sys.stderr)
     for note in result.extra.get("notes", ()):
         print(f"hetsim: note: {note}", file=sys.stderr)
+    check_finite(result, loaded.source)
     if out is not None:
         write_run(out, result, plan, loaded, trace=trace)
     return result, plan

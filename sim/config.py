@@ -28,6 +28,10 @@ from hardware_profiles.errors import ConfigError
 from sim.quantization import Adaptive
 
 
+#: the largest job.global_batch (shares are computed in 64-bit floating point)
+MAX_GLOBAL_BATCH = 2**32
+
+
 class _Strict(BaseModel):
     # strict: a YAML `true` is not the integer 1; no inf/nan where numbers are expected
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
@@ -165,7 +169,7 @@ class JobConfig(_Strict):
     model: str | dict[str, Any] = Field(
         description="zoo name | {file: model.yaml} | {torch: 'pkg.mod:fn', input: [..]}"
     )
-    global_batch: int = Field(gt=0, description="samples per (global) iteration")
+    global_batch: int = Field(gt=0, description="samples per (global) iteration (at most 2^32)")
     dtype: Literal["fp32", "tf32", "fp16", "bf16"] = Field(
         "fp32", description="training precision: fp32; tf32 (fp32 storage, TF32 tensor-core "
         "matmuls and convolutions); fp16 or bf16 (mixed precision as torch.autocast: half-"
@@ -203,6 +207,14 @@ class JobConfig(_Strict):
         if out.get("memory_format") == "contiguous":
             del out["memory_format"]
         return out
+
+    @field_validator("global_batch")
+    @classmethod
+    def _batch_bound(cls, v: int) -> int:
+        if v > MAX_GLOBAL_BATCH:
+            raise ValueError(f"at most 2^32 = {MAX_GLOBAL_BATCH} (got {v}): shares are computed in "
+                             "floating point, exact only well below 2^53")
+        return v
 
     @model_validator(mode="after")
     def _amount(self) -> JobConfig:
@@ -399,7 +411,8 @@ _DYNAMICS_TAGS = {"event", *PATTERNS}
 class Config(_Strict):
     """A whole experiment: cluster, job, objective, scheduler, dynamics."""
 
-    name: str = "experiment"
+    name: str = Field("experiment", description="names the default output folder results/NAME/: "
+                      "a plain file name (no path separators, not '.' or '..')")
     seed: int = Field(0, ge=0)
     profiles: list[str] = Field(default_factory=list, description="extra profile folders")
     cluster: ClusterConfig
@@ -413,6 +426,20 @@ class Config(_Strict):
     runtime: dict[str, Any] | None = Field(
         None, description="options of the real runtime (`hetsim run`; runtime/spec.py validates "
         "them); the simulator ignores them")
+
+
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, v: str) -> str:
+        check_plain_name(v)
+        return v
+
+
+def check_plain_name(v: str) -> None:
+    """Refuse a name that would place an output outside its folder (ValueError): empty,
+    '.', '..', a path separator, a NUL or another control character."""
+    if v in ("", ".", "..") or any(c in v for c in "/\\") or any(ord(c) < 32 for c in v):
+        raise ValueError(f"must be a plain file name (no path separators, not '.' or '..'), got {v!r}")
 
 
 _TYPE_TAGS = {"str", "int", "float", "bool", "none", "dict", "list"}
@@ -459,13 +486,46 @@ def config_from_dict(data: Any, source: str) -> Config:
         raise validation_error(source, e) from None
 
 
+class _DuplicateKey(yaml.MarkedYAMLError):
+    """A mapping that names one key twice (PyYAML keeps the last silently)."""
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's SafeLoader, refusing a mapping that names a key twice: every YAML file of
+    the project (configs, models, sweeps, task graphs) is read through it."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        self.flatten_mapping(node)  # merge keys (<<) first: a merged key may be overridden
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                dup = key in seen
+                seen.add(key)
+            except TypeError:  # an unhashable key: the base class reports it
+                continue
+            if dup:
+                raise _DuplicateKey("while constructing a mapping", node.start_mark,
+                                    f"duplicate key {key!r}", key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+
+UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, UniqueKeyLoader.construct_mapping)
+
+
+def parse_yaml(text: str) -> Any:
+    """Parse YAML text with :class:`UniqueKeyLoader` (yaml.YAMLError on bad text)."""
+    return yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
+
+
 def read_yaml(path: str | Path) -> Any:
-    """Parse a YAML file; missing or malformed files become one-line ConfigErrors."""
+    """Parse a YAML file; missing, binary, malformed files and duplicate keys become
+    one-line ConfigErrors."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(str(p), "", "file not found")
     try:
-        return yaml.safe_load(p.read_text(encoding="utf-8"))
+        return parse_yaml(p.read_text(encoding="utf-8"))
     except UnicodeDecodeError as e:
         raise ConfigError(str(p), "", f"not UTF-8 text ({e.reason} at byte {e.start})") from None
     except OSError as e:

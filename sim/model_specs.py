@@ -31,7 +31,11 @@ def resolve_model(spec: Any, base_dir: Path, source: str = "<config>") -> Model:
         extra = set(spec) - {"torch", "input", "kwargs"}
         if extra:
             raise ConfigError(source, f"job.model.{sorted(extra)[0]}", "unknown field")
-        return _model_from_factory(spec, source)
+        model = _model_from_factory(spec, source)
+        if not any(layer.param_bytes > 0 for layer in model.layers):
+            raise ConfigError(source, "job.model.torch", "the module has no trainable parameters: "
+                              "nothing to train or synchronise")
+        return model
     raise ConfigError(
         source, "job.model", "must be a zoo name, {file: PATH} or {torch: 'pkg.mod:fn', input: [...]}"
     )

@@ -165,10 +165,14 @@ def plan_from_dict(d: Any, source: str = "<plan>") -> Plan:
     for i, s in enumerate(raw_stages):
         try:
             a, b = s["layers"]
-            reps = tuple(Replica(str(r["device"]), int(r["batch"])) for r in s["replicas"])
+            reps = tuple(Replica(str(r["device"]), r["batch"]) for r in s["replicas"])
         except (KeyError, TypeError, ValueError) as e:
             raise ConfigError(source, f"stages[{i}]", f"malformed stage ({e})") from None
-        stages.append(Stage(int(a), int(b), reps, s.get("device_type")))
+        for k, x in enumerate((a, b)):
+            _exact_int(x, source, f"stages[{i}].layers[{k}]")
+        for k, r in enumerate(reps):
+            _exact_int(r.batch, source, f"stages[{i}].replicas[{k}].batch")
+        stages.append(Stage(a, b, reps, s.get("device_type")))
     shards, options = tuple(d.get("ps_shards", ())), dict(d.get("options") or {})
     try:
         return Plan(tuple(stages), shards, str(d.get("scheduler", "")), options, PlanKind(d["kind"]))
@@ -176,12 +180,23 @@ def plan_from_dict(d: Any, source: str = "<plan>") -> Plan:
         raise ConfigError(source, "kind", str(e)) from None
 
 
+def _exact_int(x: Any, source: str, where: str) -> None:
+    """An integer as written (119, not 119.5, 119.0 or "119"): a share is never rounded
+    or converted silently."""
+    if isinstance(x, bool) or not isinstance(x, int):
+        raise ConfigError(source, where, f"must be an integer, got {x!r}")
+
+
 def load_plan(path: str | Path) -> Plan:
     p = Path(path)
     if not p.is_file():
         raise ConfigError(str(p), "", "file not found")
     try:
-        data = json.loads(p.read_text())
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise ConfigError(str(p), "", f"not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except OSError as e:
+        raise ConfigError(str(p), "", f"cannot read: {e.strerror or e}") from None
     except json.JSONDecodeError as e:
         raise ConfigError(str(p), f"line {e.lineno}", f"malformed JSON: {e.msg}") from None
     return plan_from_dict(data, str(p))

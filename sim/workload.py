@@ -230,6 +230,9 @@ def model_from_dict(d: Any, source: str = "<model>") -> Model:
             raise ConfigError(source, f"{where}.window", "must be a positive integer")
         layers.append(Layer(name=name, op=raw["op"], sparse=sparse, kernels=kernels, inplace=inplace,
                             window=window, autocast_fp32=autocast_fp32, **nums))
+    if not any(layer.param_bytes > 0 for layer in layers):
+        raise ConfigError(source, "layers", "no layer has parameters (every param_bytes is 0): "
+                          "nothing to train or synchronise")
     input_bytes = _nonneg(d.get("input_bytes", 0.0), source, "input_bytes")
     return Model(name=str(d.get("name", Path(source).stem)), layers=tuple(layers), input_bytes=input_bytes)
 

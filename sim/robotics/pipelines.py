@@ -56,8 +56,15 @@ def calibration_rows(path: str | Path = THIS_MACHINE) -> list[dict[str, Any]]:
     cannot be loaded (or none is named)."""
     from sim.robotics.kernels import compare_to_model
 
-    data = json.loads(Path(path).read_text(encoding="utf-8"))
-    model = data.get("model", {})
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise ValueError(f"calibration {str(path)!r}: cannot read a measured robotics profile ({why})") from None
+    model = data.get("model", {}) if isinstance(data, dict) else None
+    if not isinstance(model, dict):
+        raise ValueError(f"calibration {str(path)!r}: not a measured robotics profile (hetsim profile "
+                         "--suite robotics)")
     stored: list[dict[str, Any]] = model.get("rows", [])
     if not model.get("profile"):
         return stored
@@ -102,7 +109,15 @@ def kernel_task(name: str, kernel: str, size: int,
 
 
 def model_task(name: str, model: str, batch: int = 1) -> Task:
-    """A zoo CNN's forward pass on ``batch`` images as one task (its layers' totals)."""
+    """A zoo CNN's forward pass on ``batch`` images as one task (its layers' totals).
+
+    Raises:
+        ValueError: ``model`` is not in the zoo.
+    """
+    from sim import zoo
+
+    if not isinstance(model, str) or model not in zoo.names():
+        raise ValueError(f"unknown detector {model!r}; the zoo has {', '.join(zoo.names())}")
     m = zoo_model(model)
     work = [layer_work(ly, "fwd", batch, "fp32", m.input_bytes_of(i)) for i, ly in enumerate(m.layers)]
     return Task(name, "conv", sum(w[0] for w in work), sum(w[2] for w in work), sum(w[1] for w in work))
