@@ -16,7 +16,6 @@ import json
 import math
 import os
 import select
-import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -116,7 +115,6 @@ def cmd_dag(a: argparse.Namespace) -> int:
 
 def cmd_plan(a: argparse.Namespace) -> int:
     from experiments import runner
-
     from sim import limits
 
     loaded = runner.load(a.config)
@@ -184,7 +182,7 @@ def cmd_demo(a: argparse.Namespace) -> int:
         rows.append(_row(result, model=model))
     write_csv(out / "comparison.csv", rows)
     plots.comparison_chart(rows, out / "comparison.png", title="hetsim demo: 1 V100 + 2 T4 + 4 CPU, 2 PS shards, 10 Gbps")
-    shutil.copyfile(out / DEMO_MODELS[0] / DEMO_SCHEDULERS[-1] / "trace.json", out / "trace.json")
+    atomic_write(out / "trace.json", (out / DEMO_MODELS[0] / DEMO_SCHEDULERS[-1] / "trace.json").read_bytes())
     print_table(rows, ("model", *SUMMARY_COLS))
     print(f"wrote {out}/: comparison.csv, comparison.png, trace.json (open in https://ui.perfetto.dev), "
           "and one folder per run")

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from hardware_profiles.errors import ConfigError
-from hardware_profiles.fileio import atomic_write
+from hardware_profiles.fileio import atomic_write, save_figure
 from schedulers.dag import make_dag
 from sim.dag import DagPlan, DagProblem, dag_costs
 from sim.dag_config import load_dag_config
@@ -115,5 +115,5 @@ def _chart(rows: list[dict[str, Any]], path: Path, title: str) -> None:
             ax.axhline(rows[0]["deadline_ms"], color="black", lw=0.8, ls="--")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=80)
+    save_figure(fig, path, dpi=80)
     plt.close(fig)

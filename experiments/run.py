@@ -23,6 +23,7 @@ from typing import Any
 
 import schedulers
 from hardware_profiles.errors import ConfigError
+from hardware_profiles.fileio import atomic_write
 from runtime import checkpoint
 from runtime.launch import run_local, run_rank
 from runtime.spec import RunSpec, RuntimeOptions, build_spec, parse_options
@@ -166,9 +167,9 @@ def files(result: RunResult, plan: Plan, config: dict[str, Any]) -> dict[str, st
 
 
 def write(out: Path, result: RunResult, plan: Plan, config: dict[str, Any]) -> None:
-    out.mkdir(parents=True, exist_ok=True)
+    """:func:`files` into ``out`` (created if missing), each written atomically."""
     for name, text in files(result, plan, config).items():
-        (out / name).write_text(text)
+        atomic_write(out / name, text)
 
 
 def under_torchrun() -> bool:

@@ -39,6 +39,7 @@ from calibration import runtime_cpu
 from calibration.profiler import write_profile
 from experiments import validate
 from experiments.plots import markdown_table
+from hardware_profiles.fileio import atomic_write
 from hardware_profiles.schema import DeviceProfile, NetworkMeasurement
 from sim.cluster import Host
 
@@ -217,12 +218,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                  "only, against the real run.", "",
                  f"Median |error|: the DES alone {_pct(med[0])}, the fit {_pct(med[1])}, each config left out "
                  f"of the fit {_pct(med[2])}.", "", markdown_table(pd.DataFrame(it_rows)), ""]
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "report.md").write_text("\n".join(text))
+    atomic_write(out / "report.md", "\n".join(text))
     wall: float | None = time.monotonic() - t0
     if args.report_only:  # nothing ran: keep the runs' own wall time (None where unknown)
         wall = json.loads(previous.read_text()).get("wall_s") if previous.is_file() else None
-    (out / "calibration.json").write_text(json.dumps({
+    atomic_write(out / "calibration.json", json.dumps({
         "model": model.to_json(), "summary": summary, "wall_s": wall, "rows": df.to_dict("records"),
         "samples": [{"label": lab, "figures": dataclasses.asdict(f), "real_ms": r} for lab, f, r in samples],
         "runs": runs},

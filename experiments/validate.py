@@ -75,6 +75,7 @@ target.
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import math
 import os
@@ -91,6 +92,7 @@ from experiments import run as entry
 from experiments import runner
 from experiments.plots import markdown_table
 from hardware_profiles.errors import ConfigError
+from hardware_profiles.fileio import atomic_write, save_figure
 from hardware_profiles.schema import LayerTable
 from runtime.launch import run_local
 from runtime.spec import RuntimeOptions, build_spec, parse_options
@@ -894,7 +896,7 @@ def scatter(results: Sequence[Validation], path: Path, title: str = "sim vs real
     ax.set_title(f"{title} (squares: more worker threads than cores)", fontsize=8)
     ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
-    fig.savefig(path, dpi=130)
+    save_figure(fig, path, dpi=130)
     plt.close(fig)
 
 
@@ -902,18 +904,18 @@ def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
     import csv
 
     cols = ["config", "scheduler", "metric", "sim", "real", "rel_error"]
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=cols, lineterminator="\n")
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: ("" if r.get(k) is None else r[k]) for k in cols})
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=cols, lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: ("" if r.get(k) is None else r[k]) for k in cols})
+    atomic_write(path, buf.getvalue())
 
 
 def write_files(out: Path, results: Sequence[Validation], title: str = "hetsim validate") -> None:
     """report.md, validation.csv, validation.json and sim_vs_real.png in ``out``."""
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "report.md").write_text(report_md(results, title))
+    atomic_write(out / "report.md", report_md(results, title))
     write_csv(out / "validation.csv", csv_rows(results))
     data = [v.to_json() for v in results]
-    (out / "validation.json").write_text(json.dumps(data[0] if len(data) == 1 else data, indent=2) + "\n")
+    atomic_write(out / "validation.json", json.dumps(data[0] if len(data) == 1 else data, indent=2) + "\n")
     scatter(results, out / "sim_vs_real.png", title)

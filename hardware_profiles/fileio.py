@@ -4,8 +4,10 @@ refused with a one-line error."""
 
 from __future__ import annotations
 
+import io
 import os
 from pathlib import Path
+from typing import Any
 
 from hardware_profiles.errors import ConfigError
 
@@ -78,3 +80,11 @@ def prepare_file_out(out: str | Path, option: str = "--out") -> Path:
         raise ConfigError(str(p), option, "is a directory (give a file name)")
     prepare_out(p.parent if str(p.parent) else Path("."), option)
     return p
+
+
+def save_figure(fig: Any, path: str | os.PathLike[str], **kwargs: Any) -> Path:
+    """A matplotlib figure written atomically (:func:`atomic_write`), in the format its
+    suffix names; ``kwargs`` go to ``fig.savefig``."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format=Path(path).suffix.lstrip(".") or "png", **kwargs)
+    return atomic_write(path, buf.getvalue())

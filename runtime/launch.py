@@ -28,7 +28,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -39,6 +39,8 @@ from sim.result import RunResult
 
 LOOPBACK = "127.0.0.1"
 GRACE_S = 3.0
+#: seconds the ranks of a run have to join its process group
+CONNECT_TIMEOUT_S = 120.0
 #: glibc mallopt parameters (malloc.h) and the value :func:`keep_freed_memory` gives them
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
 KEEP_BYTES = 1 << 30
@@ -54,8 +56,10 @@ def free_port(host: str = LOOPBACK) -> int:
         return int(s.getsockname()[1])
 
 
-def run_rank(spec: RunSpec, rank: int, world: int, local_rank: int = 0) -> RunResult | None:
-    """Join the process group as ``rank`` and play that role; rank 0 returns the RunResult."""
+def run_rank(spec: RunSpec, rank: int, world: int, local_rank: int = 0,
+             on_connected: Callable[[], None] | None = None) -> RunResult | None:
+    """Join the process group as ``rank`` and play that role; rank 0 returns the RunResult.
+    ``on_connected`` is called once the group has formed (every rank has joined)."""
     import torch
     import torch.distributed as dist
 
@@ -74,6 +78,8 @@ def run_rank(spec: RunSpec, rank: int, world: int, local_rank: int = 0) -> RunRe
         pin(cpus)
     dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=spec.timeout_s))
+    if on_connected is not None:
+        on_connected()
     try:
         if rank < spec.n_shards:
             from runtime.ps import Coordinator, Shard
@@ -134,7 +140,8 @@ def _child(spec: RunSpec, rank: int, world: int, port: int, result_path: str) ->
                        "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank)})
     code = 0
     try:
-        res = run_rank(spec, rank, world, local_rank=0)
+        marker = Path(result_path).with_name(f"connected.{rank}")
+        res = run_rank(spec, rank, world, local_rank=0, on_connected=marker.touch)
         if rank == 0:
             tmp = result_path + ".tmp"
             with open(tmp, "wb") as f:
@@ -200,6 +207,76 @@ def _check_stages(spec: RunSpec, procs: list[Any]) -> None:
                          f"{spec.n_shards + w}) exited with status {code}")
 
 
+def _role(spec: RunSpec, rank: int) -> str:
+    if rank < spec.n_shards:
+        return "rank 0 (PS shard 0, coordinator)" if rank == 0 else f"PS shard {rank} (rank {rank})"
+    return f"worker {rank - spec.n_shards} ({spec.workers[rank - spec.n_shards].device}, rank {rank})"
+
+
+def _status(code: int) -> str:
+    return f"killed by signal {-code}" if code < 0 else f"exited with status {code}"
+
+
+class _Liveness:
+    """The launcher's watch over its ranks, from the moment they are spawned.
+
+    * Until every rank has joined the process group (each touches ``connected.RANK``
+      in ``folder`` then), a rank that exits is a failure at once (the others would
+      wait for it until ``spec.timeout_s``), and the group must form within
+      :data:`CONNECT_TIMEOUT_S` (or the run's limit, if shorter).
+    * Then a PS shard that exits with an error, a stage replica of a multi-stage plan
+      (:func:`_check_stages`), or every worker dead while rank 0 waits for them,
+      (each exited with an error or a signal) for longer than ``failure_timeout_s``,
+      ends the run with that cause.
+    * The whole run is bounded by ``limit`` seconds.
+    """
+
+    def __init__(self, spec: RunSpec, procs: list[Any], folder: Path, limit: float) -> None:
+        self.spec, self.procs, self.folder, self.limit = spec, procs, folder, limit
+        self.t0 = time.monotonic()
+        self.connect_limit = min(CONNECT_TIMEOUT_S, limit)
+        self.connected = False
+        self.all_dead_at: float | None = None
+
+    def check(self) -> None:
+        spec, procs, now = self.spec, self.procs, time.monotonic()
+        if not self.connected:
+            self.connected = all((self.folder / f"connected.{r}").exists() for r in range(len(procs)))
+        if not self.connected:
+            for r, p in enumerate(procs):  # (one that joined, then died, has its marker)
+                if p.exitcode is not None and not (self.folder / f"connected.{r}").exists():
+                    raise RuntimeFailure(f"{_role(spec, r)} {_status(p.exitcode)} before the ranks "
+                                         "had connected")
+            if now - self.t0 > self.connect_limit:
+                missing = [r for r in range(len(procs)) if not (self.folder / f"connected.{r}").exists()]
+                raise RuntimeFailure(f"the ranks did not connect within {self.connect_limit:g} s "
+                                     f"(not joined: {', '.join(_role(spec, r) for r in missing[:3])}"
+                                     f"{', ...' if len(missing) > 3 else ''})")
+        for k in range(1, spec.n_shards):
+            if procs[k].exitcode is not None and procs[k].exitcode != 0:
+                raise RuntimeFailure(f"PS shard {k} {_status(procs[k].exitcode)}")
+        if spec.multistage:  # a pipeline stalls without any of its stage replicas
+            _check_stages(spec, procs)
+        self._check_workers(now)
+        if now - self.t0 > self.limit:
+            raise RuntimeFailure(f"the run took longer than {self.limit:g} s; stopped")
+
+    def _check_workers(self, now: float) -> None:
+        """Every worker dead (each exited with an error or a signal) while rank 0 still
+        waits: it has nobody left to train with, whatever its own timeouts."""
+        workers = self.procs[self.spec.n_shards:]
+        codes = [p.exitcode for p in workers]
+        if not workers or any(c is None or c == 0 for c in codes):
+            self.all_dead_at = None
+            return
+        if self.all_dead_at is None:
+            self.all_dead_at = now
+        if now - self.all_dead_at > self.spec.failure_timeout_s:
+            c = codes[0]
+            raise RuntimeFailure(f"every worker has died ({len(workers)} of {len(workers)}, "
+                                 f"{_role(self.spec, self.spec.n_shards)} {_status(c)}); nobody is left to train")
+
+
 def run_local(spec: RunSpec, wall_timeout_s: float | None = None) -> RunResult:
     """Run every rank on this machine and return rank 0's RunResult.
 
@@ -229,15 +306,9 @@ def run_local(spec: RunSpec, wall_timeout_s: float | None = None) -> RunResult:
                     procs.append(p)
             finally:
                 signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
-            deadline = time.monotonic() + limit
+            watch = _Liveness(spec, procs, Path(tmp), limit)
             while procs[0].is_alive():
-                for k in range(1, spec.n_shards):
-                    if procs[k].exitcode is not None and procs[k].exitcode != 0:
-                        raise RuntimeFailure(f"PS shard {k} exited with status {procs[k].exitcode}")
-                if spec.multistage:  # a pipeline stalls without any of its stage replicas
-                    _check_stages(spec, procs)
-                if time.monotonic() > deadline:
-                    raise RuntimeFailure(f"the run took longer than {limit:g} s; stopped")
+                watch.check()
                 procs[0].join(0.1)
             if procs[0].exitcode != 0 or not Path(result_path).is_file():
                 raise RuntimeFailure(f"rank 0 (PS shard 0, coordinator) exited with status "

@@ -27,7 +27,6 @@ from pydantic import (
 from hardware_profiles.errors import ConfigError
 from sim.quantization import Adaptive
 
-
 #: the largest job.global_batch (shares are computed in 64-bit floating point)
 MAX_GLOBAL_BATCH = 2**32
 
@@ -533,7 +532,8 @@ def read_yaml(path: str | Path) -> Any:
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(str(p), where, f"malformed YAML: {getattr(e, 'problem', None) or e}") from None
+        why = str(getattr(e, "problem", None) or e).splitlines()[0]
+        raise ConfigError(str(p), where, f"malformed YAML: {why}") from None
 
 
 def load_config(path: str | Path) -> Config:

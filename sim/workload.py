@@ -237,15 +237,24 @@ def model_from_dict(d: Any, source: str = "<model>") -> Model:
     return Model(name=str(d.get("name", Path(source).stem)), layers=tuple(layers), input_bytes=input_bytes)
 
 
+#: the largest per-sample quantity (FLOPs, bytes) a layer may have: far above any real
+#: layer (about 1e13), low enough that the cost model's products (per sample x batch x
+#: iterations) stay finite floating-point numbers
+MAX_QUANTITY = 1e18
+
+
 def _nonneg(v: Any, source: str, field_: str) -> float:
     if isinstance(v, bool):
         raise ConfigError(source, field_, "must be a number")
     try:
         x = float(v)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise ConfigError(source, field_, f"must be a number, got {v!r}") from None
     if not x >= 0 or x == float("inf"):
         raise ConfigError(source, field_, f"must be a finite number >= 0, got {v!r}")
+    if x > MAX_QUANTITY:
+        raise ConfigError(source, field_, f"{v!r} is beyond {MAX_QUANTITY:g}, the most one layer "
+                          "may have per sample")
     return x
 
 

@@ -21,6 +21,7 @@ import torch
 import yaml
 
 from experiments import run as entry
+from hardware_profiles.errors import ConfigError
 from runtime import quant, task
 from runtime.launch import RuntimeFailure, run_local
 from sim.quantization import packed_bytes
@@ -467,8 +468,56 @@ def test_async_modes_apply_on_arrival_and_ssp_bounds_the_lead(tmp_path: Path, sy
 
 
 def test_no_process_left_after_a_failed_run(tmp_path: Path) -> None:
-    prep = entry.prepare(config(tmp_path, runtime={"model_kwargs": {"no_such_size": 3}}))
+    prep = entry.prepare(config(tmp_path))
+    # kwargs the module refuses, past the launcher's check (entry.prepare refuses them):
+    # every rank fails building its module
+    prep.spec.model_kwargs = {"no_such_size": 3}
     with pytest.raises(RuntimeFailure, match="rank 0"):
+        run_local(prep.spec, wall_timeout_s=60)
+    assert descendants() == []
+
+
+# ------------------------------------------------------------------ liveness
+def test_runtime_sections_the_ranks_would_fail_on_are_refused_before_any_rank_starts(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"runtime\.model_kwargs: the mlp module refuses them: .*no_such_size"):
+        entry.prepare(config(tmp_path, runtime={"model_kwargs": {"no_such_size": 3}}))
+    with pytest.raises(ConfigError, match=r"runtime\.model_kwargs: the mlp module refuses them: .*negative"):
+        entry.prepare(config(tmp_path, runtime={"model_kwargs": {"in_features": 16, "hidden": [-5],
+                                                                 "classes": 4}}))
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match=r"runtime\.device: cuda, but torch sees no CUDA device"):
+            entry.prepare(config(tmp_path, runtime={"device": "cuda"}))
+    assert descendants() == []
+
+
+def test_every_worker_dead_is_detected_within_the_failure_timeout(tmp_path: Path) -> None:
+    # failure_timeout_s 1.0; the run's limit is 60 s, whose expiry would be reported instead
+    # ("the run took longer than 60 s") had the launcher waited for it
+    prep = entry.prepare(config(tmp_path, job={"iterations": 50},
+                                runtime={"workers": [{"fail_at_iteration": 2}, {"fail_at_iteration": 2}]}))
+    with pytest.raises(RuntimeFailure, match=r"every worker has died \(2 of 2, worker 0 \(this_machine:0, "
+                       r"rank 1\) killed by signal 9\); nobody is left to train"):
+        run_local(prep.spec, wall_timeout_s=60)
+    assert descendants() == []
+
+
+def test_a_death_before_the_ranks_connected_is_detected_at_once(tmp_path: Path) -> None:
+    prep = entry.prepare(config(tmp_path))
+    # a CPU no machine has: pinning fails in worker 1 before it joins the process group,
+    # where the other ranks would wait for it until the run's limit
+    prep.spec.workers[1].affinity = [1 << 20]
+    with pytest.raises(RuntimeFailure, match=r"worker 1 \(this_machine:1, rank 2\) exited with status 1 "
+                       r"before the ranks had connected"):
+        run_local(prep.spec, wall_timeout_s=60)
+    assert descendants() == []
+
+
+def test_ranks_that_do_not_connect_in_time_are_reported(tmp_path: Path, monkeypatch: Any) -> None:
+    import runtime.launch as launch
+
+    monkeypatch.setattr(launch, "CONNECT_TIMEOUT_S", 0.05)  # no spawned rank joins that fast
+    prep = entry.prepare(config(tmp_path))
+    with pytest.raises(RuntimeFailure, match=r"the ranks did not connect within 0\.05 s \(not joined: rank 0 "):
         run_local(prep.spec, wall_timeout_s=60)
     assert descendants() == []
 
