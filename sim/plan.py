@@ -165,15 +165,27 @@ def plan_from_dict(d: Any, source: str = "<plan>") -> Plan:
     for i, s in enumerate(raw_stages):
         try:
             a, b = s["layers"]
-            reps = tuple(Replica(str(r["device"]), r["batch"]) for r in s["replicas"])
+            reps = tuple(Replica(r["device"], r["batch"]) for r in s["replicas"])
         except (KeyError, TypeError, ValueError) as e:
             raise ConfigError(source, f"stages[{i}]", f"malformed stage ({e})") from None
         for k, x in enumerate((a, b)):
             _exact_int(x, source, f"stages[{i}].layers[{k}]")
         for k, r in enumerate(reps):
             _exact_int(r.batch, source, f"stages[{i}].replicas[{k}].batch")
+            if not isinstance(r.device, str):
+                raise ConfigError(source, f"stages[{i}].replicas[{k}].device", f"must be a device id, got {r.device!r}")
+        if not isinstance(s.get("device_type"), str | None):
+            raise ConfigError(source, f"stages[{i}].device_type", f"must be a device type or null, got "
+                              f"{s['device_type']!r}")
         stages.append(Stage(a, b, reps, s.get("device_type")))
-    shards, options = tuple(d.get("ps_shards", ())), dict(d.get("options") or {})
+    raw_shards, raw_options = d.get("ps_shards", []), d.get("options") or {}
+    if not isinstance(raw_shards, list) or not all(isinstance(x, str) for x in raw_shards):
+        raise ConfigError(source, "ps_shards", f"must be a list of PS shard ids ('ps:K'), got {raw_shards!r}")
+    if not isinstance(raw_options, dict):
+        raise ConfigError(source, "options", f"must be a mapping, got {raw_options!r}")
+    if not isinstance(d.get("scheduler", ""), str):
+        raise ConfigError(source, "scheduler", f"must be a name, got {d['scheduler']!r}")
+    shards, options = tuple(raw_shards), dict(raw_options)
     try:
         return Plan(tuple(stages), shards, str(d.get("scheduler", "")), options, PlanKind(d["kind"]))
     except ValueError as e:
