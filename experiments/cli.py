@@ -346,12 +346,16 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
     from calibration import calibrate
     from calibration.profiler import drift_line, write_profile
     from hardware_profiles import load_profile_file
+    from sim.limits import non_finite
 
     prof = load_profile_file(a.profile)
     raw = prof.measurement.raw
     if not raw or not (raw.get("models") or raw.get("micro") or raw.get("gpu")):
         raise ConfigError(a.profile, "measurement.raw", "no raw layer measurements to fit (make the "
                           "profile with hetsim profile)")
+    if (bad := non_finite(raw)) is not None:
+        raise ConfigError(a.profile, f"measurement.raw.{bad[0]}", f"{bad[1]} is not a finite number")
+    out = prepare_file_out(a.out or a.profile)
     try:
         calibrate.cold_curves(raw)
     except ValueError as e:
@@ -360,21 +364,30 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
         result = calibrate.calibrate(prof)
     except ValueError as e:
         if "gpu" not in raw:
-            raise
+            raise _malformed_raw(a.profile, e) from None
         # a GPU profile's fit names the raw entry it lacks: "raw.KEY: why"
         where, _, why = str(e).partition(": ")
         raise ConfigError(a.profile, f"measurement.{where}", why) from None
+    except (KeyError, TypeError, AttributeError, IndexError) as e:
+        raise _malformed_raw(a.profile, e) from None
     print(calibrate.format_residuals(result.residuals))
     drift = calibrate.drift_of(raw)
     if drift is not None:
         print(drift_line(drift))
-    out = a.out or a.profile
-    if Path(out).stem != prof.name:
+    if out.stem != prof.name:
         result = calibrate.CalibrationResult(result.profile.model_copy(update={"name": Path(out).stem}),
                                              result.residuals)
     write_profile(result.profile, out)
     print(f"wrote {out}")
     return 0
+
+
+def _malformed_raw(profile: str, e: Exception) -> ConfigError:
+    """The fit failing on a measured profile's raw section that is not what hetsim
+    profile writes (an entry missing, a string for a mapping): the file is at fault."""
+    why = str(e).splitlines()[0] if str(e) else ""
+    return ConfigError(profile, "measurement.raw", f"malformed raw measurements, not as hetsim "
+                       f"profile writes them ({type(e).__name__}: {why})")
 
 
 def cmd_train_rl(a: argparse.Namespace) -> int:

@@ -7,7 +7,6 @@ call these; nothing here models anything.
 from __future__ import annotations
 
 import json
-import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,25 +116,12 @@ def check_finite(result: RunResult, source: str) -> None:
     Raises:
         ConfigError: naming the figure and the inputs it comes from.
     """
-    bad = _non_finite(result.summary())
+    bad = limits.non_finite(result.summary())
     if bad is not None:
         k, v = bad
         why = (" (the devices' price_per_hour too large)" if "cost" in k
                else " (the devices' power_w too large)" if "energy" in k else "")
         raise ConfigError(source, "", f"the result's {k} is {v} (not a finite number){why}")
-
-
-def _non_finite(x: Any, where: str = "") -> tuple[str, float] | None:
-    """The first (dotted path, value) of a float in ``x`` that is infinite or NaN."""
-    if isinstance(x, float):
-        return None if math.isfinite(x) else (where, x)
-    items = x.items() if isinstance(x, dict) else enumerate(x) if isinstance(x, (list, tuple)) else ()
-    for k, v in items:
-        bad = _non_finite(v, f"{where}.{k}" if where and isinstance(k, str) else
-                          f"{where}[{k}]" if where else str(k))
-        if bad is not None:
-            return bad
-    return None
 
 
 def run_one(loaded: Loaded, evaluator: str, scheduler: str | None = None,

@@ -17,6 +17,7 @@ built problem (its iteration count, which a ``target_loss`` fixes only then):
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from hardware_profiles.errors import ConfigError
@@ -83,3 +84,17 @@ def check_frames(frames: int, tasks: int, source: str, force: bool = False) -> N
     if not force and frames * tasks > MAX_FRAME_WORK:
         raise _refuse(source, "des.frames", "frames x tasks", frames * tasks, MAX_FRAME_WORK,
                       "each task of each frame is a handful of DES events")
+
+
+def non_finite(x: Any, where: str = "") -> tuple[str, float] | None:
+    """The first (dotted path, value) of a float in ``x`` (nested dicts, lists, tuples)
+    that is infinite or NaN; None when every number is finite."""
+    if isinstance(x, float):
+        return None if math.isfinite(x) else (where, x)
+    items = x.items() if isinstance(x, dict) else enumerate(x) if isinstance(x, list | tuple) else ()
+    for k, v in items:
+        bad = non_finite(v, f"{where}.{k}" if where and isinstance(k, str) else
+                         f"{where}[{k}]" if where else str(k))
+        if bad is not None:
+            return bad
+    return None

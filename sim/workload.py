@@ -230,9 +230,6 @@ def model_from_dict(d: Any, source: str = "<model>") -> Model:
             raise ConfigError(source, f"{where}.window", "must be a positive integer")
         layers.append(Layer(name=name, op=raw["op"], sparse=sparse, kernels=kernels, inplace=inplace,
                             window=window, autocast_fp32=autocast_fp32, **nums))
-    if not any(layer.param_bytes > 0 for layer in layers):
-        raise ConfigError(source, "layers", "no layer has parameters (every param_bytes is 0): "
-                          "nothing to train or synchronise")
     input_bytes = _nonneg(d.get("input_bytes", 0.0), source, "input_bytes")
     return Model(name=str(d.get("name", Path(source).stem)), layers=tuple(layers), input_bytes=input_bytes)
 
@@ -266,10 +263,15 @@ def _positive(v: Any, source: str, field_: str) -> float:
 
 
 def load_model_file(path: str | Path) -> Model:
-    """Read a layer-list YAML file (see ARCHITECTURE.md, "Layer-list model file")."""
+    """Read a layer-list YAML file (see ARCHITECTURE.md, "Layer-list model file"): a model
+    to train, so at least one layer must have parameters (single-layer benchmarks built
+    with :func:`model_from_dict` need not)."""
     p = Path(path)
-    data = read_yaml(p)
-    return model_from_dict(data, str(p))
+    model = model_from_dict(read_yaml(p), str(p))
+    if not any(layer.param_bytes > 0 for layer in model.layers):
+        raise ConfigError(str(p), "layers", "no layer has parameters (every param_bytes is 0): "
+                          "nothing to train or synchronise")
+    return model
 
 
 def save_model_file(model: Model, path: str | Path) -> None:

@@ -470,3 +470,38 @@ def test_fuzz_config_text(text: str) -> None:
         out = Path(tmp) / "out"
         rc, _, err = hetsim("simulate", str(cfg), "--out", str(out))
         check_outcome(rc, err, out)
+
+
+MEASURED = ROOT / "hardware_profiles" / "measured" / "this_machine.json"
+
+
+def _measured(tmp: Path, edit: Callable[[dict[str, Any]], None]) -> Path:
+    prof = json.loads(MEASURED.read_text())
+    edit(prof["measurement"]["raw"])
+    p = tmp / "this_machine.json"
+    p.write_text(json.dumps(prof))
+    return p
+
+
+def _nan_time(raw: dict[str, Any]) -> None:
+    raw["models"]["mlp"][0]["layers"]["0"][0] = float("nan")
+
+
+@pytest.mark.parametrize("edit,expected", [
+    (_nan_time, "measurement.raw.models.mlp[0].layers.0[0]: nan is not a finite number"),
+    (lambda raw: raw.update(models="abc"), "measurement.raw: malformed raw measurements, not as hetsim "
+     "profile writes them (AttributeError: 'str' object has no attribute 'items')"),
+])
+def test_calibrate_on_malformed_raw_measurements(tmp_path: Path, edit: Any, expected: str) -> None:
+    p = _measured(tmp_path, edit)
+    rc, _, err = hetsim("calibrate", str(p), "--out", str(tmp_path / "out.json"))
+    assert rc == 2 and err.strip() == f"hetsim: error: {p}: {expected}", err
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["this_machine.json"]
+
+
+def test_calibrate_out_a_directory_leaves_nothing(tmp_path: Path) -> None:
+    folder = tmp_path / "adir"
+    folder.mkdir()
+    rc, _, err = hetsim("calibrate", str(MEASURED), "--out", str(folder))
+    assert rc == 2 and err.strip() == f"hetsim: error: {folder}: --out: is a directory (give a file name)", err
+    assert list(folder.iterdir()) == []
