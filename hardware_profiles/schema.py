@@ -232,9 +232,10 @@ class Measurement(_Strict):
                                        "calibration's input")
 
 
-#: bounds of a profile's rates: far above any device, low enough that the times computed
-#: from them stay normal floating-point numbers
-MAX_PEAK_FLOPS = 1e21
+#: the largest rate (FLOP/s, bytes/s) and memory a profile may give: far above any device
+#: (an ideal link is written 1e20); rates are at least 1, so that the times computed from
+#: them stay finite
+MAX_RATE = 1e24
 
 
 class DeviceProfile(_Strict):
@@ -261,13 +262,13 @@ class DeviceProfile(_Strict):
         "fraction of that mode's peak per op class, as efficiency (which stays the fp32 "
         "table and the fallback for an op class a mode's table lacks); when given, one "
         "table for every such mode in peak_flops")
-    mem_bw_Bps: float = Field(gt=0, le=1e18, description="memory bandwidth, bytes/s")
-    memory_bytes: float = Field(gt=0, le=1e18, description="device memory, bytes")
+    mem_bw_Bps: float = Field(ge=1, le=MAX_RATE, description="memory bandwidth, bytes/s")
+    memory_bytes: float = Field(gt=0, le=MAX_RATE, description="device memory, bytes")
     launch_overhead_s: float = Field(ge=0, le=1.0, description="fixed cost of one kernel launch")
     efficiency: dict[str, Efficiency] = Field(
         default_factory=dict, description="fraction of peak per op class (missing: 1.0)"
     )
-    nic_bw_Bps: float = Field(gt=0, le=1e18, description="network interface bandwidth, bytes/s")
+    nic_bw_Bps: float = Field(ge=1, le=MAX_RATE, description="network interface bandwidth, bytes/s")
     price_per_hour: float = Field(ge=0, description="USD per hour, on demand")
     power_w: Power
     source: Source
@@ -311,8 +312,8 @@ class DeviceProfile(_Strict):
             raise ValueError("must contain 'fp32'")
         _known_keys(v, DTYPES, "dtype")
         for k, x in v.items():
-            if not 0 < x <= MAX_PEAK_FLOPS:
-                raise ValueError(f"{k} must be > 0 and at most {MAX_PEAK_FLOPS:g}")
+            if not 1 <= x <= MAX_RATE:
+                raise ValueError(f"{k} must be at least 1 and at most {MAX_RATE:g}")
         return v
 
     @model_validator(mode="after")
