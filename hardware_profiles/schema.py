@@ -262,13 +262,13 @@ class DeviceProfile(_Strict):
         "fraction of that mode's peak per op class, as efficiency (which stays the fp32 "
         "table and the fallback for an op class a mode's table lacks); when given, one "
         "table for every such mode in peak_flops")
-    mem_bw_Bps: float = Field(ge=1, le=MAX_RATE, description="memory bandwidth, bytes/s")
+    mem_bw_Bps: float = Field(gt=0, le=MAX_RATE, description="memory bandwidth, bytes/s")
     memory_bytes: float = Field(gt=0, le=MAX_RATE, description="device memory, bytes")
     launch_overhead_s: float = Field(ge=0, le=1.0, description="fixed cost of one kernel launch")
     efficiency: dict[str, Efficiency] = Field(
         default_factory=dict, description="fraction of peak per op class (missing: 1.0)"
     )
-    nic_bw_Bps: float = Field(ge=1, le=MAX_RATE, description="network interface bandwidth, bytes/s")
+    nic_bw_Bps: float = Field(gt=0, le=MAX_RATE, description="network interface bandwidth, bytes/s")
     price_per_hour: float = Field(ge=0, description="USD per hour, on demand")
     power_w: Power
     source: Source
@@ -304,6 +304,13 @@ class DeviceProfile(_Strict):
                 "schema" not in data and any(k in data for k in V1_FIELDS))):
             return migrate_v1(data)
         return data
+
+    @field_validator("mem_bw_Bps", "nic_bw_Bps")
+    @classmethod
+    def _rate(cls, v: float) -> float:
+        if v < 1:
+            raise ValueError(f"must be at least 1 byte/s (got {v})")
+        return v
 
     @field_validator("peak_flops")
     @classmethod
