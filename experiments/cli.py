@@ -98,8 +98,8 @@ def cmd_dag(a: argparse.Namespace) -> int:
     out = prepare_out(a.out or Path("results") / Path(a.config).stem / "dag")
     rows = dag_runner.run_dag(a.config, names, out)
     write_csv(out / "comparison.csv", rows)
-    print_table(rows, ("scheduler", "mode", "plan_frame_ms", "deadline_ms", "plan_energy_mj", "des_miss_rate",
-                       "des_latency_p99_ms", "des_energy_mj"))
+    print_table(rows, ("scheduler", "mode", "plan_frame_ms", "plan_effects_ms", "deadline_ms", "plan_energy_mj",
+                       "des_miss_rate", "des_miss_ok", "des_latency_p99_ms", "des_energy_mj"))
     print(f"wrote {out}/comparison.csv, comparison.png and one folder per scheduler")
     return 0
 

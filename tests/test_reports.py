@@ -6,6 +6,8 @@ update semantics in comparison tables.
   and warns on stderr; a long enough one measures a window without fill and drain.
 * Comparison rows carry the plan kind, the sync mode and the staleness bound, and
   ``compare`` warns once when it ranks plans of different staleness.
+* DAG schedulers plan with the frames DES's load and jitter priced in; ``hetsim dag``
+  flags a plan whose DES miss rate exceeds the config's tolerance.
 """
 
 from __future__ import annotations
@@ -17,13 +19,17 @@ import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import yaml
 
 from experiments.cli import main
 from experiments.plots import _updates_label
 from experiments.runner import staleness_warning, update_columns
-from sim.config import JobConfig
+from sim.config import JobConfig, PeriodicPattern
+from sim.dag import dag_costs, planning_costs
+from sim.dag_config import load_dag_config
+from sim.des.frames import FrameOptions, planning_scale
 from sim.des.pipeline import (
     WINDOW_FILLS,
     min_steady_iterations,
@@ -255,3 +261,87 @@ def test_compare_carries_the_columns_and_warns_once_for_two_staleness_bounds(
     assert main(["compare", str(tmp_path / "c.yaml"), "--evaluator", "analytic", "--schedulers", "equal",
                  "--out", str(tmp_path / "one")]) == 0
     assert "staleness" not in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------
+# Robotics: DAG schedulers plan with the frames DES's load and jitter (issue 39 item 2)
+# ---------------------------------------------------------------------------------------
+ORIN = Path(__file__).resolve().parent.parent / "experiments" / "configs" / "robotics" / "orin_slam.yaml"
+
+
+def test_planning_scale_covers_load_and_jitter_at_the_tolerance() -> None:
+    load = PeriodicPattern(pattern="periodic", workers="all", period_s=1.0, duty=0.2, until_s=30,
+                           slowdown=1.5, random_phase=True)
+    # jitter cv 0.1 at a 1% tolerance: the 99th percentile of a mean-1 log-normal
+    jit = planning_scale(FrameOptions(frames=600, jitter_cv=0.1), 3, 1 / 30)
+    assert jit == pytest.approx((1.2549317193674263,) * 3, rel=1e-12)
+    # loaded 20% of the time: more than 1% of it, so the slowdown counts; at 25%, it does not
+    opts = FrameOptions(frames=600, load=(load,), miss_tolerance=0.01)
+    assert planning_scale(opts, 3, 1 / 30) == (1.5, 1.5, 1.5)
+    assert planning_scale(dataclasses.replace(opts, miss_tolerance=0.25), 3, 1 / 30) == (1.0, 1.0, 1.0)
+    assert planning_scale(FrameOptions(frames=600), 2, 1 / 30) == (1.0, 1.0)
+
+
+def test_planning_costs_scale_only_what_schedulers_see() -> None:
+    _, problem, _ = load_dag_config(ORIN)
+    assert problem.time_scale == pytest.approx((1.5 * 1.2549317193674263,) * len(problem.board.units))
+    nominal = dag_costs(problem, "40w")
+    priced = planning_costs(problem, "40w")
+    assert np.array_equal(priced.time_s, nominal.time_s * np.asarray(problem.time_scale))
+    plain = dataclasses.replace(problem, time_scale=())
+    assert np.array_equal(dag_costs(plain, "40w").time_s, nominal.time_s)
+    assert np.array_equal(planning_costs(plain, "40w").time_s, nominal.time_s)
+    with pytest.raises(ValueError, match="one finite factor >= 1 per board unit"):
+        dataclasses.replace(problem, time_scale=(1.0,))
+    with pytest.raises(ValueError, match="one finite factor >= 1 per board unit"):
+        dataclasses.replace(problem, time_scale=(0.5,) * len(problem.board.units))
+
+
+def _orin(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+          **over: Any) -> tuple[dict[str, dict[str, str]], list[str]]:
+    data = yaml.safe_load(ORIN.read_text())
+    cfg = tmp_path / "orin.yaml"
+    cfg.write_text(yaml.safe_dump({**data, **over}))
+    out = tmp_path / f"o{len(over)}"
+    assert main(["dag", str(cfg), "--schedulers", "heft,energy,milp", "--out", str(out)]) == 0
+    rows = {r["scheduler"]: r for r in csv.DictReader((out / "comparison.csv").open())}
+    for s, r in rows.items():  # plan.json is the plan as run: nominal times
+        plan = json.loads((out / s / "plan.json").read_text())
+        assert 1e3 * plan["makespan_s"] == pytest.approx(float(r["plan_frame_ms"]), rel=1e-12)
+    return rows, [ln for ln in capsys.readouterr().err.splitlines() if "misses" in ln]
+
+
+def test_orin_slam_plans_without_the_des_effects_miss_and_are_flagged(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rows, warned = _orin(tmp_path, capsys, plan_with_des_effects=False)
+    for s in ("energy", "milp"):
+        r = rows[s]
+        assert (r["mode"], r["plan_feasible"], r["des_miss_ok"]) == ("15w", "True", "False")
+        assert float(r["plan_frame_ms"]) == float(r["plan_effects_ms"]) == pytest.approx(21.5517, abs=1e-4)
+        assert float(r["des_miss_rate"]) == pytest.approx(287 / 600, abs=1e-12)
+    assert rows["heft"]["des_miss_ok"] == "True" and float(rows["heft"]["des_miss_rate"]) == 0.0
+    assert warned == [f"hetsim: warning: {s}: the frames DES misses 47.8% of frames, over the config's "
+                      "miss_tolerance 1.0% (planned frame 21.55 ms, planned with nominal times; deadline 25 ms)"
+                      for s in ("energy", "milp")]
+
+
+def test_orin_slam_plans_with_the_des_effects_meet_the_tolerance(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rows, warned = _orin(tmp_path, capsys)
+    assert warned == []
+    assert {s: r["mode"] for s, r in rows.items()} == {"heft": "40w", "energy": "40w", "milp": "30w"}
+    for r in rows.values():
+        assert r["plan_feasible"] == r["des_miss_ok"] == "True"
+        assert float(r["des_miss_rate"]) <= float(r["miss_tolerance"]) == 0.01
+        # planned with times 1.5 (load) x 1.255 (jitter) the nominal, within the deadline
+        assert float(r["plan_frame_ms"]) < float(r["plan_effects_ms"]) <= 25.0
+    assert float(rows["energy"]["des_miss_rate"]) == 0.0
+    assert float(rows["energy"]["plan_energy_mj"]) < float(rows["heft"]["plan_energy_mj"])
+
+
+def test_miss_tolerance_is_checked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text(yaml.safe_dump({**yaml.safe_load(ORIN.read_text()), "miss_tolerance": 1.5}))
+    assert main(["dag", str(cfg)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(cfg) in err and "miss_tolerance" in err
