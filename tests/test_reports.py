@@ -40,7 +40,7 @@ from sim.evaluate import evaluate
 from sim.multistage import default_in_flight, pipeline_model, staleness_bound
 from sim.plan import Plan, Replica, Stage
 from sim.result import DeviceUsage, RunResult
-from tests.test_multistage import PS, SLOW, _profile_json, hand_case, profile, random_plans
+from tests.test_multistage import hand_case, placed_case, random_plans
 
 
 def _with_iterations(prob: Any, n: int) -> Any:
@@ -225,20 +225,7 @@ def test_compare_carries_the_columns_and_warns_once_for_two_staleness_bounds(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # exact places the model on one fast replica and four slow ones (tests/test_multistage.py's
     # CLI case): a pipeline; equal is synchronous data-parallel
-    (tmp_path / "p").mkdir()
-    for prof in (profile("fast", peak=1e13, mem_bw=1e15, nic=1e9, price=30.0), SLOW, PS):
-        (tmp_path / "p" / f"{prof.name}.json").write_text(_profile_json(prof))
-    (tmp_path / "m.yaml").write_text(yaml.safe_dump({"name": "two", "layers": [
-        {"name": "L0", "op": "gemm", "fwd_flops": 1e9, "bwd_flops": 2e9, "param_bytes": 1e5,
-         "activation_bytes": 1e3},
-        {"name": "L1", "op": "gemm", "fwd_flops": 5e8, "bwd_flops": 1e9, "param_bytes": 1e5,
-         "activation_bytes": 1e3}]}))
-    cfg = {"name": "placed", "seed": 3, "profiles": ["p/"],
-           "cluster": {"devices": [{"type": "fast", "count": 2}, {"type": "slow", "count": 8}],
-                       "ps": {"shards": 1, "type": "ps"}, "network": {"latency_us": 10}},
-           "job": {"model": {"file": "m.yaml"}, "global_batch": 8, "iterations": 10, "pipeline": True},
-           "objective": {"minimize": "cost", "throughput_min": 2500}, "scheduler": {"name": "exact"}}
-    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    placed_case(tmp_path, iterations=10)
     out = tmp_path / "cmp"
     assert main(["compare", str(tmp_path / "c.yaml"), "--evaluator", "analytic", "--schedulers", "equal,exact",
                  "--out", str(out)]) == 0
