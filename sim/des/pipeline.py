@@ -93,9 +93,9 @@ from sim.result import ModelSteadyState, RunResult, Trace
 #: bottleneck did work for later iterations during the fill (such as the parameters
 #: prefetched for the first ``staleness_bound`` iterations), and queues the fill left on
 #: near-saturated links drain. What the fill banked is at most about its length, so its
-#: share of a window this long stays small: over the 389 placement plans of
-#: tests/test_multistage.py's random_plans (seeds 0-199) and scheduler_plans (one stage,
-#: seeds 0-59), every window this long agrees with the steady-state model within 1%.
+#: share of a window this long stays within about 1% of the window: a window this long
+#: agrees with the steady-state model within 1% (tests/test_reports.py checks the random
+#: plans of tests/test_multistage.py that stray most).
 WINDOW_FILLS = 16
 
 #: Priorities on a replica's links: a non-pipelined job's PS messages pre-empt boundary
