@@ -46,10 +46,20 @@ def print_table(rows: list[dict[str, Any]], cols: Sequence[str]) -> None:
 
 SUMMARY_COLS = ("scheduler", "evaluator", "throughput_sps", "iteration_time_mean_s", "elapsed_s",
                 "time_to_target_s", "cost_usd", "energy_j")
+#: compare and demo: each plan's kind, sync mode, staleness bound and throughput window too
+COMPARE_COLS = (*SUMMARY_COLS[:2], "plan_kind", "sync", "staleness_bound", *SUMMARY_COLS[2:], "throughput_window")
 
 
 def _row(result: Any, **extra: Any) -> dict[str, Any]:
     return {**extra, "scheduler": result.scheduler, "evaluator": result.evaluator, **result.headline()}
+
+
+def _compare_row(result: Any, plan: Any, job: Any, **extra: Any) -> dict[str, Any]:
+    """A comparison row: :func:`_row`, then how the plan's updates were applied
+    (:func:`experiments.runner.update_columns`)."""
+    from experiments.runner import update_columns
+
+    return {**_row(result, **extra), **update_columns(result, plan, job)}
 
 
 def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
@@ -88,8 +98,8 @@ def cmd_dag(a: argparse.Namespace) -> int:
     out = prepare_out(a.out or Path("results") / Path(a.config).stem / "dag")
     rows = dag_runner.run_dag(a.config, names, out)
     write_csv(out / "comparison.csv", rows)
-    print_table(rows, ("scheduler", "mode", "plan_frame_ms", "deadline_ms", "plan_energy_mj", "des_miss_rate",
-                       "des_latency_p99_ms", "des_energy_mj"))
+    print_table(rows, ("scheduler", "mode", "plan_frame_ms", "plan_effects_ms", "deadline_ms", "plan_energy_mj",
+                       "des_miss_rate", "des_miss_ok", "des_latency_p99_ms", "des_energy_mj"))
     print(f"wrote {out}/comparison.csv, comparison.png and one folder per scheduler")
     return 0
 
@@ -126,7 +136,7 @@ def cmd_compare(a: argparse.Namespace) -> int:
     rows = []
     for n in names:
         try:
-            result, _ = runner.run_one(loaded, a.evaluator, n, out / n, progress=True)
+            result, plan = runner.run_one(loaded, a.evaluator, n, out / n, progress=True)
         except HetsimError as e:
             if a.schedulers:  # asked for by name: its error is the answer
                 raise
@@ -134,12 +144,14 @@ def cmd_compare(a: argparse.Namespace) -> int:
             # (bruteforce on a long model, exact without minimize: cost, ...)
             print(f"hetsim: skipped {n}: {str(e).splitlines()[0]}", file=sys.stderr)
             continue
-        rows.append(_row(result))
+        rows.append(_compare_row(result, plan, loaded.config.job))
     if not rows:
         raise HetsimError(f"{a.config}: no scheduler could plan this config")
     write_csv(out / "comparison.csv", rows)
     plots.comparison_chart(rows, out / "comparison.png", title=f"{loaded.config.name} ({a.evaluator})")
-    print_table(rows, SUMMARY_COLS)
+    if warning := runner.staleness_warning(rows):
+        print(f"hetsim: warning: {warning}", file=sys.stderr)
+    print_table(rows, COMPARE_COLS)
     print(f"wrote {out}/comparison.csv, comparison.png and one folder per scheduler")
     return 0
 
@@ -158,12 +170,14 @@ def cmd_demo(a: argparse.Namespace) -> int:
         data["job"]["model"] = model
         data["name"] = f"demo-{model}"
         loaded = runner.from_dict(data, base.base_dir, str(DEFAULT_CONFIG))
-        result, _ = runner.run_one(loaded, "des", sched, out / model / sched)
-        rows.append(_row(result, model=model))
+        result, plan = runner.run_one(loaded, "des", sched, out / model / sched)
+        rows.append(_compare_row(result, plan, loaded.config.job, model=model))
     write_csv(out / "comparison.csv", rows)
     plots.comparison_chart(rows, out / "comparison.png", title="hetsim demo: 1 V100 + 2 T4 + 4 CPU, 2 PS shards, 10 Gbps")
     shutil.copyfile(out / DEMO_MODELS[0] / DEMO_SCHEDULERS[-1] / "trace.json", out / "trace.json")
-    print_table(rows, ("model", *SUMMARY_COLS))
+    if warning := runner.staleness_warning(rows):
+        print(f"hetsim: warning: {warning}", file=sys.stderr)
+    print_table(rows, ("model", *COMPARE_COLS))
     print(f"wrote {out}/: comparison.csv, comparison.png, trace.json (open in https://ui.perfetto.dev), "
           "and one folder per run")
     return 0

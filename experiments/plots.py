@@ -74,15 +74,31 @@ def _value(row: dict[str, Any], key: str) -> float:
         return math.nan
 
 
+def _updates_label(row: dict[str, Any]) -> str:
+    """A plan's kind, sync mode and staleness bound as a tick's second line
+    ("placement, ssp <= 21"; '' for a row without them)."""
+    if "plan_kind" not in row:
+        return ""
+    bound = row.get("staleness_bound")
+    sync = str(row.get("sync", ""))
+    if sync == "ssp":
+        sync += f" \u2264 {bound}"
+    return f"{str(row['plan_kind']).replace('_', '-')}, {sync}"
+
+
 def comparison_chart(rows: Sequence[dict[str, Any]], path: Path, title: str = "") -> None:
     """Throughput (samples/s, top) and cost (USD, bottom) per scheduler, one column per model.
 
     Each model's panels have their own y-axis: throughputs of different models
     differ by orders of magnitude, and a shared axis would flatten the small
-    bars. Rows without a ``model`` key form a single column.
+    bars. Rows without a ``model`` key form a single column. A row with the
+    plan's kind, sync mode and staleness bound (experiments.runner.update_columns)
+    shows them under the scheduler's name.
     """
     models = list(dict.fromkeys(r.get("model", "") for r in rows)) or [""]
     scheds = list(dict.fromkeys(r["scheduler"] for r in rows))
+    updates = {r["scheduler"]: _updates_label(r) for r in rows}
+    ticks = [f"{s}\n{updates[s]}" if updates[s] else s for s in scheds]
     n_rows, n_cols = len(_COMPARISON_METRICS), len(models)
     width = max(4.2, 1.2 + n_cols * max(2.6, 0.75 * len(scheds) + 1.0))
     fig, axes = plt.subplots(n_rows, n_cols, figsize=(width, 6.2), squeeze=False, layout="constrained")
@@ -98,7 +114,7 @@ def comparison_chart(rows: Sequence[dict[str, Any]], path: Path, title: str = ""
                          padding=2)
             ax.set_ylim(0, max([y for y in ys if not math.isnan(y)] + [0.0]) * 1.18 or 1.0)
             _plain_ticks(ax)
-            ax.set_xticks(list(xs), scheds, rotation=30 if len(scheds) > 3 else 0,
+            ax.set_xticks(list(xs), ticks, rotation=30 if len(scheds) > 3 else 0,
                           ha="right" if len(scheds) > 3 else "center", fontsize=8)
             ax.grid(axis="y", alpha=0.3)
             ax.set_axisbelow(True)

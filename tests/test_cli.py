@@ -29,7 +29,8 @@ from sim.result import HEADLINE_KEYS
 HETSIM = Path(sys.executable).with_name("hetsim")
 RUN_FILES = {"summary.json", "iterations.csv", "trace.json", "plan.json", "config.json"}
 SUMMARY_KEYS = {
-    "schema", "name", "evaluator", "scheduler", "seed", "throughput_sps", "iteration_time_s",
+    "schema", "name", "evaluator", "scheduler", "seed", "throughput_sps", "throughput_window",
+    "iteration_time_s",
     "iterations", "elapsed_s", "time_to_target_s", "cost_usd", "energy_j", "utilization",
     # documented extras: per-worker time split and the failures that happened
     "workers", "failures",
