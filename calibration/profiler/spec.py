@@ -76,7 +76,7 @@ _ALL_MICRO = (
 #: shape (on the AMD EPYC, 16 rows backward: 0.40-0.60 of peak, 1024x1024 the
 #: fastest at every row count), which a curve over one variable cannot price; fitted
 #: with the grid they made the leave-one-model-out bench worse, not better
-#: (README, "Two probes: the reweighting, and 16-row benchmarks").
+#: (docs/notes/2026-12-06-two-probes.md).
 _EXTRA_MICRO = (
     "linear_256x256_b16", "linear_1024x1024_b16", "linear_4096x1024_b16", "linear_512x4096_b16",
 )
