@@ -44,19 +44,27 @@ def _subparsers(parser: argparse.ArgumentParser) -> list[tuple[str, str, argpars
     return out
 
 
+def _metavar(a: argparse.Action) -> str:
+    """What the option's value is called (its metavar, or its destination in capitals)."""
+    m = a.metavar
+    if isinstance(m, tuple):
+        m = " ".join(m)
+    return str(m or a.dest).upper()
+
+
 def _usage(verb: str, sub: argparse.ArgumentParser) -> str:
     parts = [f"hetsim {verb}"]
     for a in sub._actions:
         if isinstance(a, argparse._HelpAction):
             continue
         if not a.option_strings:
-            parts.append(str(a.metavar or a.dest).upper() if a.nargs != "?" else f"[{(a.metavar or a.dest).upper()}]")
+            parts.append(_metavar(a) if a.nargs != "?" else f"[{_metavar(a)}]")
             continue
         opt = a.option_strings[-1] if a.option_strings[-1].startswith("--") else a.option_strings[0]
         if a.nargs == 0:
             parts.append(f"[{opt}]")
         else:
-            parts.append(f"[{opt} {a.metavar or a.dest.upper()}]")
+            parts.append(f"[{opt} {_metavar(a)}]")
     return " ".join(parts)
 
 
@@ -68,9 +76,9 @@ def _option_rows(sub: argparse.ArgumentParser) -> list[str]:
         if a.option_strings:
             name = ", ".join(f"`{o}`" for o in a.option_strings)
             if a.nargs != 0:
-                name += f" `{a.metavar or a.dest.upper()}`"
+                name += f" `{_metavar(a)}`"
         else:
-            name = f"`{(a.metavar or a.dest).upper()}`"
+            name = f"`{_metavar(a)}`"
         default = "" if a.default in (None, False, argparse.SUPPRESS) or not a.option_strings else f"`{a.default}`"
         choices = f" (one of: {', '.join(map(str, a.choices))})" if a.choices else ""
         rows.append(f"| {_cell(name)} | {_cell((a.help or '') + choices)} | {_cell(default)} |")
