@@ -226,6 +226,26 @@ def test_hetsim_commands_exist(page: Path) -> None:
     assert not errors, errors
 
 
+@pytest.mark.parametrize("page", PAGES, ids=rel)
+def test_inline_hetsim_mentions_exist(page: Path) -> None:
+    """`hetsim VERB --option` in running text names a verb and options the parser has."""
+    verbs = subparsers()
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    errors = []
+    for span in re.findall(r"`(hetsim [^`]+)`", text):
+        words = span.replace("\\|", "|").split()
+        verb = words[1]
+        if verb.startswith("-"):
+            continue
+        if verb not in verbs:
+            errors.append(f"unknown verb: {span}")
+            continue
+        options = {o for a in verbs[verb]._actions for o in a.option_strings}  # type: ignore[attr-defined]
+        errors += [f"unknown option {w}: {span}" for w in words[2:]
+                   if re.fullmatch(r"--[a-z][a-z-]*", w.split("=")[0]) and w.split("=")[0] not in options]
+    assert not errors, errors
+
+
 def _shown_output(page: Path) -> dict[str, list[str]]:
     """For each `$ hetsim ...` line of a console block, the lines shown after it."""
     out: dict[str, list[str]] = {}
