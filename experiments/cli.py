@@ -44,6 +44,20 @@ def print_table(rows: list[dict[str, Any]], cols: Sequence[str]) -> None:
         print("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
 
 
+#: Columns a comparison table shows only where its rows differ (said once above it otherwise).
+SHARED_COLS = {"plan_kind": "{}", "sync": "sync {}", "staleness_bound": "staleness bound {}",
+               "throughput_window": "throughput window {}"}
+
+
+def print_comparison(rows: list[dict[str, Any]], cols: Sequence[str]) -> None:
+    """:func:`print_table` of a comparison, with the :data:`SHARED_COLS` that every row has
+    alike said once in a line above it ("all plans: data_parallel, sync bsp, ...")."""
+    same = [c for c in cols if c in SHARED_COLS and len({_fmt(r.get(c)) for r in rows}) == 1]
+    if same:
+        print("all plans: " + ", ".join(SHARED_COLS[c].format(_fmt(rows[0].get(c))) for c in same))
+    print_table(rows, [c for c in cols if c not in same])
+
+
 SUMMARY_COLS = ("scheduler", "evaluator", "throughput_sps", "iteration_time_mean_s", "elapsed_s",
                 "time_to_target_s", "cost_usd", "energy_j")
 #: compare and demo: each plan's kind, sync mode, staleness bound and throughput window too
@@ -151,7 +165,7 @@ def cmd_compare(a: argparse.Namespace) -> int:
     plots.comparison_chart(rows, out / "comparison.png", title=f"{loaded.config.name} ({a.evaluator})")
     if warning := runner.staleness_warning(rows):
         print(f"hetsim: warning: {warning}", file=sys.stderr)
-    print_table(rows, COMPARE_COLS)
+    print_comparison(rows, COMPARE_COLS)
     print(f"wrote {out}/comparison.csv, comparison.png and one folder per scheduler")
     return 0
 
@@ -177,7 +191,7 @@ def cmd_demo(a: argparse.Namespace) -> int:
     shutil.copyfile(out / DEMO_MODELS[0] / DEMO_SCHEDULERS[-1] / "trace.json", out / "trace.json")
     if warning := runner.staleness_warning(rows):
         print(f"hetsim: warning: {warning}", file=sys.stderr)
-    print_table(rows, ("model", *COMPARE_COLS))
+    print_comparison(rows, ("model", *COMPARE_COLS))
     print(f"wrote {out}/: comparison.csv, comparison.png, trace.json (open in https://ui.perfetto.dev), "
           "and one folder per run")
     return 0
