@@ -326,10 +326,8 @@ def pool_ops(layer: Layer) -> float:
     ``(window + 2)`` times the output elements.
 
     Torch's FLOP counter counts none for pooling, but a CPU max pool's time follows
-    this count, not its bytes: ResNet's 3x3 and VGG's 2x2 pools (outputs a quarter
-    of their inputs, so equal bytes per output) took 27 and 14-18 ns per output
-    element here (Xeon rounds profile, 0.1-12.8 MB), 2.5 and 2.3-3.0 ns per
-    operation so counted. Priced by the elementwise class's compute curve where a
+    this count, not its bytes (pools whose outputs have equal bytes but different
+    windows take time in proportion to the window). Priced by the elementwise class's compute curve where a
     profile has one (calibration fits it to pools, the class's only passes with
     operations), by its bytes otherwise.
     """
