@@ -73,7 +73,8 @@ def cmd_simulate(a: argparse.Namespace) -> int:
         raise ConfigError("<command line>", "--plan", "give --plan or --scheduler, not both")
     result, plan = runner.run_one(loaded, a.evaluator, a.scheduler, out, progress=True, plan_file=a.plan)
     print_table([_row(result)], SUMMARY_COLS)
-    print(f"wrote {out}/ (summary.json, iterations.csv, trace.json, plan.json, config.json)")
+    trace = "trace.json, " if (out / "trace.json").is_file() else ""  # none without a timeline (analytic)
+    print(f"wrote {out}/ (summary.json, iterations.csv, {trace}plan.json, config.json)")
     return 0
 
 

@@ -33,6 +33,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from matplotlib.patches import Patch
+
 from experiments import plots
 from experiments.figstyle import scheduler_color, scheduler_marker, scheduler_order
 from experiments.plots import plt
@@ -118,7 +120,9 @@ def _stem(text: str) -> str:
 def _gantt(trace: Path, title: str, iterations: int = plots.GANTT_ITERATIONS) -> Any:
     """A run's Gantt figure, or why there is none."""
     if not trace.is_file():
-        return f"no {trace.name} in {trace.parent}"
+        analytic = (_json(trace.parent / "summary.json") or {}).get("evaluator") == "analytic"
+        return f"no {trace.name} in {trace.parent}" + (
+            " (the analytic evaluator records no timeline; --evaluator des does)" if analytic else "")
     try:
         return plots.gantt_of(trace, iterations, title)
     except ValueError:
@@ -210,8 +214,9 @@ def iteration_times_figure(run: Path, title: str) -> Any:
     ax.plot(xs, times, color="#1F77B4", lw=1.2, marker="o" if len(times) <= 60 else "", ms=3.5)
     if warm:
         ax.axvspan(-0.5, warm - 0.5, color="0.88", zorder=0)
-        ax.annotate("warm-up\n(not in throughput)", (warm - 0.5, 1), xycoords=("data", "axes fraction"),
-                    xytext=(-4, -4), textcoords="offset points", ha="right", va="top", fontsize=8)
+        # beside the shaded span, at the foot of the axes (the y axis starts at 0: no line there)
+        ax.annotate("◀ warm-up (not in throughput)", (warm - 0.5, 0.03), xycoords=("data", "axes fraction"),
+                    xytext=(3, 0), textcoords="offset points", ha="left", va="bottom", fontsize=8)
     steady = [t for t in times[warm:] if not math.isnan(t)]
     mean = sum(steady) / len(steady)
     ax.axhline(mean, color="black", lw=0.9, ls="--")
@@ -383,44 +388,53 @@ def validation_points(items: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def validation_figure(points: Sequence[dict[str, Any]], title: str = "sim vs real") -> Any:
-    """Simulated against real mean iteration time, one marker per (config, scheduler) in
-    the scheduler's colour (hollow: more worker threads than cores), the y = x line and a
-    ±10% band under them. Up to three points are labelled beside themselves, with a leader
-    line, never over the marker; more are numbered, and the numbers listed beside the plot."""
+    """Simulated against real mean iteration time (ms, log axes), one marker per (config,
+    scheduler) in the scheduler's colour and marker (hollow: more worker threads than cores),
+    the y = x line and a ±10% band under them. Up to three points are labelled beside
+    themselves, with a leader line, never over the marker; more are numbered, and the
+    numbers listed in a panel beside the plot."""
+    from matplotlib.lines import Line2D
     pts = [p for p in points if p.get("sim") is not None and p.get("real") is not None
            and p["sim"] > 0 and p["real"] > 0]
     if not pts:
         return "no scheduler has both a simulated and a real mean iteration time"
     numbered = len(pts) > 3
-    fig, ax = plt.subplots(figsize=(8.6 if numbered else 6.4, 5.6), layout="constrained")
-    lo = min(min(p["sim"], p["real"]) for p in pts) / 1.6
-    hi = max(max(p["sim"], p["real"]) for p in pts) * 1.6
-    ax.fill_between([lo, hi], [lo * 0.9, hi * 0.9], [lo * 1.1, hi * 1.1], color="0.9", zorder=0, label="±10%")
-    ax.plot([lo, hi], [lo, hi], "k--", lw=0.8, zorder=1, label="y = x")
+    if numbered:
+        fig, (ax, side) = plt.subplots(1, 2, figsize=(10.5, 5.8), width_ratios=(1.0, 0.75), layout="constrained")
+    else:
+        fig, ax = plt.subplots(figsize=(6.4, 5.6), layout="constrained")
+    lo = 1e3 * min(min(p["sim"], p["real"]) for p in pts) / 1.6
+    hi = 1e3 * max(max(p["sim"], p["real"]) for p in pts) * 1.6
+    ax.fill_between([lo, hi], [lo * 0.9, hi * 0.9], [lo * 1.1, hi * 1.1], color="0.9", zorder=0)
+    ax.plot([lo, hi], [lo, hi], "k--", lw=0.8, zorder=1)
     lines = []
     for i, p in enumerate(pts, 1):
-        color = scheduler_color(p["scheduler"])
-        ax.scatter([p["real"]], [p["sim"]], s=60, marker=scheduler_marker(p["scheduler"]), zorder=3,
+        color, real, sim = scheduler_color(p["scheduler"]), 1e3 * p["real"], 1e3 * p["sim"]
+        ax.scatter([real], [sim], s=60, marker=scheduler_marker(p["scheduler"]), zorder=3,
                    facecolors="none" if p["oversubscribed"] else color, edgecolors=color, linewidths=1.6)
-        err = f"{100 * (p['sim'] - p['real']) / p['real']:+.1f}%"
-        text = f"{p['config']} · {p['scheduler']}: {err}"
+        text = f"{p['config']} · {p['scheduler']}: {100 * (sim - real) / real:+.1f}%"
         if numbered:
-            ax.annotate(str(i), (p["real"], p["sim"]), xytext=(6, -10), textcoords="offset points",
-                        fontsize=8, zorder=4)
+            ax.annotate(str(i), (real, sim), xytext=(6, -10), textcoords="offset points", fontsize=8, zorder=4)
             lines.append(f"{i:>2}  {text}")
         else:
-            ax.annotate(f"{text}\nsim {plots._num(1e3 * p['sim'])} ms, real {plots._num(1e3 * p['real'])} ms",
-                        (p["real"], p["sim"]), xytext=(18, -30 - 28 * (i - 1)), textcoords="offset points",
+            ax.annotate(f"{text}\nsim {plots._num(sim)} ms, real {plots._num(real)} ms",
+                        (real, sim), xytext=(22, -38 - 28 * (i - 1)), textcoords="offset points",
                         fontsize=8, zorder=4, va="top",
                         arrowprops={"arrowstyle": "-", "color": "0.4", "lw": 0.7, "shrinkB": 6})
     ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi),
-           xlabel="real mean iteration time (s)", ylabel="simulated mean iteration time (s)")
+           xlabel="real mean iteration time (ms)", ylabel="simulated mean iteration time (ms)")
+    for axis in (ax.xaxis, ax.yaxis):
+        plots._plain_axis(axis, log=True)
     ax.set_aspect("equal")
     plots._style(ax)
-    ax.legend(fontsize=8, loc="upper left", frameon=False)
+    handles = [Patch(color="0.9", label="±10%"), Line2D([], [], color="black", ls="--", lw=0.8, label="y = x")]
+    handles += [Line2D([], [], color=scheduler_color(s), marker=scheduler_marker(s), ls="", label=s)
+                for s in scheduler_order(p["scheduler"] for p in pts)]
+    ax.legend(handles=handles, fontsize=8, loc="upper left", frameon=False)
     if numbered:
-        fig.text(1.0, 0.5, "\n".join(lines), ha="right", va="center", fontsize=7, family="monospace")
-        fig.get_layout_engine().set(rect=(0, 0, 0.58, 1))  # type: ignore[union-attr,call-arg]
+        side.axis("off")
+        side.text(0.0, 0.5, "\n".join(lines), ha="left", va="center", fontsize=7, family="monospace",
+                  transform=side.transAxes)
     note = "; hollow: more worker threads than cores" if any(p["oversubscribed"] for p in pts) else ""
     plots._suptitle(fig, f"{title}\n(error = (sim - real) / real{note})")
     return fig

@@ -127,8 +127,9 @@ def comparison_figure(rows: Sequence[dict[str, Any]], title: str = "") -> Any:
             if r == 0 and model:
                 ax.set_title(model, fontweight="bold")
     handles = [Patch(color=scheduler_color(s), label=s) for s in scheds]
-    fig.legend(handles=handles, title="scheduler", loc="outside lower center", ncols=min(len(scheds), 8),
-               frameon=False)
+    # as many columns as fit the figure's width (an entry takes about 1.4 inches)
+    fig.legend(handles=handles, title="scheduler", loc="outside lower center",
+               ncols=max(1, min(len(scheds), int(width / 1.4))), frameon=False)
     if title:
         fig.suptitle(title + ("\n(each model on its own scale)" if n_cols > 1 else ""))
     return fig
@@ -412,10 +413,14 @@ def _legend(fig: Any, handles: list[Any], title: str) -> None:
 
 
 def _plain_axis(axis: Any, log: bool = False) -> None:
-    """Plain decimal tick labels with 3 significant digits and at most 6 ticks (no 1e-05 offset)."""
-    from matplotlib.ticker import MaxNLocator
+    """Plain decimal tick labels with 3 significant digits and at most 6 ticks (no 1e-05
+    offset); on a log axis, ticks at 1, 2 and 5 times each power of ten (a span shorter
+    than a decade would otherwise show one labelled tick, or none)."""
+    from matplotlib.ticker import LogLocator, MaxNLocator
 
-    if not log:
+    if log:
+        axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    else:
         axis.set_major_locator(MaxNLocator(nbins=5))
     axis.set_major_formatter(FuncFormatter(lambda x, _pos: _tick(x)))
     if log:
