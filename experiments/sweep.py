@@ -354,7 +354,7 @@ class Sweep:
                    *([f"{parts['random.samples']:,} samples"] if self.random else [])]
         made = " x ".join(factors) + " = " if len(factors) > 1 else ""
         raise ConfigError(self.source, where,
-                          f"{made}{n:,} points, over the limit of {limit:,} a sweep: every point "
+                          f"{made}{n:,} points, over the limit of {limit:,} points per sweep: every point "
                           f"is resolved and held in memory (about {_human_bytes(n * POINT_BYTES)} "
                           "here) before the first one runs; split the sweep, or pass --force")
 

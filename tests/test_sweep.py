@@ -415,9 +415,9 @@ def test_failed_points_exit_1_after_every_row_and_allow_failures_exits_0(
 # ---------------------------------------------------------------- size bounds
 @pytest.mark.parametrize("part,field,message", [
     ({"random": {"samples": 10**9, "axes": {"job.global_batch": {"low": 8, "high": 1024, "int": True}}}},
-     "random.samples", "1,000,000,000 points, over the limit of 50,000 a sweep"),
+     "random.samples", "1,000,000,000 points, over the limit of 50,000 points per sweep"),
     ({"grid": {"job.global_batch": list(range(1, 10_001)), "seed": list(range(10_000))}},
-     "grid", "10,000 x 10,000 = 100,000,000 points, over the limit of 50,000 a sweep"),
+     "grid", "10,000 x 10,000 = 100,000,000 points, over the limit of 50,000 points per sweep"),
     ({"grid": {"seed": list(range(300))}, "zip": {"job.global_batch": list(range(1, 301))},
       "random": {"samples": 1000, "axes": {"job.sync": {"choices": ["bsp", "asp"]}}}},
      "random.samples", "300 x 300 zip rows x 1,000 samples = 90,000,000 points"),
@@ -449,7 +449,7 @@ def test_force_lifts_the_limit_and_the_limit_counts_before_duplicates(
     assert len(sw.points(limit=None)) == 3
     small = sweep_of(grid={"seed": [0, 1]})
     monkeypatch.setattr(sweep_mod, "MAX_POINTS", 1)
-    with pytest.raises(ConfigError, match="over the limit of 1 a sweep"):
+    with pytest.raises(ConfigError, match="over the limit of 1 points per sweep"):
         run_sweep(small, tmp_path / "o", progress=False)
     assert run_sweep(small, tmp_path / "o", progress=False, force=True).attrs["sweep"]["ok"] == 2
 
