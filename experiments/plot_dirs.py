@@ -78,14 +78,7 @@ def plot_dir(folder: str | Path, out_dir: str | Path | None = None) -> list[Path
     out.mkdir(parents=True, exist_ok=True)
     makers = {"validate": _validate_figures, "dag": _dag_figures, "compare": _compare_figures,
               "run": _run_figures}[kind](d)
-    written: list[Path] = []
-    for name, make in makers:
-        fig = make()
-        if isinstance(fig, str):
-            print(f"plot: skipped {name}: {fig}")
-            continue
-        written += plots.save_png_svg(fig, out, name)
-    return written
+    return plots.save_figures(makers, out, "plot")
 
 
 # ------------------------------------------------------------------ reading

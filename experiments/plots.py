@@ -1084,11 +1084,18 @@ def plot_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None) -> list
     if not fields:
         figures.append(("metrics_vs_FIELD", lambda: "no numeric swept column with several values "
                         f"besides {SEED} and {THROUGHPUT_MIN}"))
+    return save_figures(figures, out, "plot_sweep")
+
+
+def save_figures(makers: Sequence[tuple[str, Any]], out_dir: Path, who: str) -> list[Path]:
+    """Make each (stem, maker) figure and write it as ``out_dir/stem.png`` and ``.svg``; a
+    maker that returns text (why there is no figure) is skipped with one line on stdout,
+    ``WHO: skipped STEM: TEXT``. Returns the files written."""
     written: list[Path] = []
-    for name, make in figures:
+    for name, make in makers:
         fig = make()
         if isinstance(fig, str):
-            print(f"plot_sweep: skipped {name}: {fig}")
+            print(f"{who}: skipped {name}: {fig}")
             continue
-        written += save_png_svg(fig, out, name)
+        written += save_png_svg(fig, out_dir, name)
     return written
