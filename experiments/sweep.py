@@ -4,7 +4,7 @@ A sweep file (YAML; paths relative to it)::
 
     base: ../configs/demo.yaml        # a config file, or an inline config mapping
     evaluator: analytic               # analytic | des (frames for a robotics base config)
-    trace: false                      # write trace.json into each run folder
+    trace: false                      # write trace.json into each run folder (des, frames: analytic has no timeline)
     grid:                             # every combination
       cluster.network.bandwidth_gbps: [1, 10, 40]
       scheduler.name: [equal, proportional]
@@ -263,7 +263,7 @@ class Sweep:
         evaluator: 'analytic' or 'des'.
         grid, zip: dotted path -> list of values.
         random: seeded random axes, or None.
-        trace: write trace.json into each run folder.
+        trace: write trace.json into each run folder (not for the analytic evaluator, which records no timeline).
         source: the sweep file, for error messages.
         name: used for the default output folder.
     """
