@@ -21,13 +21,15 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from experiments.runner import EVALUATORS
-from experiments.sweep import BACKENDS
+from experiments.sweep import BACKENDS, MAX_POINTS
 from hardware_profiles.errors import ConfigError, HetsimError
 from hardware_profiles.fileio import prepare_out
 
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "demo.yaml"
 DEMO_MODELS = ("resnet18", "ctr_dnn")
 DEMO_SCHEDULERS = ("equal", "proportional")
+#: exit status of a sweep that wrote every row but has points whose status is error
+SWEEP_FAILED = 1
 
 
 def _fmt(x: Any) -> str:
@@ -95,7 +97,8 @@ def cmd_simulate(a: argparse.Namespace) -> int:
         raise ConfigError("<command line>", "--plan", "give --plan or --scheduler, not both")
     result, plan = runner.run_one(loaded, a.evaluator, a.scheduler, out, progress=True, plan_file=a.plan)
     print_table([_row(result)], SUMMARY_COLS)
-    print(f"wrote {out}/ (summary.json, iterations.csv, trace.json, plan.json, config.json)")
+    trace = "trace.json, " if (out / "trace.json").is_file() else ""  # none without a timeline (analytic)
+    print(f"wrote {out}/ (summary.json, iterations.csv, {trace}plan.json, config.json)")
     return 0
 
 
@@ -201,10 +204,12 @@ def cmd_sweep(a: argparse.Namespace) -> int:
     from experiments import sweep
 
     sw = sweep.load_sweep(a.sweep)
+    if not a.force:
+        sw.check_size()  # before the output folder is made
     out = prepare_out(a.out or Path("results") / "sweeps" / Path(a.sweep).stem)
     try:
         table = sweep.run_sweep(sw, out, jobs=a.jobs, backend=a.backend, address=a.address,
-                                progress=not a.quiet)
+                                progress=not a.quiet, force=a.force)
     except sweep.SweepInterrupted as e:
         print(f"hetsim: interrupted: {e.done} points finished in this run, {e.remaining} not run; "
               f"{e.csv} is complete up to here: rerun the same command to resume", file=sys.stderr)
@@ -215,16 +220,23 @@ def cmd_sweep(a: argparse.Namespace) -> int:
     print(f"sweep {sw.name}: {st['points']} points: {st['ok']} ok, {st['error']} error, "
           f"{st['skipped']} skipped (already in results.csv); {st['wall_s']:.1f} s{rate}")
     print(f"wrote {st['csv']} ({len(table)} rows) and {out}/runs/POINT_ID/")
+    failed = table.attrs["failed"]
+    if failed and not a.allow_failures:
+        earlier = len(failed) - st["error"]
+        print(f"hetsim: {len(failed)} of {st['points']} points failed"
+              + (f" ({earlier} in an earlier run)" if earlier else "")
+              + f": status error in {st['csv']}, the reason in its error column; exit status "
+              f"{SWEEP_FAILED} (--allow-failures: 0)", file=sys.stderr)
+        return SWEEP_FAILED
     return 0
 
 
 def cmd_plot(a: argparse.Namespace) -> int:
-    from experiments.plots import plot_sweep
+    from experiments.plot_dirs import folder_kind, plot_dir
 
     folder = Path(a.dir)
-    if not (folder / "results.csv").is_file():
-        raise ConfigError(str(folder), "", "no results.csv here (run hetsim sweep first)")
-    paths = plot_sweep(folder, Path(a.out) if a.out else None)
+    out = prepare_out(a.out) if a.out and folder_kind(folder) else None
+    paths = plot_dir(folder, out)
     for path in paths:
         print(f"wrote {path}")
     return 0
@@ -465,11 +477,17 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--address", help="dask scheduler address, e.g. tcp://10.0.0.1:8786 "
                     "(default: a LocalCluster of --jobs workers on 127.0.0.1)")
     sw.add_argument("--quiet", action="store_true", help="no progress bar")
+    sw.add_argument("--allow-failures", action="store_true",
+                    help=f"exit 0 when points failed (default: exit {SWEEP_FAILED} after writing every row)")
+    sw.add_argument("--force", action="store_true",
+                    help=f"run a sweep of more than {MAX_POINTS} points (refused by default: every point "
+                    "is held in memory before the first runs)")
     sw.set_defaults(fn=cmd_sweep)
 
-    pt = sub.add_parser("plot", help="figures of a sweep folder")
-    pt.add_argument("dir", help="a sweep's output folder (with results.csv)")
-    pt.add_argument("--out", help="figure folder (default: chosen by plot_sweep)")
+    pt = sub.add_parser("plot", help="the figures that fit an output folder (sweep, compare, demo, "
+                        "simulate, run, dag, validate)")
+    pt.add_argument("dir", help="an output folder of hetsim sweep, compare, demo, simulate, run, dag or validate")
+    pt.add_argument("--out", help="figure folder (default DIR/figures)")
     pt.set_defaults(fn=cmd_plot)
 
     pr = sub.add_parser("profile", help="measure this machine's CPU or a GPU into a device profile")

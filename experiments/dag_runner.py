@@ -24,8 +24,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from hardware_profiles.errors import ConfigError
 from schedulers.dag import make_dag
 from sim.dag import DagPlan, DagProblem, compact_schedule, dag_costs, planning_costs
@@ -131,23 +129,6 @@ def run_dag(config: str | Path, names: Sequence[str] | None, out: Path) -> list[
 
 
 def _chart(rows: list[dict[str, Any]], path: Path, title: str) -> None:
-    from experiments.plots import plt, scheduler_color
+    from experiments.plot_dirs import dag_comparison_chart
 
-    names = [r["scheduler"] for r in rows]
-    fig, axes = plt.subplots(1, 3, figsize=(10, 3))
-    panels = (("plan_energy_mj", "energy per frame (mJ)"), ("plan_frame_ms", "frame time (ms)"),
-              ("des_miss_rate", "DES deadline misses (fraction)"))
-    for ax, (key, label) in zip(axes, panels):
-        ax.bar(np.arange(len(rows)), [r[key] for r in rows], color=[scheduler_color(n) for n in names])
-        ax.set_xticks(np.arange(len(rows)), names, fontsize=8)
-        ax.set_title(label, fontsize=9)
-        if key == "plan_frame_ms":
-            ax.axhline(rows[0]["deadline_ms"], color="black", lw=0.8, ls="--")
-        if key == "des_miss_rate":  # the config's tolerance: a bar above it is flagged
-            ax.axhline(rows[0]["miss_tolerance"], color="black", lw=0.8, ls=":",
-                       label=f"miss_tolerance {rows[0]['miss_tolerance']:g}")
-            ax.legend(fontsize=7, loc="upper right")
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
+    dag_comparison_chart(rows, path, title)

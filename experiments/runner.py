@@ -88,24 +88,31 @@ def evaluate(problem: Problem, plan: Plan, evaluator: str, trace: bool = True,
 
 def run_files(result: RunResult, plan: Plan, loaded: Loaded, trace: bool = True) -> dict[str, str]:
     """The files of one run as {file name: text}: summary.json, iterations.csv,
-    trace.json (unless ``trace`` is false), plan.json and the resolved config.json.
+    trace.json (unless ``trace`` is false or the run recorded no timeline, as the
+    analytic evaluator does not), plan.json and the resolved config.json.
 
     Sweeps build these in the worker and write them in the parent, so a remote
     (dask) worker needs no access to the output folder.
     """
     files = {"summary.json": result.summary_json(), "iterations.csv": result.iterations_csv()}
-    if trace:
+    if trace and result.trace:
         files["trace.json"] = result.trace_json()
     files["plan.json"] = plan.dumps()
     files["config.json"] = json.dumps(loaded.config.model_dump(mode="json"), indent=2) + "\n"
     return files
 
 
-def write_run(out: Path, result: RunResult, plan: Plan, loaded: Loaded, trace: bool = True) -> None:
-    """Write :func:`run_files` into ``out`` (created if missing)."""
+def write_run(out: Path, result: RunResult, plan: Plan, loaded: Loaded, trace: bool = True) -> list[str]:
+    """Write :func:`run_files` into ``out`` (created if missing); return the names written.
+    A trace.json of an earlier run in ``out`` is removed when this run writes none: it
+    would show another run's timeline beside this run's summary."""
     out.mkdir(parents=True, exist_ok=True)
-    for name, text in run_files(result, plan, loaded, trace).items():
+    files = run_files(result, plan, loaded, trace)
+    for name, text in files.items():
         (out / name).write_text(text)
+    if "trace.json" not in files:
+        (out / "trace.json").unlink(missing_ok=True)
+    return list(files)
 
 
 def run_one(loaded: Loaded, evaluator: str, scheduler: str | None = None,

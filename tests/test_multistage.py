@@ -258,8 +258,7 @@ def test_cli_simulate_placement_plan(tmp_path: Path, capsys: pytest.CaptureFixtu
         s[ev] = json.loads((out / "summary.json").read_text())
         assert s[ev]["evaluator"] == ev and s[ev]["scheduler"] == "exact" and s[ev]["iterations"] == 80
         assert set(s[ev]["utilization"]) == {"fast:0", "slow:0", "slow:1", "slow:2", "slow:3", "ps:0"}
-        trace = json.loads((out / "trace.json").read_text())
-        assert isinstance(trace["traceEvents"], list)
+        assert (out / "trace.json").is_file() == (ev == "des")  # the analytic evaluator has no timeline
     # L1 on 4 slow replicas (2 samples each): 8 / (2 * 1.5e-3) samples/s
     assert s["analytic"]["throughput_sps"] == pytest.approx(8 / 3e-3, rel=1e-9)
     assert s["analytic"]["placement"]["throughput_sps"] == pytest.approx(8 / 3e-3, rel=1e-9)
