@@ -93,6 +93,49 @@ def register_lazy(name: str, target: str, kind: str = "training") -> None:
     _REGISTRY[name] = target
 
 
+#: The entry-point group through which installed distributions add schedulers:
+#: ``NAME = "module:Class"`` (registered as NAME, a training scheduler unless the class
+#: says ``kind = "dag"``) or ``NAME = "module"`` (imported; its decorators register).
+ENTRY_POINT_GROUP = "hetsim.schedulers"
+
+
+def load_entry_points() -> None:
+    """Register the schedulers of the ``hetsim.schedulers`` entry-point group.
+
+    An entry point whose name is registered already (a built-in, or loaded before)
+    is skipped; a broken one is a one-line error naming it, raised when the registry
+    is first used (``import schedulers``).
+    """
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name in _REGISTRY:
+            continue
+        try:
+            obj = ep.load()
+        except Exception as e:  # the plugin's own import error: name the entry point
+            raise ConfigError(f"entry point {ENTRY_POINT_GROUP}:{ep.name}", ep.value,
+                              f"cannot load: {type(e).__name__}: {e}") from None
+        if inspect.isclass(obj) and ep.name not in _REGISTRY:
+            register(ep.name, getattr(obj, "kind", "training"))(obj)
+
+
+def import_plugin(module: str) -> None:
+    """Import ``module`` (``--plugin``) so that its ``@register`` decorators run: from
+    the working directory first, then the Python path; a module that cannot be
+    imported is a one-line error naming it."""
+    import os
+    import sys
+
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        importlib.import_module(module)
+    except ImportError as e:
+        raise ConfigError("<command line>", "--plugin", f"cannot import {module!r}: {e}") from None
+
+
 def names(kind: str | None = "training") -> list[str]:
     """Registered names planning problems of ``kind`` (None: every kind)."""
     return sorted(n for n in _REGISTRY if kind is None or _KIND[n] == kind)
