@@ -20,10 +20,8 @@ register_lazy("rl-dag", "schedulers.rl.dag_scheduler:RLDag", kind="dag")
 
 #: The built-in names by kind, which `hetsim --help` lists without importing this
 #: package (experiments/cli.py keeps a copy; tests/test_cli_options.py checks the two).
-BUILTIN = {kind: tuple(names(kind)) for kind in ("training", "dag")}
-
-# schedulers of installed distributions (the `hetsim.schedulers` entry-point group)
-load_entry_points()
+BUILTIN = {kind: tuple(names(kind, plugins=False)) for kind in ("training", "dag")}
+# (the `hetsim.schedulers` entry points load when the registry is first read)
 
 __all__ = ["BUILTIN", "OnlineScheduler", "Scheduler", "capped_largest_remainder", "data_parallel_plan",
            "import_plugin", "largest_remainder", "load_entry_points", "make", "names", "register",

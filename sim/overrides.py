@@ -77,7 +77,7 @@ def _index(node: list[Any], part: str, key: str, done: str) -> int:
     except ValueError:
         raise ConfigError(SOURCE, f"--set {key}", f"{done} is a list: {part!r} is not an index") from None
     if not -len(node) <= i < len(node):
-        raise ConfigError(SOURCE, f"--set {key}", f"{done} has {len(node)} items: no index {i}")
+        raise ConfigError(SOURCE, f"--set {key}", f"{done} has {len(node)} item{'' if len(node) == 1 else 's'}: no index {i}")
     return i
 
 
