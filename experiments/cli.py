@@ -411,14 +411,20 @@ def cmd_train_rl(a: argparse.Namespace) -> int:
 
 
 # ------------------------------------------------------------------ parser
+def _shows_default(action: argparse.Action) -> bool:
+    """Whether help states the option's default: not for flags, nor for a None, an
+    empty list or a suppressed one (0 is a default to state)."""
+    d = action.default
+    return not (d is None or d is False or d == [] or d == argparse.SUPPRESS)
+
+
 class _Formatter(argparse.HelpFormatter):
     """Help that states each option's default: "(default: X)" is added to an option
     whose help does not already say it (none for flags and options without one)."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
-        if ("default" in text or action.default in (None, False, [], argparse.SUPPRESS)
-                or not action.option_strings):
+        if "default" in text or not action.option_strings or not _shows_default(action):
             return text
         return f"{text} (default: %(default)s)"
 

@@ -62,12 +62,15 @@ def test_every_option_has_help_and_states_its_default() -> None:
             if isinstance(action, argparse._HelpAction):
                 continue
             assert action.help, f"hetsim {verb} {action.dest}: no help"
-            if action.option_strings and action.default not in (None, False, [], argparse.SUPPRESS):
+            if action.option_strings and cli._shows_default(action):
                 shown = cli._Formatter("x")._get_help_string(action) or ""
                 assert "default" in shown, f"hetsim {verb} {action.option_strings[0]}: default not stated"
         assert "%(default)" not in text
     assert "--evaluator {des,analytic}" in _subparsers()["simulate"].format_help()
     assert "(default: des)" in " ".join(_subparsers()["simulate"].format_help().split())
+    assert "of PPO (default: 0)" in " ".join(_subparsers()["train-rl"].format_help().split())
+    assert [cli._shows_default(argparse.Action(["--x"], "x", default=d)) for d in (0, None, False, [], "a")] == [
+        True, False, False, False, True]
 
 
 def test_help_lists_the_scheduler_names() -> None:
