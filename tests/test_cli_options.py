@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,6 +23,19 @@ from schedulers.base import ENTRY_POINT_GROUP
 from sim.evaluate import EVALUATORS
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _registry_restored() -> Any:
+    """Schedulers a test's plugin registers are gone after it (other tests list the registry)."""
+    import schedulers.base as base
+
+    saved = (dict(base._REGISTRY), dict(base._KIND))
+    yield
+    base._REGISTRY.clear()
+    base._REGISTRY.update(saved[0])
+    base._KIND.clear()
+    base._KIND.update(saved[1])
 DEMO = str(REPO / "experiments" / "configs" / "demo.yaml")
 PI_LITE = str(REPO / "experiments" / "configs" / "robotics" / "pi_lite.yaml")
 
