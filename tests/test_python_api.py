@@ -62,7 +62,7 @@ def test_simulate_matches_the_runner(tmp_path: Path) -> None:
                                "analytic", "equal")
     assert ours.summary_json() == theirs.summary_json()
     assert sorted(p.name for p in (tmp_path / "o").iterdir()) == [
-        "config.json", "iterations.csv", "plan.json", "summary.json", "trace.json"]
+        "config.json", "iterations.csv", "plan.json", "summary.json"]  # analytic: no timeline, no trace
     assert hetsim.plan(cfg, "equal").dumps() == (tmp_path / "o" / "plan.json").read_text()
     assert hetsim.problem(DEMO).job.iterations == 30
 
