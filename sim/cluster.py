@@ -35,6 +35,28 @@ class Network:
 
 
 @dataclass(frozen=True)
+class Node:
+    """A machine holding some of the devices (``cluster.nodes``): how they reach each
+    other inside it and how it reaches the other nodes (see :mod:`sim.collective`).
+
+    Attributes:
+        name: its name.
+        devices: the ids of the devices it holds, in config order.
+        intra_bw_Bps: bytes/s of each device's link inside the node, per direction.
+        intra_latency_s: one-way latency of a message inside the node.
+        nic_bw_Bps: bytes/s of the node's NIC, per direction.
+        nic_latency_s: one-way latency of a message between nodes.
+    """
+
+    name: str
+    devices: tuple[str, ...]
+    intra_bw_Bps: float
+    intra_latency_s: float
+    nic_bw_Bps: float
+    nic_latency_s: float
+
+
+@dataclass(frozen=True)
 class Host:
     """A machine whose cores the processes placed on it share (``cluster.hosts``).
 
@@ -97,7 +119,9 @@ class Cluster:
 
     ``hosts`` and ``placement`` (device id -> :class:`Placement`) are empty unless
     the config has ``cluster.hosts``; a device without a placement has its
-    compute to itself, as every device has without hosts.
+    compute to itself, as every device has without hosts. ``nodes`` are empty
+    unless the config has ``cluster.nodes``; a device in no node is on the flat
+    network (its own link, :attr:`Device.nic_bw_Bps`).
     """
 
     devices: tuple[Device, ...]
@@ -105,6 +129,7 @@ class Cluster:
     network: Network
     hosts: tuple[Host, ...] = ()
     placement: tuple[tuple[str, Placement], ...] = ()
+    nodes: tuple[Node, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_by_id", {d.id: d for d in self.devices + self.shards})
