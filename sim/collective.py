@@ -7,8 +7,9 @@ below are those of docs/modelling/allreduce.md.
 
 **Buckets.** The layers are taken in reverse order (the order backward produces their
 gradients) and packed into buckets: a bucket closes once it holds ``job.bucket_mb``
-MB (1e6 bytes) of fp32 gradient or more, as DDP's assignment closes one, so a layer
-larger than a bucket is a bucket of its own. A sparse table's gradient is all-reduced
+MiB of fp32 gradient or more, as DDP's assignment closes one (with ``bucket_cap_mb``
+given, every bucket, the first too, has that cap), so a layer larger than a bucket is
+a bucket of its own. A sparse table's gradient is all-reduced
 dense (DDP's default): the whole table, not its touched rows. On the wire a bucket is
 its fp32 bytes quantized at ``job.quantization`` bits
 (:func:`sim.costmodel.quantized_bytes`): each worker packs the bucket after the

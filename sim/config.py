@@ -207,8 +207,8 @@ class JobConfig(_Strict):
     allreduce: Literal["ring", "tree", "hierarchical"] = Field(
         "ring", description="with sync: allreduce, the algorithm (hierarchical: reduce inside each "
         "cluster.nodes entry, all-reduce across nodes, broadcast inside)")
-    bucket_mb: float = Field(25.0, gt=0, description="with sync: allreduce, MB (1e6 bytes) of fp32 "
-                             "gradients per bucket, cut in reverse layer order as DDP does")
+    bucket_mb: float = Field(25.0, gt=0, description="with sync: allreduce, MiB of fp32 gradients per "
+                             "bucket, cut in reverse layer order (DDP's bucket_cap_mb)")
     optimizer: Literal["sgd", "momentum", "adam"] = Field(
         "momentum", description="with sync: allreduce, the optimizer every worker runs after the all-reduce")
     staleness: int = Field(0, ge=0, description="SSP bound: iterations a worker may run ahead")

@@ -86,7 +86,7 @@ class Job:
     compute_noise: tuple[float, ...] = ()
     pipeline_pulls: bool = True
     allreduce: str = "ring"
-    bucket_bytes: float = 25e6
+    bucket_bytes: float = 25 * 2**20
     optimizer: str = "momentum"
 
 
@@ -293,7 +293,7 @@ def _build_job(cfg: Config, base_dir: Path, devices: Sequence[Device], source: s
         quant_every=quant_every,
         compute_noise=_compute_noise(j.compute_noise, devices, source),
         allreduce=j.allreduce,
-        bucket_bytes=j.bucket_mb * 1e6,
+        bucket_bytes=j.bucket_mb * 2**20,
         optimizer=j.optimizer,
     )
 

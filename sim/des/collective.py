@@ -22,11 +22,11 @@ included the dead worker is abandoned), as the runtime re-forms its group and re
 the iteration's all-reduce. Without an online scheduler its share is lost (the
 global batch shrinks, as in the PS DES).
 
-Online scheduling: once an iteration's last bucket is reduced (every member's
-gradient of it is in), the scheduler's ``rebalance`` gets an Observation of the
-window since its last call, and each worker takes the plan it returns from its next
-iteration, as the runtime's coordinator does (it answers the iteration's reports with
-the next shares).
+Online scheduling: when iteration t ends (its last member has applied the update),
+the scheduler's ``rebalance`` gets an Observation of the window since its last call,
+and each worker takes the plan it returns from iteration t + 2 on, as the runtime's
+coordinator does (it sends each iteration's word two iterations ahead, so that no
+worker waits for it).
 
 Hosts (``cluster.hosts``): a hosted worker's compute is a flow on its host's cores
 (:class:`sim.des.hosts.HostCPU`), and each bucket's all-reduce costs every hosted
@@ -46,6 +46,7 @@ from typing import Any
 
 import simpy
 
+from sim.cluster import Placement
 from sim.collective import CollectiveCosts, collective_costs, run_notes
 from sim.convergence import model_tensor_elems
 from sim.des.engine import TARGET_CAP, noise_factors, rare_gc, run_until
@@ -84,7 +85,7 @@ class _Worker:
         self.fwd = 0.0
         self.segs: list[float] = []  # backward: one piece per bucket, then what is left
         self.opt = 0.0
-        self.next: tuple[int, float, list[float], float] | None = None  # rows of a pending share
+        self.next: dict[int, tuple[int, float, list[float], float]] = {}  # iteration -> rows from then on
         self.slow = 1.0
         self.alive = True
         self.noise: Iterator[float] | None = None
@@ -168,7 +169,7 @@ class AllreduceSim:
         self.cpu: HostCPU | None = None
         if all(pl is None for pl in placed):
             return
-        procs = []
+        procs: list[Placement] = []
         for wk, pl in zip(self.w, placed):
             if pl is not None:
                 wk.cpu = len(procs)
@@ -244,8 +245,8 @@ class AllreduceSim:
             for it in range(self.n_iter):
                 if self.finished.triggered:
                     break
-                if wk.next is not None:
-                    (wk.batch, wk.fwd, wk.segs, wk.opt), wk.next = wk.next, None
+                if it in wk.next:
+                    wk.batch, wk.fwd, wk.segs, wk.opt = wk.next.pop(it)
                 k = next(wk.noise) if wk.noise is not None else 1.0
                 t0 = env.now
                 reduced = self.reduced  # this iteration's: it cannot end before w's marks
@@ -337,8 +338,6 @@ class AllreduceSim:
         self.next_k = 0
         self.spans = []
         ev, self.reduced = self.reduced, self.env.event()
-        if self.rebalance_fn is not None and len(self.iter_end) + 1 < self.n_iter:
-            self._rebalance()
         ev.succeed()
 
     def _release(self, w: int, now: float) -> None:
@@ -372,6 +371,8 @@ class AllreduceSim:
             self.on_iteration(len(self.iter_end))
         if (len(self.iter_end) >= self.n_iter or self.time_to_target is not None) and not self.finished.triggered:
             self.finished.succeed()
+        if self.rebalance_fn is not None and not self.finished.triggered:
+            self._rebalance(len(self.iter_end) + 1)
 
     # ----------------------------------------------------------------- dynamics
     def _slowdown(self, w: int, at_s: float, factor: float) -> Any:
@@ -433,7 +434,8 @@ class AllreduceSim:
             for w, (dev, wk) in enumerate(zip(self.c.workers, self.w)))
         return Observation(self.env.now, len(self.iter_end), ws, self.problem.job.global_batch)
 
-    def _rebalance(self) -> None:
+    def _rebalance(self, start: int) -> None:
+        """Call the scheduler; the plan it returns is each worker's from iteration ``start`` on."""
         assert self.rebalance_fn is not None
         obs = self.observation()
         for wk in self.w:
@@ -445,7 +447,7 @@ class AllreduceSim:
         full = full_membership(new, self.c.workers, shares)
         costs = collective_costs(self.problem, full)
         for w, wk in enumerate(self.w):
-            wk.next = _rows(costs, w)
+            wk.next[start] = _rows(costs, w)
         self.plan_now = full
         self.rebalances += 1
 
@@ -457,15 +459,15 @@ class AllreduceSim:
             for w, wk in enumerate(self.w):
                 wk.proc = env.process(self._worker(w))
             for d in self.problem.dynamics:
-                w = index.get(self.problem.cluster.devices[d.worker].id)
-                if w is None:
+                wi = index.get(self.problem.cluster.devices[d.worker].id)
+                if wi is None:
                     continue  # that device is not in the plan
                 if d.fail:
-                    env.process(self._failure(w, d.at_s))
+                    env.process(self._failure(wi, d.at_s))
                 elif d.slowdown is not None:
-                    env.process(self._slowdown(w, d.at_s, d.slowdown))
+                    env.process(self._slowdown(wi, d.at_s, d.slowdown))
                 if d.free_memory_frac is not None:
-                    env.process(self._free_memory(w, d.at_s, d.free_memory_frac))
+                    env.process(self._free_memory(wi, d.at_s, d.free_memory_frac))
             try:
                 run_until(env, self.finished)
             except RuntimeError:
