@@ -49,9 +49,11 @@ import simpy
 from sim.cluster import Placement
 from sim.collective import CollectiveCosts, collective_costs, run_notes
 from sim.convergence import model_tensor_elems
-from sim.des.engine import TARGET_CAP, noise_factors, rare_gc, run_until
 from sim.des.hosts import HostCPU
-from sim.des.timer import call_later
+from sim.des.kernel import Environment, call_later
+from sim.des.kernel import run as run_until
+from sim.des.noise import noise_factors
+from sim.des.state import TARGET_CAP, rare_gc
 from sim.observation import Observation, WorkerStatus, accepted_shares, full_membership, rate_sps
 from sim.plan import Plan, PlanKind, require_kind
 from sim.problem import Problem
@@ -117,7 +119,7 @@ class AllreduceSim:
                  on_iteration: Callable[[int], None] | None = None, scheduler: Any = None) -> None:
         self.problem, self.plan = problem, plan
         self.c = c = collective_costs(problem, plan)
-        self.env = simpy.Environment()
+        self.env = Environment()
         job = problem.job
         self.N, self.K = N, K = len(c.workers), c.n_buckets
         self.n_iter = job.iterations
