@@ -262,9 +262,11 @@ class CollectiveCosts:
         return got
 
 
-def collective_costs(problem: Problem, plan: Plan) -> CollectiveCosts:
-    """The :class:`CollectiveCosts` of a data-parallel all-reduce plan (hosted workers'
-    compute stretched by their share of their host's cores, as :func:`host_stretch`)."""
+def collective_costs(problem: Problem, plan: Plan, stretch_hosts: bool = True) -> CollectiveCosts:
+    """The :class:`CollectiveCosts` of a data-parallel all-reduce plan: with
+    ``stretch_hosts``, hosted workers' compute stretched by their share of their host's
+    cores (:func:`host_stretch`, the analytic evaluator's view); without, each worker's
+    time alone, for the DES, which shares the cores itself (:class:`sim.des.hosts.HostCPU`)."""
     job, model, cl = problem.job, problem.job.model, problem.cluster
     reps = plan.replicas
     buckets = make_buckets([ly.param_bytes for ly in model.layers], job.bucket_bytes, job.quant_bits)
@@ -275,7 +277,7 @@ def collective_costs(problem: Problem, plan: Plan) -> CollectiveCosts:
             rows[(dev.name, r.batch)] = _worker_row(problem, dev, r.batch, buckets)
     per = [rows[(cl.device(r.device).type.name, r.batch)] for r in reps]
     k = len(buckets)
-    stretch = host_stretch(cl, [r.device for r in reps])
+    stretch = host_stretch(cl, [r.device for r in reps]) if stretch_hosts else np.ones(len(reps))
     fwd = np.array([x[0] for x in per], dtype=float) * stretch
     bwd = np.array([x[1] for x in per], dtype=float) * stretch
     ready = np.array([x[2] for x in per], dtype=float).reshape(len(reps), k) * stretch[:, None]

@@ -21,7 +21,7 @@ from hypothesis import given, settings
 
 from hardware_profiles.errors import ConfigError
 from sim import collective_analytic
-from sim.cluster import Cluster, Device, Network, Node
+from sim.cluster import Cluster, Device, Host, Network, Node, Placement
 from sim.collective import Hop, Topology, make_buckets, ring_s
 from sim.config import config_from_dict
 from sim.des import collective as des_collective
@@ -165,6 +165,22 @@ def test_a_single_worker_communicates_nothing_and_says_so() -> None:
     assert r.iteration_times().tolist() == pytest.approx([0.03 + 5e-6] * 3, rel=EXACT)
     assert r.extra["notes"] == ["all-reduce over a single worker (gpu:0): nothing is communicated"]
     assert evaluate(prob, plan(prob, [10]), "analytic").extra["notes"] == r.extra["notes"]
+
+
+def test_hosted_workers_share_the_cores_once() -> None:
+    # two workers on a host of 2 cores with 2 background threads: each thread gets half a
+    # core, so forward + backward take 2 x 0.03 and the step 2 x 3e-6; each member's
+    # reduction of the bucket (5e5 bytes summed, 3 passes at 1 TB/s: 1.5e-6 s alone) runs
+    # beside the 1.2e-3 s of the ring and ends first. The DES shares the cores itself, the
+    # closed form stretches by the same share: both see the host once, not twice
+    prob = _allreduce(problem([GPU, GPU], [], model(FC), 20, latency_s=1e-4, iterations=3))
+    cl = dataclasses.replace(prob.cluster, hosts=(Host("h", 2, background_threads=2.0),),
+                             placement=(("gpu:0", Placement(0)), ("gpu:1", Placement(0))))
+    prob = dataclasses.replace(prob, cluster=cl)
+    a, d = _both(prob, plan(prob, [10, 10]))
+    it = 2 * 0.03 + 1.2e-3 + 2 * SGD_1MB
+    assert d.iter_end_s == pytest.approx([it, 2 * it, 3 * it], rel=EXACT)
+    assert a.iter_end_s == pytest.approx(d.iter_end_s, rel=EXACT)
 
 
 @settings(max_examples=40, deadline=None)

@@ -118,7 +118,7 @@ class AllreduceSim:
     def __init__(self, problem: Problem, plan: Plan, trace: bool = True,
                  on_iteration: Callable[[int], None] | None = None, scheduler: Any = None) -> None:
         self.problem, self.plan = problem, plan
-        self.c = c = collective_costs(problem, plan)
+        self.c = c = collective_costs(problem, plan, stretch_hosts=False)
         self.env = Environment()
         job = problem.job
         self.N, self.K = N, K = len(c.workers), c.n_buckets
@@ -447,7 +447,7 @@ class AllreduceSim:
             return
         shares = accepted_shares(new, obs, self.problem.job.global_batch)
         full = full_membership(new, self.c.workers, shares)
-        costs = collective_costs(self.problem, full)
+        costs = collective_costs(self.problem, full, stretch_hosts=False)
         for w, wk in enumerate(self.w):
             wk.next[start] = _rows(costs, w)
         self.plan_now = full
