@@ -11,6 +11,13 @@ row in turn, from the fit's own start (``calibration.published.X0``, not from th
 shipped values), and prices the row left out: how the method does on a row it has not
 seen (about 25 s a row here). Writes OUT/gpu_fidelity.json and OUT/predicted_vs_measured.png.
 
+Multi-GPU rows (8 GPUs of a DGX, NCCL all-reduce over NVLink) are priced as all-reduce
+plans on one node of their GPUs (:mod:`bench.multi_gpu`, analytic evaluator, the same
+profiles): their predicted and measured throughput and scaling efficiency are printed
+after the single-GPU rows, saved under ``multi_gpu`` in the JSON, and drawn as hollow
+markers in the figure. The single-GPU figures (medians, ``--loo``) cover the single-GPU
+rows only.
+
 Another table (other GPUs, other harnesses) is checked the same way with ``--table``:
 the profiles are not refitted to it.
 """
@@ -27,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench import multi_gpu
 from calibration import published as P
 from hardware_profiles import load_profile
 from hardware_profiles.errors import ConfigError
@@ -47,6 +55,23 @@ def leave_one_out(rows: Sequence[P.Row], quiet: bool = False) -> list[P.Outcome]
     return out
 
 
+def multi_gpu_rows(rows: Sequence[P.Row]) -> tuple[list[dict], list[P.Skipped]]:
+    """The figures of each multi-GPU row (:func:`bench.multi_gpu.measure`), and the rows
+    that cannot be priced (no single-GPU row beside them, or no server of their GPU)."""
+    out, skipped = [], []
+    for row in rows:
+        if row.gpus == 1:
+            continue
+        single = multi_gpu.single_of(row, rows)
+        if single is None:
+            skipped.append(P.Skipped(row.id, f"{row.gpus} GPUs: no single-GPU row to scale from"))
+        elif row.profile not in multi_gpu.NODES:
+            skipped.append(P.Skipped(row.id, f"{row.gpus} GPUs: no multi-GPU server of {row.profile} known"))
+        else:
+            out.append(multi_gpu.measure(row, single, "analytic"))
+    return out, skipped
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.gpu_fidelity", description=__doc__.split("\n")[0])
     ap.add_argument("--table", default=str(P.DEFAULT_TABLE), help="published measurements (CSV)")
@@ -60,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"hetsim: error: {e}", file=sys.stderr)
         return 2
     single = [r for r in rows if r.gpus == 1]
-    skipped += [P.Skipped(r.id, f"{r.gpus} GPUs: the collective is not priced here") for r in rows if r.gpus != 1]
+    multi, multi_skipped = multi_gpu_rows(rows)
     if not single:
         print(f"hetsim: error: {args.table}: gpus: no single-GPU row hetsim can price", file=sys.stderr)
         return 2
@@ -76,10 +101,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.write(P.report(loo, [], None))
         doc["leave_one_out"] = P.summary(loo)
         doc["leave_one_out_rows"] = {o.row.id: o.error for o in loo}
+    if multi or multi_skipped:
+        print("\n# multi-GPU rows: all-reduce on one node (bench.multi_gpu)")
+        sys.stdout.write(multi_gpu.report(multi))
+        for sk in multi_skipped:
+            print(f"skipped {sk.id}: {sk.reason}")
+        doc["multi_gpu"] = {"rows": multi, "skipped": [asdict(sk) for sk in multi_skipped]}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write(out / "gpu_fidelity.json", json.dumps(doc, indent=2, default=float) + "\n")
-    P.figure(shipped, out / "predicted_vs_measured.png", "hetsim vs published single-GPU training")
+    by_id = {r.id: r for r in rows}
+    P.figure(shipped, out / "predicted_vs_measured.png",
+             "hetsim vs published training" + (" (hollow: multi-GPU, all-reduce)" if multi else ""),
+             multi=[P.Outcome(by_id[m["id"]], m["predicted_sps"]) for m in multi])
     errs = np.array([o.error for o in shipped])
     print(f"\nwrote {out / 'gpu_fidelity.json'}; median |error| {np.median(np.abs(errs)):.1%}", file=sys.stderr)
     return 0
