@@ -120,8 +120,9 @@ def checks(rows: Sequence[dict[str, Any]]) -> list[tuple[str, bool, str]]:
         return [r for r in rows if (model is None or r["model"] == model) and (cluster is None or r["cluster"] == cluster)
                 and (gbps is None or r["gbps"] == gbps)]
 
-    def ratios(rs: Sequence[dict[str, Any]]) -> str:
-        return ", ".join(f"{r['cluster']} {r['gbps']:g} Gbit/s: x{r['allreduce_over_ps']:.2f}" for r in rs)
+    def ratios(rs: Sequence[dict[str, Any]], with_model: bool = False) -> str:
+        return ", ".join(f"{r['model'] + ', ' if with_model else ''}{r['cluster']} {r['gbps']:g} Gbit/s: "
+                         f"x{r['allreduce_over_ps']:.2f}" for r in rs)
 
     dense_fast = pick("dense CNN (resnet50)", None, 100.0)
     sparse = pick("sparse CTR (ctr_dnn)")
@@ -130,7 +131,7 @@ def checks(rows: Sequence[dict[str, Any]]) -> list[tuple[str, bool, str]]:
         ("all-reduce wins on the dense model over fast (100 Gbit/s) links",
          all(r["winner"] == "all-reduce" for r in dense_fast), ratios(dense_fast)),
         ("PS wins on the sparse CTR model (embeddings)", all(r["winner"] == "PS" for r in sparse), ratios(sparse)),
-        ("PS wins on the mixed CPU/GPU cluster", all(r["winner"] == "PS" for r in cpus), ratios(cpus)),
+        ("PS wins on the mixed CPU/GPU cluster", all(r["winner"] == "PS" for r in cpus), ratios(cpus, True)),
     ]
 
 
@@ -170,8 +171,8 @@ def report(rows: Sequence[dict[str, Any]], evaluator: str, seconds: float) -> st
     df = pd.DataFrame([{"model": r["model"], "cluster": r["cluster"], "Gbit/s": f"{r['gbps']:g}",
                         "PS samples/s": round(r["ps_sps"], 1), "all-reduce samples/s": round(r["allreduce_sps"], 1),
                         "algorithm": r["allreduce_algorithm"], "AR / PS": round(r["allreduce_over_ps"], 2),
-                        "PS $/M samples": round(r["ps_usd_per_Msamples"], 2),
-                        "AR $/M samples": round(r["allreduce_usd_per_Msamples"], 2), "winner": r["winner"]}
+                        "PS $/M samples": float(f"{r['ps_usd_per_Msamples']:.3g}"),
+                        "AR $/M samples": float(f"{r['allreduce_usd_per_Msamples']:.3g}"), "winner": r["winner"]}
                        for r in rows])
     lines = ["# PS vs all-reduce", "",
              f"`python -m experiments.ps_vs_allreduce` ({evaluator} evaluator, {seconds:.0f} s). "
