@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from experiments import ps_vs_allreduce as pva
 from sim.config import config_from_dict
 

@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from experiments import run as entry
-from runtime.collective import bucket_params
 from runtime import task
+from runtime.collective import bucket_params
 
 ROOT = Path(__file__).resolve().parents[1]
 KW = {"in_features": 16, "hidden": [32], "classes": 4}
