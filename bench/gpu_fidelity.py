@@ -37,7 +37,6 @@ import numpy as np
 from bench import multi_gpu
 from calibration import published as P
 from hardware_profiles import load_profile
-from hardware_profiles.errors import ConfigError
 from hardware_profiles.fileio import atomic_write
 
 
@@ -79,11 +78,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--out", default="results/gpu_fidelity", help="output folder")
     ap.add_argument("--quiet", action="store_true", help="no progress lines")
     args = ap.parse_args(argv)
-    try:
-        rows, skipped = P.read_table(args.table)
-    except ConfigError as e:
-        print(f"hetsim: error: {e}", file=sys.stderr)
+    got = multi_gpu.read_rows(args.table)
+    if got is None:
         return 2
+    rows, skipped = got
     single = [r for r in rows if r.gpus == 1]
     multi, multi_skipped = multi_gpu_rows(rows)
     if not single:

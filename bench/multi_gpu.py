@@ -134,17 +134,26 @@ def report(out: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def read_rows(table: str) -> tuple[list[P.Row], list[P.Skipped]] | None:
+    """:func:`calibration.published.read_table` of ``table``; None after printing its
+    one-line error (bad input: the caller exits 2)."""
+    try:
+        return P.read_table(table)
+    except ConfigError as e:
+        print(f"hetsim: error: {e}", file=sys.stderr)
+        return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.multi_gpu", description=__doc__.split("\n")[0])
     ap.add_argument("--table", default=str(P.DEFAULT_TABLE), help="published measurements (CSV)")
     ap.add_argument("--out", default="results/multi_gpu", help="output folder")
     ap.add_argument("--evaluator", default="analytic", choices=("analytic", "des"))
     args = ap.parse_args(argv)
-    try:
-        rows, _ = P.read_table(args.table)
-    except ConfigError as e:
-        print(f"hetsim: error: {e}", file=sys.stderr)
+    got = read_rows(args.table)
+    if got is None:
         return 2
+    rows = got[0]
     out = []
     for row in rows:
         if row.gpus == 1:

@@ -299,14 +299,10 @@ def host_costs(problem: Problem, c: PlanCosts) -> PlanCosts:
     if not procs:
         return c
     N, S = len(c.workers), len(c.shards)
-    stretch = np.ones(N + S)
+    stretch = np.array(cl.host_stretch([*c.workers, *c.shards]), dtype=float)
     bw = np.concatenate([c.worker_bw, c.shard_bw]).astype(float)
     for h, host in enumerate(cl.hosts):
         mine = [(k, pl) for k, pl in procs if pl.host == h]
-        if mine:
-            rates = thread_rates(host.cores, host.background_threads, [(pl.affinity, pl.threads) for _, pl in mine])
-            for (k, _), r in zip(mine, rates):
-                stretch[k] = 1.0 / r
         if mine and host.copy_Bps > 0:
             # message copies: every process's ends of one exchange at once, one copy thread
             # per message (a worker talks to the S shards, a shard to the N workers), and

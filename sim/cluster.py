@@ -145,6 +145,21 @@ class Cluster:
     def has(self, device_id: str) -> bool:
         return device_id in self._by_id  # type: ignore[attr-defined]
 
+    def host_stretch(self, devices: Sequence[str]) -> list[float]:
+        """Per device of ``devices``, 1 / its threads' fair share of its host's cores with
+        every hosted process of ``devices`` runnable at once (:func:`thread_rates`); 1.0
+        for a device without a host. The analytic evaluators' steady-state view of
+        ``hosts``; the DES shares the cores as the work comes and goes."""
+        out = [1.0] * len(devices)
+        placed = [(k, pl) for k, d in enumerate(devices) if (pl := self.placed(d)) is not None]
+        for h, host in enumerate(self.hosts):
+            mine = [(k, pl) for k, pl in placed if pl.host == h]
+            if mine:
+                rates = thread_rates(host.cores, host.background_threads, [(pl.affinity, pl.threads) for _, pl in mine])
+                for (k, _), r in zip(mine, rates):
+                    out[k] = 1.0 / r
+        return out
+
     @property
     def types(self) -> dict[str, DeviceType]:
         """Worker device types by name, in inventory order."""

@@ -67,7 +67,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hardware_profiles import DeviceProfile
-from sim.cluster import Cluster, Node, thread_rates
+from sim.cluster import Cluster, Node
 from sim.costmodel import (
     dequantize_time_s,
     layer_times,
@@ -312,19 +312,8 @@ def _worker_row(problem: Problem, dev: DeviceProfile, batch: int, buckets: Seque
 
 
 def host_stretch(cluster: Cluster, workers: Sequence[str]) -> np.ndarray:
-    """Per worker, 1 / its threads' fair share of its host's cores with every hosted worker
-    of ``workers`` runnable at once (:func:`sim.cluster.thread_rates`); 1 for a worker
-    without a host. The analytic evaluator's steady-state view of ``cluster.hosts``; the
-    DES shares the cores as the work comes and goes."""
-    out = np.ones(len(workers))
-    placed = [(w, pl) for w, d in enumerate(workers) if (pl := cluster.placed(d)) is not None]
-    for h, host in enumerate(cluster.hosts):
-        mine = [(w, pl) for w, pl in placed if pl.host == h]
-        if mine:
-            rates = thread_rates(host.cores, host.background_threads, [(pl.affinity, pl.threads) for _, pl in mine])
-            for (w, _), r in zip(mine, rates):
-                out[w] = 1.0 / r
-    return out
+    """:meth:`sim.cluster.Cluster.host_stretch` of ``workers``, as an array."""
+    return np.array(cluster.host_stretch(workers), dtype=float)
 
 
 def iteration(c: CollectiveCosts, start: np.ndarray, comm: np.ndarray
