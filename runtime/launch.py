@@ -2,7 +2,10 @@
 
 Ranks: ``0 .. S-1`` are the PS shards (rank 0 also coordinates), ``S .. S+W-1``
 the workers, in plan order (of a multi-stage plan: the stage replicas, stage by
-stage; one that exits with an error fails the run). All join one gloo process group through env://
+stage; one that exits with an error fails the run). An all-reduce plan
+(``job.sync: allreduce``) has no shards: rank 0 coordinates
+(:mod:`runtime.coordinator`) and ``1 .. W`` are the workers
+(:mod:`runtime.collective`). All join one gloo process group through env://
 rendezvous (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE).
 
 * :func:`run_local` spawns every rank as a child process on this machine
@@ -12,7 +15,7 @@ rendezvous (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE).
   SIGINT (the parent owns Ctrl-C) and ask the kernel to SIGKILL them if the
   parent dies (PR_SET_PDEATHSIG), so even a killed launcher leaves nothing.
 * :func:`run_rank` is what one rank runs; under torchrun every process calls
-  it with the rank from its environment (see README, "Runtime").
+  it with the rank from its environment (see docs/guides/runtime.md).
 """
 
 from __future__ import annotations
@@ -63,15 +66,16 @@ def run_rank(spec: RunSpec, rank: int, world: int, local_rank: int = 0,
     import torch
     import torch.distributed as dist
 
-    if world != spec.n_shards + spec.n_workers:
-        raise RuntimeFailure(f"world size {world} != {spec.n_shards} PS shards + {spec.n_workers} workers")
+    if world != spec.world_size:
+        raise RuntimeFailure(f"world size {world} != {spec.first_worker} PS shards or coordinator + "
+                             f"{spec.n_workers} workers")
     keep_freed_memory()
     # the rank's emulated threads and CPUs, before gloo starts its threads: a process's
     # affinity at a thread's start is the thread's (pinning later pins the caller only)
-    if rank < spec.n_shards:
-        threads, cpus = spec.threads, spec.ps_affinity
+    if rank < spec.first_worker:
+        threads, cpus = spec.threads, spec.coordinator_affinity if spec.allreduce else spec.ps_affinity
     else:
-        ws = spec.workers[rank - spec.n_shards]
+        ws = spec.workers[rank - spec.first_worker]
         threads, cpus = ws.threads, ws.affinity
     torch.set_num_threads(threads)
     if cpus is not None:
@@ -81,6 +85,14 @@ def run_rank(spec: RunSpec, rank: int, world: int, local_rank: int = 0,
     if on_connected is not None:
         on_connected()
     try:
+        if spec.allreduce:
+            from runtime.collective import run_collective_worker
+            from runtime.coordinator import CollectiveCoordinator
+
+            if rank == 0:
+                return CollectiveCoordinator(spec).run()
+            run_collective_worker(spec, rank - spec.first_worker, local_rank)
+            return None
         if rank < spec.n_shards:
             from runtime.ps import Coordinator, Shard
 
@@ -208,9 +220,12 @@ def _check_stages(spec: RunSpec, procs: list[Any]) -> None:
 
 
 def _role(spec: RunSpec, rank: int) -> str:
-    if rank < spec.n_shards:
-        return "rank 0 (PS shard 0, coordinator)" if rank == 0 else f"PS shard {rank} (rank {rank})"
-    return f"worker {rank - spec.n_shards} ({spec.workers[rank - spec.n_shards].device}, rank {rank})"
+    if rank < spec.first_worker:
+        if rank == 0:
+            return "rank 0 (the coordinator)" if spec.allreduce else "rank 0 (PS shard 0, coordinator)"
+        return f"PS shard {rank} (rank {rank})"
+    w = rank - spec.first_worker
+    return f"worker {w} ({spec.workers[w].device}, rank {rank})"
 
 
 def _status(code: int) -> str:
@@ -264,7 +279,7 @@ class _Liveness:
     def _check_workers(self, now: float) -> None:
         """Every worker dead (each exited with an error or a signal) while rank 0 still
         waits: it has nobody left to train with, whatever its own timeouts."""
-        workers = self.procs[self.spec.n_shards:]
+        workers = self.procs[self.spec.first_worker:]
         codes = [p.exitcode for p in workers]
         if not workers or any(c is None or c == 0 for c in codes):
             self.all_dead_at = None
@@ -274,7 +289,7 @@ class _Liveness:
         if now - self.all_dead_at > self.spec.failure_timeout_s:
             c = codes[0]
             raise RuntimeFailure(f"every worker has died ({len(workers)} of {len(workers)}, "
-                                 f"{_role(self.spec, self.spec.n_shards)} {_status(c)}); nobody is left to train")
+                                 f"{_role(self.spec, self.spec.first_worker)} {_status(c)}); nobody is left to train")
 
 
 def run_local(spec: RunSpec, wall_timeout_s: float | None = None) -> RunResult:
@@ -286,7 +301,7 @@ def run_local(spec: RunSpec, wall_timeout_s: float | None = None) -> RunResult:
     """
     import multiprocessing as mp
 
-    world = spec.n_shards + spec.n_workers
+    world = spec.world_size
     ctx = mp.get_context("spawn")
     tmp = tempfile.mkdtemp(prefix="hetsim-run-")
     result_path = str(Path(tmp) / "result.pkl")
@@ -311,7 +326,8 @@ def run_local(spec: RunSpec, wall_timeout_s: float | None = None) -> RunResult:
                 watch.check()
                 procs[0].join(0.1)
             if procs[0].exitcode != 0 or not Path(result_path).is_file():
-                raise RuntimeFailure(f"rank 0 (PS shard 0, coordinator) exited with status "
+                role = "the coordinator" if spec.allreduce else "PS shard 0, coordinator"
+                raise RuntimeFailure(f"rank 0 ({role}) exited with status "
                                      f"{procs[0].exitcode}; see its traceback above")
             with open(result_path, "rb") as f:
                 result: RunResult = pickle.load(f)
