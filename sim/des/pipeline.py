@@ -77,6 +77,7 @@ from typing import Any
 import numpy as np
 import simpy
 
+from sim.emulation import RuntimeEmulation, emulated_problem
 from sim.multistage import PipelineModel, devices_of, pipeline_model, unsupported_note
 from sim.plan import Plan
 from sim.problem import Problem
@@ -460,7 +461,8 @@ def steady_throughput(iter_end_s: list[float], batch: int, skip: int) -> float:
 
 def simulate_pipeline(problem: Problem, plan: Plan, trace: bool = True,
                       on_iteration: Callable[[int], None] | None = None,
-                      in_flight: Sequence[int] | None = None) -> RunResult:
+                      in_flight: Sequence[int] | None = None,
+                      emulation: RuntimeEmulation | None = None) -> RunResult:
     """Run a multi-stage ``plan`` for ``problem.job.iterations`` iterations.
 
     Args:
@@ -468,9 +470,13 @@ def simulate_pipeline(problem: Problem, plan: Plan, trace: bool = True,
         on_iteration: called with the number of iterations done after each one.
         in_flight: iterations each stage holds at once (default
             :func:`default_in_flight`); with one more, the PS staleness bound.
+        emulation: the runtime on this machine: the run is of
+            :func:`sim.emulation.emulated_problem` (this DES models no hosts, so no
+            more of it); None: a plain simulation.
 
     The result's warm-up covers the fill (the first stage's ``in_flight``);
     ``extra["steady_throughput_sps"]`` leaves out the fill and the drain
     (:func:`steady_throughput`).
     """
-    return PipelineSim(problem, plan, trace=trace, on_iteration=on_iteration, in_flight=in_flight).run()
+    return PipelineSim(emulated_problem(problem, emulation), plan, trace=trace, on_iteration=on_iteration,
+                       in_flight=in_flight).run()
