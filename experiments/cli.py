@@ -235,13 +235,15 @@ def cmd_run(a: argparse.Namespace) -> int:
 def cmd_validate(a: argparse.Namespace) -> int:
     from experiments import validate
     from experiments.run import read_config
+    from experiments.validate_headline import headline, headline_text
     from runtime.launch import RuntimeFailure
 
     cfg, _ = read_config(a.config)  # a bad config fails here, before --out is created
     out = prepare_out(a.out or Path("results") / cfg.name / "validate")
     try:
         v = validate.validate(a.config, a.schedulers, a.iterations, out, timeout_s=a.timeout,
-                              on_step=lambda s: print(f"validate: {s}", file=sys.stderr))
+                              on_step=lambda s: print(f"validate: {s}", file=sys.stderr),
+                              fresh_profile=Path(a.fresh_profile) if a.fresh_profile else None)
     except RuntimeFailure as e:
         print(f"hetsim: run failed: {e}", file=sys.stderr)
         return 1
@@ -249,6 +251,7 @@ def cmd_validate(a: argparse.Namespace) -> int:
              "error": validate.pct(m["rel_error"])} for r in v.runs for k, m in r.metrics.items()]
     print_table(rows, ("scheduler", "metric", "sim", "real", "error"))
     for r in v.runs:
+        print(f"{r.scheduler} headline: {headline_text(headline(r.metrics, r.diagnostics))}")
         rc = r.diagnostics.get("runtime_cpu") or {}
         if rc.get("models"):
             first = rc["sim_without_model"]["iteration_time_mean_s"]
@@ -521,6 +524,9 @@ def build_parser() -> argparse.ArgumentParser:
     va.add_argument("--timeout", type=float, default=600.0,
                     help="wall-clock limit of each real run in seconds (default 600)")
     va.add_argument("--out", help="output folder (default results/NAME/validate)")
+    va.add_argument("--fresh-profile", metavar="FILE",
+                    help="price every rank with this machine's profile instead of the config's: "
+                         "measured now into FILE (a few minutes), or FILE reused where it exists")
     va.set_defaults(fn=cmd_validate)
 
     b = sub.add_parser("bench", help="DES speed and scale benchmark")

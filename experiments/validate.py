@@ -39,7 +39,7 @@ What the simulator is given, so that it models what the runtime executes:
   fast as measured when both ends have a core and as slow as the end with
   the smaller share when they do not; otherwise ``copy_Bps`` is the profile's
   gloo point-to-point bandwidth (``network.p2p_bw_Bps``) and the links are
-  the config's. The lowest over the ranks' profiles. The host has
+  the config's. The lowest over the ranks' profiles. The emulation has
   ``serial_messages``: a rank sends one message at a time and a shard
   receives one at a time and answers pulls in turn, as the runtime's blocking
   sends and single receiver thread do. Its
@@ -49,6 +49,20 @@ What the simulator is given, so that it models what the runtime executes:
   records what was assumed (``info["host"]``) and, per scheduler, the DES's
   prediction without the host (``diagnostics["sim_without_host"]``) and with
   the host but messages that cost no CPU (``diagnostics["sim_without_copies"]``).
+
+All of this is one :class:`sim.emulation.RuntimeEmulation` (:func:`emulation`), handed
+to the evaluators beside the problem; the config's problem itself is unchanged.
+
+**The profile.** Every rank is priced with its config's profile (the validation
+configs: ``this_machine``, measured on one machine), or with ``fresh_profile``
+(``hetsim validate --fresh-profile FILE``) with this machine's, measured now into
+FILE or reused from it (:mod:`calibration.fresh_profile`).
+
+**The headline** (:mod:`experiments.validate_headline`): beside the mean iteration
+time's error, the median |error| over every per-worker compute and communication
+metric, the calibrated models of this machine the DES used (the runtime CPU
+model) and the error without them; in report.md, validation.json (``headline``)
+and on ``hetsim validate``'s output.
 
 Warm-up: every metric leaves out the first ``job.warmup_iterations``
 iterations on both sides (RunResult's iteration statistics already do; the
@@ -86,11 +100,14 @@ from typing import Any
 
 import schedulers
 from calibration import runtime_cpu
+from calibration.fresh_profile import fresh_profile as fresh_profile_of
 from calibration.host import host_cores, measure_host, memory_factor, standalone_compute_s
 from experiments import run as entry
 from experiments import runner
 from experiments.plots import markdown_table
+from experiments.validate_headline import headline, headline_text
 from hardware_profiles.errors import ConfigError
+from hardware_profiles.schema import DeviceProfile
 from runtime.launch import run_local
 from runtime.spec import RuntimeOptions, build_spec, parse_options
 from sim import costmodel, zoo
@@ -452,7 +469,8 @@ class Validation:
     def to_json(self) -> dict[str, Any]:
         return {"schema": VALIDATION_SCHEMA, "config": self.config, "name": self.name,
                 "ranking_preserved": self.ranking_preserved, "info": self.info,
-                "schedulers": {r.scheduler: {"metrics": r.metrics, "diagnostics": r.diagnostics}
+                "schedulers": {r.scheduler: {"headline": headline(r.metrics, r.diagnostics),
+                                             "metrics": r.metrics, "diagnostics": r.diagnostics}
                                for r in self.runs}}
 
 
@@ -530,10 +548,12 @@ def _host_info(problem: Problem, plan: Plan, n_workers: int, n_shards: int) -> d
                      "placement": {dev: dataclasses.asdict(pl) for dev, pl in cl.placement}}}
 
 
-def load(config: str | Path, iterations: int | None = None) -> tuple[Any, runner.Loaded, RuntimeOptions, Problem]:
+def load(config: str | Path, iterations: int | None = None, profile: DeviceProfile | None = None
+         ) -> tuple[Any, runner.Loaded, RuntimeOptions, Problem]:
     """A validation config read as :func:`validate` reads it: ``(config, loaded,
     runtime options, problem)``, the problem holding the exact model the runtime trains
-    (:func:`exact_model`) and ``iterations`` (if given) in place of ``job.iterations``.
+    (:func:`exact_model`), ``iterations`` (if given) in place of ``job.iterations`` and
+    ``profile`` (if given: this machine's, :func:`with_profile`) in place of every rank's.
 
     Raises:
         ConfigError: bad config, runtime section or ``iterations`` (one line).
@@ -545,6 +565,8 @@ def load(config: str | Path, iterations: int | None = None) -> tuple[Any, runner
     if iterations is not None and iterations <= 0:
         raise ConfigError("<command line>", "--iterations", f"must be > 0, got {iterations}")
     base = runner.problem_of(loaded)
+    if profile is not None:
+        base = with_profile(base, profile)
     if iterations is not None:
         base = dataclasses.replace(base, job=dataclasses.replace(
             base.job, iterations=iterations,
@@ -554,6 +576,27 @@ def load(config: str | Path, iterations: int | None = None) -> tuple[Any, runner
                           f"({', '.join(zoo.names())}), not {base.job.model.name!r}")
     model = exact_model(base.job.model.name, base.seed, opts.model_kwargs)
     return cfg, loaded, opts, dataclasses.replace(base, job=dataclasses.replace(base.job, model=model))
+
+
+def with_profile(problem: Problem, profile: DeviceProfile) -> Problem:
+    """``problem`` with ``profile`` the type of every device and shard: every rank of the
+    real run is a process on this machine, so this machine's profile prices them all."""
+    cl = problem.cluster
+    devices = tuple(dataclasses.replace(d, type=profile) for d in cl.devices)
+    shards = tuple(dataclasses.replace(d, type=profile) for d in cl.shards)
+    return dataclasses.replace(problem, cluster=dataclasses.replace(cl, devices=devices, shards=shards))
+
+
+def profiles_used(problem: Problem, fresh: Path | None = None) -> dict[str, str]:
+    """Each profile that prices a rank of ``problem``: where its figures come from (the
+    headline's ``profiles``; ``fresh``: the file of ``--fresh-profile``)."""
+    out = {}
+    for d in (*problem.cluster.devices, *problem.cluster.shards):
+        src = d.type.source
+        what = f"{src.kind}" + (f" {src.date}" if src.date else "")
+        device = getattr(src, "device", None)
+        out[d.type.name] = what + (f" on {device}" if device else "") + (f", --fresh-profile {fresh}" if fresh else "")
+    return out
 
 
 def des_again(loaded: runner.Loaded, problem: Problem, scheduler: str, emu: RuntimeEmulation | None, plan: Plan,
@@ -630,7 +673,7 @@ def resimulate_figures(config: str | Path, scheduler: str, host: Host,
 
 def validate(config: str | Path, scheduler_arg: str | None = None, iterations: int | None = None,
              out: Path | None = None, timeout_s: float = 600.0,
-             on_step: Callable[[str], None] | None = None) -> Validation:
+             on_step: Callable[[str], None] | None = None, fresh_profile: Path | None = None) -> Validation:
     """Plan, simulate (DES) and run for real each scheduler of ``config``; compare.
 
     Args:
@@ -641,13 +684,23 @@ def validate(config: str | Path, scheduler_arg: str | None = None, iterations: i
             validation.csv, validation.json and sim_vs_real.png here.
         timeout_s: wall-clock limit of each real run.
         on_step: called with a short label before each simulation and run (progress).
+        fresh_profile: this machine's profile, in place of the config's for every rank:
+            measured now into this file, or the file reused where it exists
+            (:func:`calibration.fresh_profile.fresh_profile`).
 
     Raises:
-        ConfigError: bad config, runtime section or scheduler name (one line).
+        ConfigError: bad config, runtime section, scheduler name or fresh profile (one line).
         runtime.launch.RuntimeFailure: a real run failed.
     """
     source = str(config)
-    cfg, loaded, opts, problem = load(config, iterations)
+    machine = None
+    if fresh_profile is not None:
+        if on_step:
+            on_step(f"profile: {fresh_profile}")
+        threads = parse_options(entry.read_config(config)[1], source).threads
+        machine, _ = fresh_profile_of(fresh_profile, threads, progress=on_step is not None)
+    cfg, loaded, opts, problem = load(config, iterations, machine)
+    profiles = profiles_used(problem, fresh_profile)
     names = scheduler_names(scheduler_arg, cfg.scheduler.name)
     resolved = cfg.model_dump(mode="json")
     resolved["runtime"] = opts.model_dump(mode="json")
@@ -717,7 +770,7 @@ def validate(config: str | Path, scheduler_arg: str | None = None, iterations: i
                                           "compute_factors": factors},
                 "sim_without_host": {"iteration_time_mean_s": no_host.summary()["iteration_time_s"]["mean"]},
                 "sim_without_copies": {"iteration_time_mean_s": no_copy.summary()["iteration_time_s"]["mean"]},
-                "host": info["host"], "memory_probe": mem,
+                "host": info["host"], "memory_probe": mem, "profiles": profiles,
                 "shares": {r.device: r.batch for r in plan.replicas},
                 "loadavg_1min": [load_before, os.getloadavg()[0]], "real_wall_s": wall,
                 "real_workers": real.summary()["workers"], "sim_workers": sim.summary()["workers"],
@@ -774,7 +827,9 @@ def report_md(results: Sequence[Validation], title: str = "hetsim validate") -> 
                               for d, x in pl.items()) + ".", ""]
             df = pd.DataFrame([{"metric": k, "sim": m["sim"], "real": m["real"], "error": pct(m["rel_error"])}
                                for k, m in r.metrics.items()])
-            lines += [f"### {r.scheduler}", "", markdown_table(df), ""]
+            lines += [f"### {r.scheduler}", "",
+                      f"Headline: {headline_text(headline(r.metrics, r.diagnostics))}.", "",
+                      markdown_table(df), ""]
             sc = r.diagnostics.get("standalone_compute_s")
             if sc:
                 lines.append("Compute of one share measured alone in this process (1 thread, median): " + ", ".join(

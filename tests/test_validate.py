@@ -337,6 +337,17 @@ def test_validate_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     printed = capsys.readouterr().out
     assert "iteration_time_mean_s" in printed and "equal: CPU per iteration, every process:" in printed
     assert "equal: sim = the DES with the profile's runtime CPU model" in printed
+    # the headline: beside the mean iteration time, the median |error| over the 4 per-worker
+    # compute and communication metrics, the runtime CPU model named, the error without it
+    run = data["schedulers"]["equal"]
+    h = run["headline"]
+    errs = sorted(abs(m["rel_error"]) for k, m in run["metrics"].items() if k.startswith(("compute_s:", "comm_s:")))
+    assert h["components"] == 4 and h["component_median_abs_error"] == pytest.approx((errs[1] + errs[2]) / 2)
+    assert h["calibrated_models"] == ["the runtime CPU model of profile this_machine (network.runtime_cpu)"]
+    assert h["iteration_time_mean_error_without_calibrated"] == pytest.approx(validate.rel_error(
+        rc["sim_without_model"]["iteration_time_mean_s"], run["metrics"]["iteration_time_mean_s"]["real"]))
+    assert run["diagnostics"]["profiles"] == {"this_machine": "measured 2026-11-30 on AMD EPYC"}
+    assert "equal headline: mean iteration time " in printed and "Headline: mean iteration time " in report
 
 
 def test_memory_factor_is_the_median_ratio_to_the_profiles_copies() -> None:
