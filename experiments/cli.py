@@ -425,7 +425,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     dg = sub.add_parser("dag", help="schedule a periodic robotics pipeline on an embedded board and "
                         "simulate its frames")
-    dg.add_argument("config", help="a robotics config (format: sim/dag_config.py, README)")
+    dg.add_argument("config", help="a robotics config (format: sim/dag_config.py, docs/guides/robotics.md)")
     dg.add_argument("--schedulers", help="comma-separated DAG schedulers (default: the config's)")
     dg.add_argument("--out", help="output folder (default results/CONFIG/dag)")
     dg.set_defaults(fn=cmd_dag)

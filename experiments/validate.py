@@ -484,8 +484,7 @@ def cpu_per_iteration(sim: RunResult, real: RunResult) -> dict[str, Any] | None:
     between the sides). A process's real CPU in all (``real_ms``) is over its whole
     loop, start-up and warm-up included, as the runtime CPU model is fitted to it;
     ``real_window_ms`` is over the iterations after the warm-up only (the runtime's
-    ``window``; None where not measured), as the iteration times are (README,
-    Validation: why the model is fitted to the whole loop). ``cores_busy``: all
+    ``window``; None where not measured), as the iteration times are (docs/guides/validation.md). ``cores_busy``: all
     processes' CPU over the run's wall time. None when either side lacks the figures (a DES without hosts, an older run, a rank
     that sent no final report, e.g. a failed worker); a rank the DES did not place on
     the host is listed with no simulated CPU and left out of both totals."""

@@ -12,7 +12,7 @@ rendezvous (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE).
   SIGINT (the parent owns Ctrl-C) and ask the kernel to SIGKILL them if the
   parent dies (PR_SET_PDEATHSIG), so even a killed launcher leaves nothing.
 * :func:`run_rank` is what one rank runs; under torchrun every process calls
-  it with the rank from its environment (see README, "Runtime").
+  it with the rank from its environment (docs/guides/runtime.md).
 """
 
 from __future__ import annotations
@@ -102,10 +102,8 @@ def keep_freed_memory() -> bool:
     Every message and gradient allocates tensors as large as the model (receive buffers,
     unpacked gradients, the weighted mean). By default glibc serves such blocks with a
     fresh ``mmap`` (above its mmap threshold) or trims them off the heap when freed, so
-    the next one is faulted in page by page and zeroed by the kernel again: measured on
-    the 2-core validation machine, that first touch costs about as much CPU per byte as
-    the copy itself (resnet18, 2 workers: 0.347 s per iteration, 0.186 s with freed
-    memory kept; the mlp: 0.0365 s vs 0.0303 s). With the mmap and trim thresholds at
+    the next one is faulted in page by page and zeroed by the kernel again, a first touch
+    that costs about as much CPU per byte as the copy itself. With the mmap and trim thresholds at
     1 GiB, blocks below it come from the heap and stay there once freed, so a rank's
     footprint settles at its peak and each buffer is reused warm, as the profile's
     measurements (copies, pack/unpack) were taken.
