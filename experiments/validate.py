@@ -352,8 +352,8 @@ def on_host(emu: RuntimeEmulation, problem: Problem, plan: Plan, opts: RuntimeOp
     # duration, and it goes at the pace of the slower end. Where the profile measured that
     # path (wire_bench), each end's share (copy_Bps) and the link run at its rate alone
     # (wire_rate_Bps): as fast as measured when both ends have a core, as slow as the end
-    # with the smaller share of one when they do not (README, Validation, compares this with
-    # charging each end only its CPU). The cost: an end counts as runnable for the whole
+    # with the smaller share of one when they do not (docs/notes/2026-12-07-validation-headline.md
+    # compares this with charging each end only its CPU). The cost: an end counts as runnable for the whole
     # message while it uses only part of a core. Without those figures: gloo's bare p2p
     # bandwidth for the copies and the NICs as given.
     rate = wire_rate_Bps(nets)
