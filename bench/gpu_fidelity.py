@@ -13,6 +13,13 @@ seen (about 25 s a row here). ``--lodo`` refits without each device's rows and p
 that device's rows in the precisions the other devices' rows cover: how the per-mode
 parameters carry to a GPU generation the fit has not seen. Writes OUT/gpu_fidelity.json and OUT/predicted_vs_measured.png.
 
+Multi-GPU rows (8 GPUs of a DGX, NCCL all-reduce over NVLink) are priced as all-reduce
+plans on one node of their GPUs (:mod:`bench.multi_gpu`, analytic evaluator, the same
+profiles): their predicted and measured throughput and scaling efficiency are printed
+after the single-GPU rows, saved under ``multi_gpu`` in the JSON, and drawn as hollow
+markers in the figure. The single-GPU figures (medians, ``--loo``) cover the single-GPU
+rows only.
+
 Another table (other GPUs, other harnesses) is checked the same way with ``--table``:
 the profiles are not refitted to it.
 """
@@ -29,9 +36,9 @@ from pathlib import Path
 
 import numpy as np
 
+from bench import multi_gpu
 from calibration import published as P
 from hardware_profiles import load_profile
-from hardware_profiles.errors import ConfigError
 from hardware_profiles.fileio import atomic_write
 
 
@@ -73,6 +80,23 @@ def leave_one_device_out(rows: Sequence[P.Row], quiet: bool = False) -> tuple[li
     return out, skipped
 
 
+def multi_gpu_rows(rows: Sequence[P.Row]) -> tuple[list[dict], list[P.Skipped]]:
+    """The figures of each multi-GPU row (:func:`bench.multi_gpu.measure`), and the rows
+    that cannot be priced (no single-GPU row beside them, or no server of their GPU)."""
+    out, skipped = [], []
+    for row in rows:
+        if row.gpus == 1:
+            continue
+        single = multi_gpu.single_of(row, rows)
+        if single is None:
+            skipped.append(P.Skipped(row.id, f"{row.gpus} GPUs: no single-GPU row to scale from"))
+        elif row.profile not in multi_gpu.NODES:
+            skipped.append(P.Skipped(row.id, f"{row.gpus} GPUs: no multi-GPU server of {row.profile} known"))
+        else:
+            out.append(multi_gpu.measure(row, single, "analytic"))
+    return out, skipped
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.gpu_fidelity", description=__doc__.split("\n")[0])
     ap.add_argument("--table", default=str(P.DEFAULT_TABLE), help="published measurements (CSV)")
@@ -81,13 +105,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--out", default="results/gpu_fidelity", help="output folder")
     ap.add_argument("--quiet", action="store_true", help="no progress lines")
     args = ap.parse_args(argv)
-    try:
-        rows, skipped = P.read_table(args.table)
-    except ConfigError as e:
-        print(f"hetsim: error: {e}", file=sys.stderr)
+    got = multi_gpu.read_rows(args.table)
+    if got is None:
         return 2
+    rows, skipped = got
     single = [r for r in rows if r.gpus == 1]
-    skipped += [P.Skipped(r.id, f"{r.gpus} GPUs: the collective is not priced here") for r in rows if r.gpus != 1]
+    multi, multi_skipped = multi_gpu_rows(rows)
     if not single:
         print(f"hetsim: error: {args.table}: gpus: no single-GPU row hetsim can price", file=sys.stderr)
         return 2
@@ -109,10 +132,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.write(P.report(lodo, lodo_skipped, None))
         doc["leave_one_device_out"] = P.summary(lodo)
         doc["leave_one_device_out_rows"] = {o.row.id: o.error for o in lodo}
+    if multi or multi_skipped:
+        print("\n# multi-GPU rows: all-reduce on one node (bench.multi_gpu)")
+        sys.stdout.write(multi_gpu.report(multi))
+        for sk in multi_skipped:
+            print(f"skipped {sk.id}: {sk.reason}")
+        doc["multi_gpu"] = {"rows": multi, "skipped": [asdict(sk) for sk in multi_skipped]}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write(out / "gpu_fidelity.json", json.dumps(doc, indent=2, default=float) + "\n")
-    P.figure(shipped, out / "predicted_vs_measured.png", "hetsim vs published single-GPU training")
+    by_id = {r.id: r for r in rows}
+    P.figure(shipped, out / "predicted_vs_measured.png",
+             "hetsim vs published training" + (" (hollow: multi-GPU, all-reduce)" if multi else ""),
+             multi=[P.Outcome(by_id[m["id"]], m["predicted_sps"]) for m in multi])
     errs = np.array([o.error for o in shipped])
     print(f"\nwrote {out / 'gpu_fidelity.json'}; median |error| {np.median(np.abs(errs)):.1%}", file=sys.stderr)
     return 0

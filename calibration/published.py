@@ -317,16 +317,17 @@ def report(outcomes: Sequence[Outcome], skipped: Sequence[Skipped], theta: np.nd
     return "\n".join(lines) + "\n"
 
 
-def figure(outcomes: Sequence[Outcome], path: Path, title: str) -> None:
+def figure(outcomes: Sequence[Outcome], path: Path, title: str, multi: Sequence[Outcome] = ()) -> None:
     """Predicted against measured throughput, log axes, one marker per precision, with
-    the identity and +-10% / +-25% bands."""
+    the identity and +-10% / +-25% bands; ``multi`` (multi-GPU rows) as hollow markers
+    of the same shapes."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.4, 5.6))
-    meas = np.array([o.row.measured_sps for o in outcomes])
+    meas = np.array([o.row.measured_sps for o in (*outcomes, *multi)])
     lo, hi = float(meas.min()) / 1.6, float(meas.max()) * 1.6
     xs = np.geomspace(lo, hi, 50)
     ax.plot(xs, xs, color="black", lw=1, label="predicted = measured")
@@ -341,6 +342,11 @@ def figure(outcomes: Sequence[Outcome], path: Path, title: str) -> None:
             ax.scatter([o.row.measured_sps for o in sel], [o.predicted_sps for o in sel], marker=mk, color=col,
                        s=42, label=dtype if dtype in ("fp32", "tf32") else f"{dtype} (mixed precision)",
                        zorder=3)
+        sel = [o for o in multi if o.row.dtype == dtype]
+        if sel:
+            ax.scatter([o.row.measured_sps for o in sel], [o.predicted_sps for o in sel], marker=mk,
+                       facecolors="none", edgecolors=col, s=56, zorder=3,
+                       label=f"{dtype}, {'/'.join(sorted({str(o.row.gpus) for o in sel}))} GPUs (all-reduce)")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlim(lo, hi)

@@ -6,6 +6,8 @@
   after its SimPy loop, and the median reported (``--repeat``).
 * DES wall time for 1,024 workers x 16 shards x 20 iterations (resnet50, BSP,
   no pipelining), and how it grows with workers and with iterations.
+* DES wall time of an all-reduce plan (``job.sync: allreduce``, ring, 25 MiB buckets
+  overlapping the backward) of 256 workers x 20 iterations (resnet50).
 * Analytic evaluator wall time on up to 100,000 workers.
 """
 
@@ -20,15 +22,17 @@ import simpy
 from experiments import runner
 from sim import analytic
 from sim.costmodel import plan_costs
-from sim.des import kernel
+from sim.des import collective, kernel
 from sim.des.engine import DataParallelSim
 
 _TYPES = ("a100", "v100", "t4", "l4")
 
 
 def bench_config(workers: int, shards: int, iterations: int, pipeline: bool,
-                 model: str = "resnet50", per_worker_batch: int = 32, sharing: str = "fair") -> runner.Loaded:
-    """A heterogeneous cluster: ``workers`` spread evenly over four GPU types."""
+                 model: str = "resnet50", per_worker_batch: int = 32, sharing: str = "fair",
+                 sync: str = "bsp") -> runner.Loaded:
+    """A heterogeneous cluster: ``workers`` spread evenly over four GPU types (with
+    ``sync: allreduce``, no parameter server and ``shards`` unused)."""
     counts = [workers // len(_TYPES) + (1 if i < workers % len(_TYPES) else 0) for i in range(len(_TYPES))]
     data = {
         "name": f"bench-{workers}w-{shards}s",
@@ -41,6 +45,8 @@ def bench_config(workers: int, shards: int, iterations: int, pipeline: bool,
                 "sync": "bsp", "pipeline": pipeline},
         "scheduler": {"name": "proportional"},
     }
+    if sync == "allreduce":
+        del data["cluster"]["ps"]  # type: ignore[attr-defined]
     return runner.from_dict(data, Path("."), "<bench>")
 
 
@@ -79,6 +85,20 @@ def des_run(workers: int, shards: int, iterations: int, pipeline: bool,
     return {"workers": workers, "shards": shards, "iterations": iterations, "pipeline": pipeline,
             "sharing": sharing, "wall_s": wall, "wall_s_per_iteration": wall / iterations, "events": events,
             "events_per_s": events / wall, "sim_throughput_sps": result.throughput_sps}
+
+
+def allreduce_run(workers: int, iterations: int) -> dict[str, Any]:
+    """Wall time and event count of one all-reduce DES run (pipelined, tracing off)."""
+    loaded = bench_config(workers, 0, iterations, pipeline=True, sync="allreduce")
+    problem = runner.problem_of(loaded)
+    plan = runner.plan_for(loaded, problem)
+    t0 = time.perf_counter()
+    sim = collective.AllreduceSim(problem, plan, trace=False)
+    result = sim.run()
+    wall = time.perf_counter() - t0
+    events = kernel.processed_events(sim.env)
+    return {"workers": workers, "iterations": iterations, "wall_s": wall, "events": events,
+            "buckets": sim.K, "sim_throughput_sps": float(result.throughput_sps)}
 
 
 def analytic_run(workers: int, shards: int = 16, iterations: int = 20) -> dict[str, float]:
@@ -149,6 +169,9 @@ def run_all(quick: bool = False, progress: bool = True, repeat: int | None = Non
         say(f"DES scale: {sizes[-1]} workers x 16 shards x {k} iterations ...", flush=True)
         out["des_scale_iterations"].append(des_run(sizes[-1], 16, k, pipeline=False))
     out["des_scale_iterations"].append(out["des_scale_workers"][-1])
+    n_ar, it_ar = (32, 4) if quick else (256, 20)
+    say(f"DES all-reduce: {n_ar} workers x {it_ar} iterations ...", flush=True)
+    out["des_allreduce"] = allreduce_run(n_ar, it_ar)
     out["analytic_scale"] = []
     for n in ((1_000, 10_000) if quick else (1_000, 10_000, 100_000)):
         say(f"analytic: {n} workers ...", flush=True)
@@ -158,6 +181,7 @@ def run_all(quick: bool = False, progress: bool = True, repeat: int | None = Non
         "ratio>=0.3": out["ratio"] >= 0.3,
         f"des_{big['workers']}w_20it<60s": big["wall_s"] < 60 if not quick else None,
         "analytic_100k<1s": out["analytic_scale"][-1]["wall_s"] < 1 if not quick else None,
+        "des_allreduce_256w_20it<10s": out["des_allreduce"]["wall_s"] < 10 if not quick else None,
     }
     return out
 
@@ -185,6 +209,9 @@ def print_report(f: dict[str, Any]) -> None:
     for x in f["des_scale_iterations"]:
         print(f"  {x['workers']:>6} workers x {x['iterations']:>3} it: {x['wall_s']:7.2f} s  "
               f"{x['wall_s'] / x['iterations']:6.3f} s/iteration")
+    a = f["des_allreduce"]
+    print(f"DES all-reduce (ring, {a['buckets']} buckets, pipelined): {a['workers']} workers x "
+          f"{a['iterations']} it: {a['wall_s']:.2f} s  {a['events']:,} events")
     print("Analytic wall time vs workers:")
     for x in f["analytic_scale"]:
         print(f"  {x['workers']:>7} workers: {x['wall_s'] * 1e3:8.1f} ms")

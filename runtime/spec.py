@@ -61,6 +61,9 @@ class RuntimeOptions(_Strict):
     workers: list[WorkerOptions] = Field(default_factory=list, description="per worker, plan order")
     ps_affinity: list[int] | None = Field(
         None, description="CPU ids every PS shard process is pinned to (Linux; absent: not pinned)")
+    coordinator_affinity: list[int] | None = Field(
+        None, description="job.sync: allreduce: CPU ids the coordinator (rank 0) is pinned to (Linux; "
+        "absent: not pinned)")
     max_trace_spans: int = Field(20_000, ge=0, description="spans kept per worker for trace.json")
     checkpoint_every: int = Field(
         0, ge=0, description="PS shards checkpoint every N committed iterations and at the end, "
@@ -152,10 +155,29 @@ class RunSpec:
     # (index in module.parameters() -> row length)
     sparse: dict[int, int] = field(default_factory=dict)
     micro_batches: int = 1
+    # job.sync: allreduce (runtime.collective): fp32 gradient bytes per bucket, the workers'
+    # optimizer, and the CPU ids of the coordinator (rank 0)
+    bucket_bytes: float = 25 * 2**20
+    optimizer: str = "momentum"
+    coordinator_affinity: list[int] | None = None
 
     @property
     def multistage(self) -> bool:
         return bool(self.stages)
+
+    @property
+    def allreduce(self) -> bool:
+        """The workers reduce among themselves; rank 0 only coordinates (runtime.collective)."""
+        return self.sync == "allreduce"
+
+    @property
+    def first_worker(self) -> int:
+        """The rank of worker 0: after the PS shards, or after the coordinator (all-reduce)."""
+        return 1 if self.allreduce else self.n_shards
+
+    @property
+    def world_size(self) -> int:
+        return self.first_worker + self.n_workers
 
     def stage_of(self, w: int) -> int:
         """The stage of worker ``w`` (0 for every worker of a one-stage plan)."""
@@ -233,7 +255,8 @@ def build_spec(problem: Problem, plan: Plan, opts: RuntimeOptions, scheduler: An
         raise ConfigError(source, "runtime.workers",
                           f"{len(opts.workers)} entries for {len(devices)} workers of the plan")
     pinned = [(f"runtime.workers[{w}].affinity", o.affinity) for w, o in enumerate(opts.workers)]
-    for field_name, cpus in [*pinned, ("runtime.ps_affinity", opts.ps_affinity)]:
+    for field_name, cpus in [*pinned, ("runtime.ps_affinity", opts.ps_affinity),
+                             ("runtime.coordinator_affinity", opts.coordinator_affinity)]:
         check_cpus(cpus, source, field_name)
     workers, ignored = worker_specs(problem, devices, opts, bool(stages))
     # a pipeline's shares are fixed per stage: no online rebalancing of multi-stage plans
@@ -249,7 +272,8 @@ def build_spec(problem: Problem, plan: Plan, opts: RuntimeOptions, scheduler: An
         max_trace_spans=opts.max_trace_spans, scheduler=online, devices=priced_devices(problem, plan),
         ignored=ignored, checkpoint_every=opts.checkpoint_every, crash_after_iteration=opts.crash_after_iteration,
         stages=stages, micro_batches=(opts.micro_batches or len(plan.stages)) if stages else 1,
-        sparse=sparse,
+        sparse=sparse, bucket_bytes=job.bucket_bytes, optimizer=job.optimizer,
+        coordinator_affinity=opts.coordinator_affinity,
     )
 
 
@@ -261,6 +285,8 @@ def check_run_options(problem: Problem, opts: RuntimeOptions, multistage: bool, 
         ConfigError: naming the option and why.
     """
     job = problem.job
+    if job.sync == "allreduce":
+        check_allreduce_options(problem, opts, source)
     if opts.checkpoint_every and job.sync != "bsp":
         raise ConfigError(source, "runtime.checkpoint_every", f"checkpoints are built for job.sync: bsp "
                           f"only, not {job.sync} (shards applying pushes on arrival have no common cut)")
@@ -270,6 +296,22 @@ def check_run_options(problem: Problem, opts: RuntimeOptions, multistage: bool, 
                else "is built for one-stage plans only" if multistage else "")
         if why:
             raise ConfigError(source, "runtime.pipeline_pulls", why)
+
+
+def check_allreduce_options(problem: Problem, opts: RuntimeOptions, source: str) -> None:
+    """Refuse what the all-reduce runtime (runtime.collective) does not run: gradients
+    other than fp32 or 16-bit (sent as fp16), adaptive widths, PS-only options.
+
+    Raises:
+        ConfigError: naming the field and why.
+    """
+    job = problem.job
+    if job.quant_adaptive is not None or job.quant_bits not in (16, 32):
+        raise ConfigError(source, "job.quantization", "the all-reduce runtime sends fp32 or fp16 gradients "
+                          "(quantization: none or 16); other widths are simulated only")
+    for name in ("ps_affinity", "crash_after_iteration"):
+        if getattr(opts, name) is not None:
+            raise ConfigError(source, f"runtime.{name}", "is an option of PS runs, not of job.sync: allreduce")
 
 
 def worker_specs(problem: Problem, devices: list[str], opts: RuntimeOptions,

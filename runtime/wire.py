@@ -50,6 +50,14 @@ TARGET = 12   # first stage -> last stage: the same fields + the targets of thos
 PARAMS_PART = 13  # shard -> worker: [kind, version, nbytes] + int64 tensor indices in the shard, then
 #                   one more TAG_PAYLOAD message per tensor: its fp32 values
 EXPECT = 14   # shard 0 -> shard k: [kind, iteration, ..., nbytes] + int64 ranks expected to push it
+# all-reduce plans (runtime.collective): rank 0 coordinates, the workers reduce among themselves
+CONTROL = 15  # coordinator -> worker: [kind, iteration, share, stop, epoch, total samples of the members,
+#               members]: the word for that iteration, sent two iterations ahead
+FIGURES = 16  # worker -> coordinator, its update of the iteration applied: [kind, iteration, samples, loss,
+#               compute_s, free_mem, the update's end (wall clock)]
+ABORT = 17    # worker -> coordinator, its all-reduce of the iteration failed: [kind, iteration]
+REFORM = 18   # coordinator -> worker: CONTROL's fields, then the rank the state comes from; nbytes + int64
+#               member ranks: a new group, the state of that rank, and the iteration to go on from
 
 # field positions
 F_KIND, F_ITER, F_A, F_B, F_C, F_D, F_E, F_NBYTES = 0, 1, 2, 3, 4, 5, 6, 9

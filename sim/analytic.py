@@ -253,16 +253,27 @@ def evaluate(problem: Problem, plan: Plan, scheduler: Any = None,
     """
     require_kind(plan, PlanKind.DATA_PARALLEL, "sim.analytic.evaluate")
     problem = emulated_problem(problem, emulation)
+    return steady_state(problem, plan, scheduler, _evaluate, _compute_per_iteration)
+
+
+def steady_state(problem: Problem, plan: Plan, scheduler: Any,
+                 run: Callable[[Problem, Plan], RunResult],
+                 compute_s: Callable[[Problem, Plan], dict[str, float]]) -> RunResult:
+    """``run(problem, plan)``, or with an :class:`~sim.scheduling.OnlineScheduler` the run
+    of the plan its rebalancing settles on (see :func:`evaluate`): each call observes
+    every worker's modelled compute per iteration at its share (``compute_s(problem,
+    working plan)``, by device id), its free memory at t = 0, everyone alive. Shared by
+    the evaluators of data-parallel plans (PS here, all-reduce in :mod:`sim.collective`)."""
     if not isinstance(scheduler, OnlineScheduler):
-        return _evaluate(problem, plan)
+        return run(problem, plan)
     workers = tuple(r.device for r in plan.replicas)
-    current, result = full_membership(plan, workers), _evaluate(problem, plan)
+    current, result = full_membership(plan, workers), run(problem, plan)
     changes = calls = quiet = 0
     t_s = 0.0
     while changes < MAX_REBALANCES and quiet < MAX_CALLS_WITHOUT_CHANGE:
         calls += 1
         t_s += result.iteration_times()[-1] if result.iter_end_s else 0.0
-        obs = _observation(problem, current, calls, t_s)
+        obs = _observation(problem, current, calls, t_s, compute_s)
         new = scheduler.rebalance(current, obs)
         shares = accepted_shares(new, obs, problem.job.global_batch) if new is not None else None
         if shares is None or shares == [r.batch for r in current.replicas]:
@@ -271,7 +282,7 @@ def evaluate(problem: Problem, plan: Plan, scheduler: Any = None,
         quiet = 0
         changes += 1
         current = full_membership(new, workers, shares)  # type: ignore[arg-type]
-        result = _evaluate(problem, _working(current))
+        result = run(problem, _working(current))
     result.extra["rebalances"] = changes
     result.extra["final_shares"] = {r.device: r.batch for r in current.replicas}
     return result
@@ -295,14 +306,10 @@ def host_costs(problem: Problem, c: PlanCosts) -> PlanCosts:
     if not procs:
         return c
     N, S = len(c.workers), len(c.shards)
-    stretch = np.ones(N + S)
+    stretch = np.array(cl.host_stretch([*c.workers, *c.shards]), dtype=float)
     bw = np.concatenate([c.worker_bw, c.shard_bw]).astype(float)
     for h, host in enumerate(cl.hosts):
         mine = [(k, pl) for k, pl in procs if pl.host == h]
-        if mine:
-            rates = thread_rates(host.cores, host.background_threads, [(pl.affinity, pl.threads) for _, pl in mine])
-            for (k, _), r in zip(mine, rates):
-                stretch[k] = 1.0 / r
         if mine and host.copy_Bps > 0:
             # message copies: every process's ends of one exchange at once, one copy thread
             # per message (a worker talks to the S shards, a shard to the N workers), and
@@ -318,7 +325,10 @@ def host_costs(problem: Problem, c: PlanCosts) -> PlanCosts:
                                apply_one_s=c.apply_one_s * s[None, :], worker_bw=bw[:N], shard_bw=bw[N:])
 
 
-def _bsp_time_to_target(problem: Problem, ends: list[float], batch: int) -> float | None:
+def bsp_time_to_target(problem: Problem, ends: list[float], batch: int) -> float | None:
+    """BSP's time to ``job.target_loss`` from its iteration ends (extrapolated at the last
+    iteration's time past them): whole iterations of ``batch`` samples at staleness 0,
+    None without a target."""
     job = problem.job
     conv = job.convergence
     if job.target_loss is None or conv is None or not ends or batch <= 0:
@@ -335,11 +345,17 @@ def _working(plan: Plan) -> Plan:
     return plan.with_shares({})
 
 
-def _observation(problem: Problem, plan: Plan, iteration: int, t_s: float) -> Observation:
+def _compute_per_iteration(problem: Problem, plan: Plan) -> dict[str, float]:
+    """Each worker's modelled forward and backward seconds of one iteration (hosts included)."""
+    c = host_costs(problem, plan_costs(problem, plan))
+    return dict(zip(c.workers, (c.fwd_s.sum(axis=1) + c.bwd_s.sum(axis=1)).tolist()))
+
+
+def _observation(problem: Problem, plan: Plan, iteration: int, t_s: float,
+                 compute_s: Callable[[Problem, Plan], dict[str, float]]) -> Observation:
     """What a steady-state iteration of ``plan`` shows: each worker's modelled compute
     per iteration at its share, its free memory at t = 0, everyone alive."""
-    c = host_costs(problem, plan_costs(problem, _working(plan)))
-    compute = dict(zip(c.workers, (c.fwd_s.sum(axis=1) + c.bwd_s.sum(axis=1)).tolist()))
+    compute = compute_s(problem, _working(plan))
     free = initial_free_memory_bytes(problem)
     ws = []
     for r in plan.replicas:
@@ -439,8 +455,8 @@ def _evaluate_bsp(problem: Problem, plan: Plan, c: PlanCosts) -> RunResult:
     return RunResult(
         name=problem.name, evaluator="analytic", scheduler=plan.scheduler, seed=problem.seed,
         iter_end_s=ends, iter_samples=[int(c.batch.sum())] * len(ends), devices=devices,
-        warmup=job.warmup_iterations, extra=_dyn_note(problem),
-        time_to_target_s=_bsp_time_to_target(problem, ends, int(c.batch.sum())),
+        warmup=job.warmup_iterations, extra=dyn_note(problem),
+        time_to_target_s=bsp_time_to_target(problem, ends, int(c.batch.sum())),
     )
 
 
@@ -475,7 +491,7 @@ def _async_steady(problem: Problem, plan: Plan, c: PlanCosts) -> tuple[RunResult
     comm_t = (T - busy) if not job.pipeline else np.maximum(T - busy, 0.0)
     shard_busy = np.array([float((per_shard[s](service) * T / cycle).sum()) for s in range(S)])
     devices = _devices(problem, c, busy, comm_t, np.zeros(N), shard_busy)
-    extra = _dyn_note(problem)
+    extra = dyn_note(problem)
     ttt = None
     conv = job.convergence
     eff_rate = 0.0
@@ -570,7 +586,7 @@ def _evaluate_adaptive(problem: Problem, plan: Plan) -> RunResult:
     target = conv.effective_to_target(job.target_loss) if job.target_loss is not None else None
     n_max = job.iterations * TARGET_CAP if target is not None else job.iterations
     run = _adaptive_schedule(problem, runs, target, n_max)
-    extra = _dyn_note(problem)
+    extra = dyn_note(problem)
     if target is not None and run.ttt is None:
         extra["target_not_reached"] = (
             f"loss {run.losses[-1]:.6g} > target {job.target_loss} after {len(run.ends)} iterations "
@@ -701,7 +717,9 @@ def _devices(problem: Problem, c: PlanCosts, compute: np.ndarray, comm: np.ndarr
     return out
 
 
-def _dyn_note(problem: Problem) -> dict[str, object]:
+def dyn_note(problem: Problem) -> dict[str, object]:
+    """The note of what a steady-state evaluator leaves out (dynamics, compute noise), as
+    ``RunResult.extra``: {} when the problem has neither."""
     ignored = [what for what, present in (("dynamics (slowdowns, failures)", problem.dynamics),
                                            ("job.compute_noise", any(problem.job.compute_noise)))
                if present]

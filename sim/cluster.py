@@ -35,6 +35,28 @@ class Network:
 
 
 @dataclass(frozen=True)
+class Node:
+    """A machine holding some of the devices (``cluster.nodes``): how they reach each
+    other inside it and how it reaches the other nodes (see :mod:`sim.collective`).
+
+    Attributes:
+        name: its name.
+        devices: the ids of the devices it holds, in config order.
+        intra_bw_Bps: bytes/s of each device's link inside the node, per direction.
+        intra_latency_s: one-way latency of a message inside the node.
+        nic_bw_Bps: bytes/s of the node's NIC, per direction.
+        nic_latency_s: one-way latency of a message between nodes.
+    """
+
+    name: str
+    devices: tuple[str, ...]
+    intra_bw_Bps: float
+    intra_latency_s: float
+    nic_bw_Bps: float
+    nic_latency_s: float
+
+
+@dataclass(frozen=True)
 class Host:
     """A machine whose cores the processes placed on it share (``cluster.hosts``).
 
@@ -81,7 +103,9 @@ class Cluster:
 
     ``hosts`` and ``placement`` (device id -> :class:`Placement`) are empty unless
     the config has ``cluster.hosts``; a device without a placement has its
-    compute to itself, as every device has without hosts.
+    compute to itself, as every device has without hosts. ``nodes`` are empty
+    unless the config has ``cluster.nodes``; a device in no node is on the flat
+    network (its own link, :attr:`Device.nic_bw_Bps`).
     """
 
     devices: tuple[Device, ...]
@@ -89,6 +113,7 @@ class Cluster:
     network: Network
     hosts: tuple[Host, ...] = ()
     placement: tuple[tuple[str, Placement], ...] = ()
+    nodes: tuple[Node, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_by_id", {d.id: d for d in self.devices + self.shards})
@@ -103,6 +128,21 @@ class Cluster:
 
     def has(self, device_id: str) -> bool:
         return device_id in self._by_id  # type: ignore[attr-defined]
+
+    def host_stretch(self, devices: Sequence[str]) -> list[float]:
+        """Per device of ``devices``, 1 / its threads' fair share of its host's cores with
+        every hosted process of ``devices`` runnable at once (:func:`thread_rates`); 1.0
+        for a device without a host. The analytic evaluators' steady-state view of
+        ``hosts``; the DES shares the cores as the work comes and goes."""
+        out = [1.0] * len(devices)
+        placed = [(k, pl) for k, d in enumerate(devices) if (pl := self.placed(d)) is not None]
+        for h, host in enumerate(self.hosts):
+            mine = [(k, pl) for k, pl in placed if pl.host == h]
+            if mine:
+                rates = thread_rates(host.cores, host.background_threads, [(pl.affinity, pl.threads) for _, pl in mine])
+                for (k, _), r in zip(mine, rates):
+                    out[k] = 1.0 / r
+        return out
 
     @property
     def types(self) -> dict[str, DeviceType]:

@@ -25,6 +25,7 @@ from pydantic import (
 )
 
 from hardware_profiles.errors import ConfigError
+from sim import overrides
 from sim.quantization import Adaptive
 
 
@@ -118,6 +119,21 @@ class NetworkConfig(_Strict):
         return v
 
 
+class NodeConfig(_Strict):
+    """A machine holding some of the inventory's devices: the links inside it (NVLink,
+    PCIe) and its NIC to the other nodes (see sim.collective)."""
+
+    name: str = Field(min_length=1, description="the node's name")
+    devices: list[str] = Field(description="device ids it holds ('v100:0'), or ranges 'v100:0-7'")
+    intra_gbps: float = Field(gt=0, description="Gbit/s of each device's link inside the node, per direction "
+                              "(NVLink, PCIe)")
+    intra_latency_us: float = Field(5.0, ge=0, description="one-way latency of a message inside the node, "
+                                    "microseconds")
+    nic_gbps: float = Field(gt=0, description="Gbit/s of the node's NIC to other nodes, per direction")
+    nic_latency_us: float | None = Field(None, ge=0, description="one-way latency between nodes, microseconds "
+                                         "(default: cluster.network.latency_us)")
+
+
 class ClusterConfig(_Strict):
     devices: list[DeviceEntry] = Field(min_length=1, description="the inventory")
     ps: PSConfig = Field(default_factory=PSConfig)
@@ -125,12 +141,17 @@ class ClusterConfig(_Strict):
     hosts: list[HostConfig] | None = Field(
         None, description="machines whose cores processes share (devices and ps name one with `host:`); "
         "none: every device computes on its own")
+    nodes: list[NodeConfig] | None = Field(
+        None, description="machines grouping devices: a link inside each and a NIC between them "
+        "(all-reduce topology; a PS worker's link is its share of its node's NIC); devices in no node "
+        "keep the flat network")
 
     @model_serializer(mode="wrap")
     def _dump(self, handler: Any) -> dict[str, Any]:
         out = handler(self)
-        if out.get("hosts", 0) is None:
-            del out["hosts"]
+        for k in ("hosts", "nodes"):
+            if out.get(k, 0) is None:
+                del out[k]
         return out
 
 
@@ -159,6 +180,10 @@ class QuantParamsConfig(_Strict):
         return self
 
 
+#: Job fields that apply to sync: allreduce only.
+ALLREDUCE_FIELDS = ("allreduce", "bucket_mb", "optimizer")
+
+
 class JobConfig(_Strict):
     """What to train and how."""
 
@@ -177,7 +202,16 @@ class JobConfig(_Strict):
     iterations: int | None = Field(None, gt=0, description="iterations to run")
     samples: int | None = Field(None, gt=0, description="or: samples to process")
     target_loss: float | None = Field(None, gt=0, description="or: train to this loss")
-    sync: Literal["bsp", "asp", "ssp"] = Field("bsp", description="synchronisation mode")
+    sync: Literal["bsp", "asp", "ssp", "allreduce"] = Field(
+        "bsp", description="synchronisation: through the PS shards (bsp, asp, ssp) or by collective "
+        "all-reduce among the workers (allreduce: every worker applies the update; no cluster.ps)")
+    allreduce: Literal["ring", "tree", "hierarchical"] = Field(
+        "ring", description="with sync: allreduce, the algorithm (hierarchical: reduce inside each "
+        "cluster.nodes entry, all-reduce across nodes, broadcast inside)")
+    bucket_mb: float = Field(25.0, gt=0, description="with sync: allreduce, MiB of fp32 gradients per "
+                             "bucket, cut in reverse layer order (DDP's bucket_cap_mb)")
+    optimizer: Literal["sgd", "momentum", "adam"] = Field(
+        "momentum", description="with sync: allreduce, the optimizer every worker runs after the all-reduce")
     staleness: int = Field(0, ge=0, description="SSP bound: iterations a worker may run ahead")
     pipeline: bool = Field(False, description="layer-wise overlap of push/pull with compute")
     quantization: QuantSpec = Field("none", description="gradient bits on the wire")
@@ -202,6 +236,9 @@ class JobConfig(_Strict):
             del out["compute_noise"]
         if out.get("memory_format") == "contiguous":
             del out["memory_format"]
+        if out.get("sync") != "allreduce":  # all-reduce's fields only where they apply
+            for k in ALLREDUCE_FIELDS:
+                out.pop(k, None)
         return out
 
     @model_validator(mode="after")
@@ -211,6 +248,10 @@ class JobConfig(_Strict):
             raise ValueError(f"give one of iterations, samples, target_loss (got {', '.join(given)})")
         if not given:
             self.iterations = 100
+        if self.sync != "allreduce":
+            for k in ALLREDUCE_FIELDS:
+                if k in self.model_fields_set:
+                    raise ValueError(f"{k} is given only with sync: allreduce")
         return self
 
 
@@ -414,6 +455,14 @@ class Config(_Strict):
         None, description="options of the real runtime (`hetsim run`; runtime/spec.py validates "
         "them); the simulator ignores them")
 
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: Any) -> dict[str, Any]:
+        # all-reduce has no parameter server: no cluster.ps in its resolved config
+        out = handler(self)
+        if self.job.sync == "allreduce":
+            out["cluster"].pop("ps", None)
+        return out
+
 
 _TYPE_TAGS = {"str", "int", "float", "bool", "none", "dict", "list"}
 
@@ -460,12 +509,13 @@ def config_from_dict(data: Any, source: str) -> Config:
 
 
 def read_yaml(path: str | Path) -> Any:
-    """Parse a YAML file; missing or malformed files become one-line ConfigErrors."""
+    """Parse a YAML file; missing or malformed files become one-line ConfigErrors.
+    The ``--set`` overrides registered for the file (:mod:`sim.overrides`) are applied."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(str(p), "", "file not found")
     try:
-        return yaml.safe_load(p.read_text(encoding="utf-8"))
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
     except UnicodeDecodeError as e:
         raise ConfigError(str(p), "", f"not UTF-8 text ({e.reason} at byte {e.start})") from None
     except OSError as e:
@@ -474,6 +524,8 @@ def read_yaml(path: str | Path) -> Any:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark is not None else ""
         raise ConfigError(str(p), where, f"malformed YAML: {getattr(e, 'problem', None) or e}") from None
+    ov = overrides.registered(p)  # the command line's --set for this file
+    return overrides.apply(data, ov) if ov else data
 
 
 def load_config(path: str | Path) -> Config:

@@ -6,6 +6,7 @@ The plan's :class:`~sim.plan.PlanKind` picks the model, here and nowhere else:
 kind                      ``analytic``                               ``des``
 ========================  =========================================  ==================================
 ``DATA_PARALLEL``         :func:`sim.analytic.evaluate`              :func:`sim.des.simulate`
+(``job.sync: allreduce``) :func:`sim.collective_analytic.evaluate`   :func:`sim.des.collective.simulate`
 ``PLACEMENT``             :func:`sim.multistage.evaluate_analytic`   :func:`sim.des.pipeline.simulate_pipeline`
 ``DAG``                   (none: a DAG plan's own figures)           :func:`sim.des.frames.simulate_frames`
 ========================  =========================================  ==================================
@@ -19,11 +20,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import assert_never
 
-from sim import analytic, des
+from sim import analytic, collective_analytic, des
 from sim.dag import DagPlan, DagProblem, dag_costs
+from sim.des import collective
 from sim.des.frames import FrameOptions, simulate_frames
 from sim.des.pipeline import simulate_pipeline
-from sim.emulation import RuntimeEmulation
+from sim.emulation import RuntimeEmulation, emulated_problem
 from sim.multistage import evaluate_analytic
 from sim.plan import Plan, PlanKind
 from sim.problem import Problem
@@ -71,12 +73,20 @@ def evaluate(problem: Problem | DagProblem, plan: Plan | DagPlan, evaluator: str
     match plan.kind:
         case PlanKind.DATA_PARALLEL:
             pr, pl = _training(problem, plan)
+            if pr.job.sync == "allreduce":  # collectives among the workers, no PS
+                if des_run:
+                    return _noted(pr, collective.simulate(pr, pl, trace=trace, on_iteration=on_iteration,
+                                                          scheduler=scheduler, emulation=emulation))
+                return _noted(pr, collective_analytic.evaluate(emulated_problem(pr, emulation), pl,
+                                                               scheduler=scheduler))
             if des_run:
                 return _noted(pr, des.simulate(pr, pl, trace=trace, on_iteration=on_iteration,
                                                scheduler=scheduler, emulation=emulation))
             return _noted(pr, analytic.evaluate(pr, pl, scheduler=scheduler, emulation=emulation))
         case PlanKind.PLACEMENT:  # a pipeline of stages; static, so no scheduler
             pr, pl = _training(problem, plan)
+            if pr.job.sync == "allreduce":
+                raise ValueError("job.sync: allreduce runs data-parallel plans only, not a placement")
             if des_run:
                 return _noted(pr, simulate_pipeline(pr, pl, trace=trace, on_iteration=on_iteration,
                                                     emulation=emulation))
@@ -97,9 +107,9 @@ def evaluate(problem: Problem | DagProblem, plan: Plan | DagPlan, evaluator: str
 
 def _noted(problem: Problem, result: RunResult) -> RunResult:
     """``result`` with the problem's notes (:attr:`Problem.notes`) in its summary
-    (``notes``), where it has any."""
+    (``notes``), where it has any, before the evaluator's own."""
     if problem.notes:
-        result.extra["notes"] = list(problem.notes)
+        result.extra["notes"] = list(problem.notes) + list(result.extra.get("notes", []))
     return result
 
 

@@ -192,7 +192,8 @@ def check_plan(plan: Plan, problem: Any, source: str = "<plan>") -> None:
 
     Checks: layer ranges tile the model in order, devices exist and are used
     once, batch shares are positive and each stage's sum to the global batch,
-    the PS shards exist.
+    the PS shards exist (with ``job.sync: allreduce``: one data-parallel stage and
+    no PS shards).
     """
     n_layers = len(problem.job.model.layers)
     expect = 0
@@ -219,6 +220,12 @@ def check_plan(plan: Plan, problem: Any, source: str = "<plan>") -> None:
             )
     if expect != n_layers:
         raise ConfigError(source, "stages", f"stages cover {expect} of {n_layers} layers")
+    if problem.job.sync == "allreduce":
+        if len(plan.stages) > 1 or plan.kind is not PlanKind.DATA_PARALLEL:
+            raise ConfigError(source, "kind", "job.sync: allreduce runs data-parallel plans only")
+        if plan.ps_shards:
+            raise ConfigError(source, "ps_shards", "job.sync: allreduce has no PS shards")
+        return
     for k, s in enumerate(plan.ps_shards):
         if not problem.cluster.has(s) or not s.startswith("ps:"):
             raise ConfigError(source, f"ps_shards[{k}]", f"unknown PS shard {s!r}")

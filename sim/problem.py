@@ -10,8 +10,8 @@ from typing import Any
 
 from hardware_profiles import load_profile
 from hardware_profiles.errors import ConfigError
-from sim.cluster import Cluster, Device, Host, Network, Placement
-from sim.config import ClusterConfig, Config, QuantParamsConfig
+from sim.cluster import Cluster, Device, Host, Network, Node, Placement
+from sim.config import ClusterConfig, Config, NetworkConfig, QuantParamsConfig
 from sim.convergence import (
     ConvergenceModel,
     effective_to_target_iterations,
@@ -37,7 +37,8 @@ class Job:
         iterations: iterations to run (from ``samples`` when given so).
         target_loss: train to this loss instead; ``iterations`` is then the BSP
             prediction of the convergence model (evaluators may run past it).
-        sync: 'bsp' | 'asp' | 'ssp'.
+        sync: 'bsp' | 'asp' | 'ssp' (through the PS shards) | 'allreduce' (collective
+            all-reduce among the workers, :mod:`sim.collective`).
         staleness: SSP bound.
         pipeline: layer-wise overlap of push/pull with compute (pulls too, unless a
             runtime emulation says otherwise:
@@ -55,6 +56,10 @@ class Job:
         compute_noise: the relative spread (IQR / median) of each worker's compute per
             iteration in the DES (0: none), per worker in device order; see
             :func:`sim.des.engine.noise_factors`.
+        allreduce: with ``sync: allreduce``, the algorithm: 'ring', 'tree' or 'hierarchical'.
+        bucket_bytes: with ``sync: allreduce``, fp32 gradient bytes per bucket.
+        optimizer: with ``sync: allreduce``, the optimizer each worker runs ('sgd',
+            'momentum', 'adam'; :func:`sim.costmodel.optimizer_step_s`).
     """
 
     model: Model
@@ -73,6 +78,9 @@ class Job:
     quant_adaptive: Adaptive | None = None
     quant_every: int = 1
     compute_noise: tuple[float, ...] = ()
+    allreduce: str = "ring"
+    bucket_bytes: float = 25 * 2**20
+    optimizer: str = "momentum"
 
 
 @dataclass(frozen=True)
@@ -151,9 +159,11 @@ def build_problem(cfg: Config, base_dir: Path, source: str = "<config>") -> Prob
 
 
 def _build_cluster(cfg: Config, base_dir: Path, source: str) -> Cluster:
-    """The devices (ids ``TYPE:K``, K counting within the type), the PS shards (``ps:K``),
-    the network and the hosts of ``cfg.cluster``, profiles read from ``cfg.profiles``
-    (relative to ``base_dir``) and then the built-in ones."""
+    """The devices (ids ``TYPE:K``, K counting within the type), the PS shards (``ps:K``;
+    none with ``job.sync: allreduce``), the network, the hosts and the nodes of
+    ``cfg.cluster``, profiles read from ``cfg.profiles`` (relative to ``base_dir``) and
+    then the built-in ones. A device in a node (and not in ``network.overrides``) has
+    its equal share of the node's NIC as its link to the PS."""
     dirs = [(base_dir / p) if not Path(p).is_absolute() else Path(p) for p in cfg.profiles]
     for i, d in enumerate(dirs):
         if not d.is_dir():
@@ -166,17 +176,74 @@ def _build_cluster(cfg: Config, base_dir: Path, source: str) -> Cluster:
         for k in range(entry.count):
             dev_id = f"{prof.name}:{start + k}"
             devices.append(Device(dev_id, prof, _bw(net, dev_id, prof.nic_bw_Bps)))
-    ps_prof = load_profile(cfg.cluster.ps.type, dirs, source=source, field="cluster.ps.type")
-    shards = tuple(
-        Device(f"ps:{k}", ps_prof, _bw(net, f"ps:{k}", ps_prof.nic_bw_Bps))
-        for k in range(cfg.cluster.ps.shards)
-    )
+    shards: tuple[Device, ...] = ()
+    if cfg.job.sync == "allreduce":
+        if "ps" in cfg.cluster.model_fields_set:
+            raise ConfigError(source, "cluster.ps", "job.sync: allreduce has no parameter server; "
+                              "remove the ps section")
+    else:
+        ps_prof = load_profile(cfg.cluster.ps.type, dirs, source=source, field="cluster.ps.type")
+        shards = tuple(
+            Device(f"ps:{k}", ps_prof, _bw(net, f"ps:{k}", ps_prof.nic_bw_Bps))
+            for k in range(cfg.cluster.ps.shards)
+        )
     known = {d.id for d in devices} | {s.id for s in shards}
     for dev_id in net.overrides:
         if dev_id not in known:
             raise ConfigError(source, f"cluster.network.overrides.{dev_id}", "no such device id")
+    nodes = _nodes(cfg.cluster, [d.id for d in devices], net, source)
+    for node in nodes:  # a node's devices reach a PS through its NIC, shared alike
+        share = node.nic_bw_Bps / len(node.devices)
+        devices = [Device(d.id, d.type, share) if d.id in node.devices and d.id not in net.overrides else d
+                   for d in devices]
     hosts, placement = _hosts(cfg.cluster, devices, shards, source)
-    return Cluster(tuple(devices), shards, Network(net.latency_us * 1e-6, net.sharing), hosts, placement)
+    return Cluster(tuple(devices), shards, Network(net.latency_us * 1e-6, net.sharing), hosts, placement,
+                   nodes)
+
+
+def _device_ids(spec: str, known: Sequence[str]) -> list[str] | None:
+    """The device ids of one ``cluster.nodes[].devices`` entry: an id (``'v100:3'``) or a
+    range ``'TYPE:A-B'`` (A <= B); None when it names no known device."""
+    kind, _, num = spec.rpartition(":")
+    lo, dash, hi = num.partition("-")
+    if dash and lo.isdigit() and hi.isdigit() and int(lo) <= int(hi):
+        ids = [f"{kind}:{k}" for k in range(int(lo), int(hi) + 1)]
+        return ids if all(i in known for i in ids) else None
+    return [spec] if spec in known else None
+
+
+def _nodes(cl: ClusterConfig, known: Sequence[str], net: NetworkConfig, source: str) -> tuple[Node, ...]:
+    """``cluster.nodes``: each node's devices resolved (ranges expanded) and checked: at
+    least one device, every id in the inventory, no device in two nodes, no name twice."""
+    if cl.nodes is None:
+        return ()
+    owner: dict[str, str] = {}
+    names: set[str] = set()
+    out = []
+    for i, nd in enumerate(cl.nodes):
+        where = f"cluster.nodes[{i}]"
+        if nd.name in names:
+            raise ConfigError(source, f"{where}.name", f"node {nd.name!r} is listed twice")
+        names.add(nd.name)
+        if not nd.devices:
+            raise ConfigError(source, f"{where}.devices", "a node needs at least one device")
+        ids: list[str] = []
+        for j, spec in enumerate(nd.devices):
+            got = _device_ids(spec, known)
+            if got is None:
+                have = ", ".join(known) if len(known) <= 8 else f"{known[0]}, ..., {known[-1]}"
+                raise ConfigError(source, f"{where}.devices[{j}]", f"no such device id {spec!r} "
+                                  f"(the inventory: {have})")
+            for d in got:
+                if d in owner:
+                    raise ConfigError(source, f"{where}.devices[{j}]",
+                                      f"device {d!r} is in node {owner[d]!r} already")
+                owner[d] = nd.name
+            ids += got
+        lat = nd.nic_latency_us if nd.nic_latency_us is not None else net.latency_us
+        out.append(Node(nd.name, tuple(ids), nd.intra_gbps * 1e9 / 8, nd.intra_latency_us * 1e-6,
+                        nd.nic_gbps * 1e9 / 8, lat * 1e-6))
+    return tuple(out)
 
 
 def _build_job(cfg: Config, base_dir: Path, devices: Sequence[Device], source: str) -> Job:
@@ -218,6 +285,9 @@ def _build_job(cfg: Config, base_dir: Path, devices: Sequence[Device], source: s
         quant_adaptive=quant_adaptive,
         quant_every=quant_every,
         compute_noise=_compute_noise(j.compute_noise, devices, source),
+        allreduce=j.allreduce,
+        bucket_bytes=j.bucket_mb * 2**20,
+        optimizer=j.optimizer,
     )
 
 

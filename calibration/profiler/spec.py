@@ -74,7 +74,7 @@ _ALL_MICRO = (
 #: not by a profile run nor by ``--add-micro missing``: the grid's four GEMM shapes at
 #: batches 16 and 32 (suffix _b16). At one intensity their efficiencies differ by
 #: shape, which a curve over one variable cannot price; fitted with the grid they
-#: made the leave-one-model-out bench worse (docs/notes/2026-12-07-history-from-code.md).
+#: made the leave-one-model-out bench worse (docs/notes/2026-12-06-two-probes.md).
 _EXTRA_MICRO = (
     "linear_256x256_b16", "linear_1024x1024_b16", "linear_4096x1024_b16", "linear_512x4096_b16",
 )

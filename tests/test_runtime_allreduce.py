@@ -1,0 +1,113 @@
+"""``hetsim run`` of all-reduce plans (runtime/collective.py, runtime/coordinator.py): a
+coordinator and workers reducing over gloo on 127.0.0.1, a tiny mlp, one torch thread
+per rank; each run costs a few seconds, mostly process start-up."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from experiments import run as entry
+from runtime import task
+from runtime.collective import bucket_params
+
+ROOT = Path(__file__).resolve().parents[1]
+KW = {"in_features": 16, "hidden": [32], "classes": 4}
+PARAM_BYTES = 4 * (16 * 32 + 32 + 32 * 4 + 4)  # the tiny mlp's fp32 parameters
+
+
+def config(tmp: Path, name: str = "ar", workers: int = 2, **over: Any) -> Path:
+    cfg: dict[str, Any] = {
+        "name": name, "seed": 0,
+        "cluster": {"devices": [{"type": "this_machine", "count": workers}],
+                    "network": {"bandwidth_gbps": 13, "latency_us": 65}},
+        "job": {"model": "mlp", "global_batch": 16 * workers, "iterations": 12, "sync": "allreduce",
+                "failure_timeout_s": 1.0},
+        "scheduler": {"name": "equal"},
+        "runtime": {"model_kwargs": KW, "lr": 0.2},
+    }
+    for k, v in over.items():
+        cfg[k].update(v) if k in ("job", "runtime") else cfg.__setitem__(k, v)
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def run(path: Path) -> Any:
+    return entry.execute(entry.prepare(path, timeout_s=300), None)
+
+
+def test_buckets_are_the_simulators() -> None:
+    module, _ = task.build("mlp", 0, KW)
+    # parameters: fc1 weight, bias, fc2 weight, bias; one bucket of 25 MiB holds them all,
+    # buckets of 200 bytes cut after fc2 (528 bytes) and again after fc1 (2176)
+    assert bucket_params(module, 25 * 2**20) == [[0, 1, 2, 3]]
+    assert bucket_params(module, 200) == [[2, 3], [0, 1]]
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    return run(config(tmp_path_factory.mktemp("ar"), job={"pipeline": False}))
+
+
+def test_the_bucketed_reducer_and_ddp_train_alike(tmp_path: Path, plain: Any) -> None:
+    a = plain
+    assert a.evaluator == "runtime" and len(a.iter_end_s) == 12 and a.failures == []
+    assert a.iter_samples == [32] * 12 and a.extra["runtime"]["worker_samples"] == [[16, 16]] * 12
+    loss = a.iter_loss
+    assert all(math.isfinite(v) for v in loss) and sum(loss[-4:]) < 0.75 * sum(loss[:4])
+    # every worker reduced its whole gradient once an iteration, as fp32
+    assert a.extra["runtime"]["reduced_bytes"] == {"this_machine:0": 12 * PARAM_BYTES,
+                                                   "this_machine:1": 12 * PARAM_BYTES}
+    assert {d.id for d in a.devices} == {"this_machine:0", "this_machine:1"}  # no PS
+    # DDP (pipelined): the same means of the same gradients, the same training to the bit
+    b = run(config(tmp_path, name="ddp", job={"pipeline": True}))
+    assert b.iter_loss == loss and b.extra["runtime"]["ddp"] is True
+    assert b.extra["runtime"]["reduced_bytes"] == a.extra["runtime"]["reduced_bytes"]
+    spans = [e for e in b.trace if e.get("ph") == "X" and e["name"].startswith("allreduce")]
+    assert len(spans) == 2 * 12  # a bucket a worker an iteration, timed by the comm hook
+
+
+def test_uneven_shares_are_weighted_and_fp16_halves_the_bytes(tmp_path: Path) -> None:
+    # shares 24 and 8 (a plan of the proportional scheduler on a faster first worker
+    # would do the same); fp16 on the wire
+    res = run(config(tmp_path, job={"pipeline": True, "quantization": 16},
+                     runtime={"model_kwargs": KW, "lr": 0.2, "workers": [{}, {"slowdown": 3.0}]},
+                     scheduler={"name": "hps", "params": {"rebalance_every": 1}}))
+    assert len(res.iter_end_s) == 12 and all(n == 32 for n in res.iter_samples)
+    shares = res.extra["runtime"]["shares"]
+    assert shares[0] == [16, 16] and res.extra["final_shares"]["this_machine:0"] > 16
+    assert all(math.isfinite(v) for v in res.iter_loss)
+    assert all(b == 12 * PARAM_BYTES // 2 for b in res.extra["runtime"]["reduced_bytes"].values())
+
+
+@pytest.mark.parametrize("pipeline", [False, True])
+def test_a_killed_worker_leaves_the_group_and_its_share_is_spread(tmp_path: Path, pipeline: bool) -> None:
+    res = run(config(tmp_path, workers=3, job={"pipeline": pipeline},
+                     runtime={"model_kwargs": KW, "lr": 0.2, "workers": [{}, {"fail_at_iteration": 4}, {}]}))
+    assert len(res.iter_end_s) == 12 and "incomplete" not in res.extra
+    [f] = res.failures
+    assert f["worker"] == "this_machine:1" and f["share"] == 16
+    assert f["detected_by"].startswith("no word of iteration 4 within 1.0 s")
+    per = res.extra["runtime"]["worker_samples"]
+    assert per[:4] == [[16, 16, 16]] * 4
+    # iteration 4 done again by the survivors; 5's word was out already; from 6 the spread shares
+    assert per[4:6] == [[16, 0, 16]] * 2 and per[6:] == [[24, 0, 24]] * 6
+    assert res.extra["runtime"]["reforms"] == 1
+    assert res.iter_end_s[4] - res.iter_end_s[3] >= 1.0  # the failure timeout passed first
+
+
+@pytest.mark.parametrize("over,field", [
+    ({"job": {"quantization": 8}}, "job.quantization"),
+    ({"runtime": {"model_kwargs": KW, "ps_affinity": [0]}}, "runtime.ps_affinity"),
+])
+def test_what_the_runtime_does_not_run_is_refused(tmp_path: Path, over: dict, field: str) -> None:
+    out = subprocess.run([sys.executable, "-m", "experiments.cli", "run", str(config(tmp_path, **over))],
+                         capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 2 and field in out.stderr and out.stderr.strip().count("\n") == 0
