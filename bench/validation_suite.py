@@ -1,6 +1,7 @@
 """The validation suite: `hetsim validate` over experiments/configs/validation/.
 
     python -m bench.validation_suite [--out results/validation_suite] [--only v1,v3] [--iterations N]
+        [--fresh-profile FILE]
     python -m bench.validation_suite --resimulate results/validation_suite/suite.json --out DIR [--only v1,v3]
 
 Each config is planned, simulated with the DES (the measured single-thread
@@ -16,7 +17,12 @@ device computing on its own, as before hosts existed). Where the profile has a
 runtime CPU model (``network.runtime_cpu``, fitted by ``python -m
 bench.runtime_calibration`` on other configs), the simulated side is the DES
 with each process's CPU predicted by it, and the suite also reports the DES
-without it. Writes OUT/report.md
+without it. Beside the mean iteration time, the headline gives the median |error|
+over every per-worker compute and communication metric, which calibrated models of
+this machine the DES used and its error without them
+(:mod:`experiments.validate_headline`). ``--fresh-profile FILE`` prices every rank
+with this machine's profile measured once into FILE (reused when it exists; see
+:mod:`calibration.fresh_profile`) instead of ``this_machine``. Writes OUT/report.md
 (the suite table, then every metric of every run), OUT/validation.csv,
 OUT/validation.json, OUT/sim_vs_real.png and OUT/CONFIG/SCHEDULER/{sim,real}/.
 
@@ -41,7 +47,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from experiments import validate
+from experiments import validate, validate_headline
 from experiments.plots import markdown_table
 from hardware_profiles.errors import ConfigError
 
@@ -175,7 +181,10 @@ def cpu_rows(results: Sequence[validate.Validation]) -> list[dict[str, Any]]:
 
 
 def summary_lines(results: Sequence[validate.Validation]) -> list[str]:
-    """Median absolute errors (all, fitting the cores, oversubscribed) and ranking counts."""
+    """Median absolute errors of the mean iteration time, then over every per-worker compute
+    and communication metric and without the calibrated models
+    (:func:`experiments.validate_headline.suite_lines`), then of the DES's variants, of the
+    configs fitting the cores and oversubscribing them, and ranking counts."""
     def med(vs: list[validate.Validation]) -> str:
         errs = [abs(e) for v in vs for r in v.runs
                 if (e := r.metrics["iteration_time_mean_s"]["rel_error"]) is not None]
@@ -199,13 +208,15 @@ def summary_lines(results: Sequence[validate.Validation]) -> list[str]:
     over = [v for v in results if v.info.get("oversubscribed")]
     ranked = [v for v in results if v.ranking_preserved is not None]
     kept = sum(1 for v in ranked if v.ranking_preserved)
-    return [f"- median |error| of the mean iteration time: {med(list(results))} "
-            f"(same real runs: the DES without the runtime CPU model {med_of(list(results), _without_model)}, "
+    return [f"- median |error| of the mean iteration time: {med(list(results))}",
+            *validate_headline.suite_lines((r.metrics, r.diagnostics) for v in results for r in v.runs),
+            f"- the mean iteration time's median |error| "
+            f"on the same real runs: the DES without the runtime CPU model {med_of(list(results), _without_model)}, "
             f"without the host {med_diag(list(results), 'sim_without_host')}, "
             f"with the host but messages free of CPU {med_diag(list(results), 'sim_without_copies')}; "
             f"diagnostics: given each worker's real compute {med_diag(list(results), 'sim_with_real_compute')}, "
             f"each rank's real CPU {med_diag(list(results), 'sim_with_real_cpu')}; control: the real CPU over "
-            f"the cores the DES kept busy {med_naive(list(results))})",
+            f"the cores the DES kept busy {med_naive(list(results))}",
             f"- worker threads <= cores: {med(fit)}; more worker threads than cores: {med(over)}",
             f"- ranking preserved: {kept} of {len(ranked)} multi-scheduler configs"]
 
@@ -271,6 +282,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--only", help="comma-separated config stems or prefixes (default: all)")
     ap.add_argument("--iterations", type=int, help="override job.iterations of every config")
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
+    ap.add_argument("--fresh-profile", metavar="FILE", type=Path,
+                    help="price every rank with this machine's profile: measured into FILE once "
+                         "(hetsim validate --fresh-profile), reused by every config")
     ap.add_argument("--report-only", action="store_true",
                     help="rebuild the reports from OUT/*/validation.json without running anything")
     ap.add_argument("--resimulate", metavar="SUITE_JSON", type=Path,
@@ -310,8 +324,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 bar.set_postfix_str(f"{c.stem} {label}")
                 bar.update(1)
 
-            results.append(validate.validate(c, SCHEDULERS.get(c.stem), a.iterations, out / c.stem,
-                                             on_step=step))
+            try:
+                results.append(validate.validate(c, SCHEDULERS.get(c.stem), a.iterations, out / c.stem,
+                                                 on_step=step, fresh_profile=a.fresh_profile))
+            except ConfigError as e:
+                print(f"python -m bench.validation_suite: error: {e}", file=sys.stderr)
+                return 2
     wall: float | None = time.monotonic() - t0
     if a.report_only:  # nothing ran: keep the runs' own wall time (None where unknown)
         old = out / "suite.json"

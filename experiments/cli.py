@@ -324,6 +324,7 @@ def cmd_run(a: argparse.Namespace) -> int:
 def cmd_validate(a: argparse.Namespace) -> int:
     from experiments import validate
     from experiments.run import read_config
+    from experiments.validate_headline import headline, headline_text
     from hardware_profiles.fileio import prepare_out
     from runtime.launch import RuntimeFailure
 
@@ -331,7 +332,8 @@ def cmd_validate(a: argparse.Namespace) -> int:
     out = prepare_out(a.out or Path("results") / cfg.name / "validate")
     try:
         v = validate.validate(a.config, a.schedulers, a.iterations, out, timeout_s=a.timeout,
-                              on_step=None if a.quiet else lambda s: print(f"validate: {s}", file=sys.stderr))
+                              on_step=None if a.quiet else lambda s: print(f"validate: {s}", file=sys.stderr),
+                              fresh_profile=Path(a.fresh_profile) if a.fresh_profile else None)
     except RuntimeFailure as e:
         print(f"hetsim: run failed: {e}", file=sys.stderr)
         return 1
@@ -339,6 +341,7 @@ def cmd_validate(a: argparse.Namespace) -> int:
              "error": validate.pct(m["rel_error"])} for r in v.runs for k, m in r.metrics.items()]
     print_table(rows, ("scheduler", "metric", "sim", "real", "error"))
     for r in v.runs:
+        print(f"{r.scheduler} headline: {headline_text(headline(r.metrics, r.diagnostics))}")
         rc = r.diagnostics.get("runtime_cpu") or {}
         if rc.get("models"):
             first = rc["sim_without_model"]["iteration_time_mean_s"]
@@ -713,6 +716,9 @@ def build_parser() -> argparse.ArgumentParser:
     va.add_argument("--timeout", type=_positive_seconds, default=600.0,
                     help="wall-clock limit of each real run in seconds (default 600)")
     va.add_argument("--out", help="output folder (default results/NAME/validate)")
+    va.add_argument("--fresh-profile", metavar="FILE",
+                    help="price every rank with this machine's profile instead of the config's: "
+                         "measured now into FILE (a few minutes), or FILE reused where it exists")
     _quiet(va, "no progress lines")
     _config_options(va)
     va.set_defaults(fn=cmd_validate)

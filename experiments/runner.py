@@ -20,6 +20,7 @@ from schedulers import Scheduler
 from sim import evaluate as evaluation
 from sim import limits
 from sim.config import Config, JobConfig, config_from_dict, read_yaml
+from sim.emulation import RuntimeEmulation
 from sim.evaluate import EVALUATORS
 from sim.plan import Plan, PlanKind, check_plan, load_plan
 from sim.problem import Problem, build_problem
@@ -70,22 +71,25 @@ def plan_for(loaded: Loaded, problem: Problem, scheduler: str | None = None) -> 
 
 
 def evaluate(problem: Problem, plan: Plan, evaluator: str, trace: bool = True,
-             progress: bool = False, scheduler: Scheduler | None = None) -> RunResult:
+             progress: bool = False, scheduler: Scheduler | None = None,
+             emulation: RuntimeEmulation | None = None) -> RunResult:
     """Evaluate with ``des`` or ``analytic`` (:func:`sim.evaluate.evaluate`, which picks the
     model of the plan's kind); ``progress`` shows a bar of DES iterations (on a terminal
     only). ``scheduler``: the object that made ``plan``; an online one rebalances during
-    the run (DES) or to its steady state (analytic)."""
+    the run (DES) or to its steady state (analytic). ``emulation``: the runtime on this
+    machine (``hetsim validate``), None for a plain simulation."""
     if evaluator not in EVALUATORS:
         raise ConfigError("<command line>", "--evaluator",
                           f"unknown evaluator {evaluator!r}; use {' or '.join(EVALUATORS)}")
     if evaluator != "des" or not progress:
-        return evaluation.evaluate(problem, plan, evaluator, scheduler=scheduler, trace=trace)
+        return evaluation.evaluate(problem, plan, evaluator, scheduler=scheduler, trace=trace,
+                                   emulation=emulation)
     from tqdm import tqdm
 
     with tqdm(total=problem.job.iterations, desc=f"des {plan.scheduler}", unit="it",
               leave=False, disable=None) as bar:
         return evaluation.evaluate(problem, plan, evaluator, scheduler=scheduler, trace=trace,
-                                   on_iteration=lambda n: bar.update(n - bar.n))
+                                   on_iteration=lambda n: bar.update(n - bar.n), emulation=emulation)
 
 
 def run_files(result: RunResult, plan: Plan, loaded: Loaded, trace: bool = True) -> dict[str, str]:

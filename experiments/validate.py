@@ -39,7 +39,7 @@ What the simulator is given, so that it models what the runtime executes:
   fast as measured when both ends have a core and as slow as the end with
   the smaller share when they do not; otherwise ``copy_Bps`` is the profile's
   gloo point-to-point bandwidth (``network.p2p_bw_Bps``) and the links are
-  the config's. The lowest over the ranks' profiles. The host has
+  the config's. The lowest over the ranks' profiles. The emulation has
   ``serial_messages``: a rank sends one message at a time and a shard
   receives one at a time and answers pulls in turn, as the runtime's blocking
   sends and single receiver thread do. Its
@@ -49,6 +49,20 @@ What the simulator is given, so that it models what the runtime executes:
   records what was assumed (``info["host"]``) and, per scheduler, the DES's
   prediction without the host (``diagnostics["sim_without_host"]``) and with
   the host but messages that cost no CPU (``diagnostics["sim_without_copies"]``).
+
+All of this is one :class:`sim.emulation.RuntimeEmulation` (:func:`emulation`), handed
+to the evaluators beside the problem; the config's problem itself is unchanged.
+
+**The profile.** Every rank is priced with its config's profile (the validation
+configs: ``this_machine``, measured on one machine), or with ``fresh_profile``
+(``hetsim validate --fresh-profile FILE``) with this machine's, measured now into
+FILE or reused from it (:mod:`calibration.fresh_profile`).
+
+**The headline** (:mod:`experiments.validate_headline`): beside the mean iteration
+time's error, the median |error| over every per-worker compute and communication
+metric, the calibrated models of this machine the DES used (the runtime CPU
+model) and the error without them; in report.md, validation.json (``headline``)
+and on ``hetsim validate``'s output.
 
 Warm-up: every metric leaves out the first ``job.warmup_iterations``
 iterations on both sides (RunResult's iteration statistics already do; the
@@ -87,22 +101,24 @@ from typing import Any
 
 import schedulers
 from calibration import runtime_cpu
+from calibration.fresh_profile import fresh_profile as fresh_profile_of
 from calibration.host import host_cores, measure_host, memory_factor, standalone_compute_s
 from experiments import run as entry
 from experiments import runner
 from experiments.plots import markdown_table
+from experiments.validate_headline import headline, headline_text
 from hardware_profiles.errors import ConfigError
 from hardware_profiles.fileio import atomic_write
-from hardware_profiles.schema import LayerTable
+from hardware_profiles.schema import DeviceProfile
 from runtime.launch import run_local
 from runtime.spec import RuntimeOptions, build_spec, parse_options
 from sim import costmodel, zoo
-from sim.cluster import Device, Host, Placement
-from sim.dynamics import Dynamic
+from sim.cluster import Host, Placement
+from sim.emulation import RuntimeEmulation, emulated_problem
 from sim.plan import Plan
 from sim.problem import Problem
 from sim.result import RunResult
-from sim.workload import Layer, Model
+from sim.workload import Model
 
 #: Metrics compared for every scheduler; per-worker ones get ``:DEVICE`` appended.
 METRICS = ("iteration_time_mean_s", "iteration_time_p50_s", "throughput_sps", "compute_s",
@@ -112,7 +128,6 @@ PER_WORKER = ("compute_s", "comm_s")
 LOSS_WINDOW = 5
 #: Two values closer than this (relative) are a tie when ranking schedulers.
 TIE_REL = 0.05
-TEACHER = "teacher"
 VALIDATION_SCHEMA = 1
 
 
@@ -282,41 +297,43 @@ def exact_model(spec_model: str, seed: int, model_kwargs: dict[str, Any]) -> Mod
     return dataclasses.replace(model, layers=tuple(dataclasses.replace(ly, sparse=None) for ly in model.layers))
 
 
-def teacher_layer(model: Model) -> Layer:
-    """A parameter-free leading layer that stands for labelling the batch (priced by a table).
-
-    Its output size is the model's input size, so the first real layer's input
-    bytes are unchanged; its signature (a GEMM of 0 FLOPs) is one no real layer has.
-    """
-    return Layer(TEACHER, "gemm", 0.0, 0.0, 0.0, model.input_bytes, kernels=1)
-
-
-def with_teacher(model: Model) -> Model:
-    return dataclasses.replace(model, layers=(teacher_layer(model), *model.layers))
+def emulation(problem: Problem, plan: Plan, opts: RuntimeOptions, host: Host | None = None) -> RuntimeEmulation:
+    """The runtime executing ``plan`` of ``problem`` (which holds the exact model) with ``opts``,
+    as the simulated side models it: the teacher's forward, ``runtime.workers`` slowdowns
+    from t = 0 (:func:`runtime_slowdowns`), pulls as the runtime makes them
+    (``runtime.pipeline_pulls``) and, with ``host``, every rank on it (:func:`on_host`)."""
+    emu = RuntimeEmulation(teacher=True, pipeline_pulls=opts.pipeline_pulls,
+                           slowdowns=runtime_slowdowns(problem, plan, opts))
+    return on_host(emu, problem, plan, opts, host) if host is not None else emu
 
 
-def _teacher_profile(dev: Device, model: Model, dtype: str, max_batch: int) -> Device:
-    """``dev`` whose profile prices the teacher layer: the student's forward at every batch."""
-    sig = costmodel.table_key(teacher_layer(model), model.input_bytes)
-    tables = dict(dev.type.layers or {})
-    if sig in tables:  # never silently reuse a measured table
-        raise ConfigError("<validate>", "job.model", f"layer signature {sig} already measured")
-    batch = list(range(1, max_batch + 1))
-    fwd = [float(costmodel.layer_times(model, dev.type, dtype, b)[0].sum()) for b in batch]
-    tables[sig] = LayerTable(batch=batch, fwd_s=fwd, bwd_s=[0.0] * len(batch))
-    return dataclasses.replace(dev, type=dev.type.model_copy(update={"layers": tables}))
+def runtime_slowdowns(problem: Problem, plan: Plan, opts: RuntimeOptions) -> tuple[tuple[str, float], ...]:
+    """Per worker of ``plan`` whose ``runtime.workers[i].slowdown`` f is not 1, the slowdown
+    of its whole compute from t = 0 that adds the seconds the runtime sleeps, ``(T + f S) /
+    (T + S)`` (T: the teacher's forward, S: the student's forward and backward at its share),
+    because the runtime sleeps ``(f - 1) x`` the student's compute only."""
+    job, model = problem.job, problem.job.model
+    shares = {r.device: r.batch for r in plan.replicas}
+    out = []
+    for w, o in enumerate(opts.workers):
+        if o.slowdown == 1.0 or w >= len(plan.replicas):
+            continue
+        dev = problem.cluster.device(plan.replicas[w].device)
+        f, bw = costmodel.layer_times(model, dev.type, job.dtype, max(shares[dev.id], 1))
+        student, teacher = float(f.sum() + bw.sum()), float(f.sum())
+        out.append((dev.id, (teacher + o.slowdown * student) / (teacher + student)))
+    return tuple(out)
 
 
-
-
-def with_host(problem: Problem, plan: Plan, opts: RuntimeOptions, host: Host) -> Problem:
-    """``problem`` with every rank of the real run on ``host``: each worker of ``plan`` a
-    process with its ``runtime.workers`` threads and affinity, each shard one with
-    ``runtime.threads`` and ``runtime.ps_affinity``. A problem that has hosts already is
-    returned as it is."""
+def on_host(emu: RuntimeEmulation, problem: Problem, plan: Plan, opts: RuntimeOptions,
+            host: Host) -> RuntimeEmulation:
+    """``emu`` with every rank of the real run on ``host``: each worker of ``plan`` a process
+    with its ``runtime.workers`` threads and affinity, each shard one with ``runtime.threads``
+    and ``runtime.ps_affinity``; the runtime's loopback messages (see below) one at a time
+    per rank. A problem that has hosts already keeps them: ``emu`` is returned as it is."""
     cl = problem.cluster
     if cl.hosts:
-        return problem
+        return emu
     placement = []
     for w, r in enumerate(plan.replicas):
         o = opts.workers[w] if w < len(opts.workers) else None
@@ -337,25 +354,16 @@ def with_host(problem: Problem, plan: Plan, opts: RuntimeOptions, host: Host) ->
     # duration, and it goes at the pace of the slower end. Where the profile measured that
     # path (wire_bench), each end's share (copy_Bps) and the link run at its rate alone
     # (wire_rate_Bps): as fast as measured when both ends have a core, as slow as the end
-    # with the smaller share of one when they do not. Measured on this_machine with a busy
-    # process on each core (each end half a core), with the runtime that still copied fp32
-    # pushes twice: pulls 4.02 -> 1.57 GB/s, pushes 2.39 -> 1.03 GB/s, i.e. 2.3-2.6x slower,
-    # where this model gives 2x; charging each end only its CPU (wire_cpu_Bps, then 4.7 GB/s)
-    # beside a link at the lone rate would have given 1.4x. The cost: an end counts as
-    # runnable for the whole message while it uses only wire_cpu_Bps / the pair's rate of it.
-    # Without those figures: gloo's bare p2p bandwidth for the copies and the NICs as given.
+    # with the smaller share of one when they do not (docs/notes/2026-12-07-validation-headline.md
+    # compares this with charging each end only its CPU). The cost: an end counts as runnable for the whole
+    # message while it uses only part of a core. Without those figures: gloo's bare p2p
+    # bandwidth for the copies and the NICs as given.
     rate = wire_rate_Bps(nets)
+    host = dataclasses.replace(host, copy_Bps=host.copy_Bps if host.copy_Bps > 0 else (rate or lowest("p2p_bw_Bps")),
+                               wake_s=host.wake_s if host.wake_s > 0 else lowest("wake_latency_s"))
     # the runtime's ranks send with blocking sends from one thread and a shard receives with
     # one thread and answers pulls in turn from its main thread: messages go one at a time
-    host = dataclasses.replace(host, copy_Bps=host.copy_Bps if host.copy_Bps > 0 else (rate or lowest("p2p_bw_Bps")),
-                               wake_s=host.wake_s if host.wake_s > 0 else lowest("wake_latency_s"),
-                               serial_messages=True)
-    devices, shards = cl.devices, cl.shards
-    if rate > 0:
-        devices = tuple(dataclasses.replace(d, nic_bw_Bps=rate) for d in cl.devices)
-        shards = tuple(dataclasses.replace(d, nic_bw_Bps=rate) for d in cl.shards)
-    return dataclasses.replace(problem, cluster=dataclasses.replace(
-        cl, devices=devices, shards=shards, hosts=(host,), placement=tuple(placement)))
+    return dataclasses.replace(emu, host=host, placement=tuple(placement), wire_Bps=rate, serial_messages=True)
 
 
 def wire_rate_Bps(nets: Sequence[Any]) -> float:
@@ -369,8 +377,7 @@ def wire_rate_Bps(nets: Sequence[Any]) -> float:
     pull copied into the parameters): the rate of the pair is exact for a fp32 iteration,
     which moves the same bytes each way. A quantized push packs into a new buffer instead
     (its pack is priced on its own, ``quant``), so with quantization the pulls are priced
-    at the pair's rate (``this_machine``: pulls 3.59 GB/s, pushes 3.41 GB/s, the pair's
-    rate 3.50 GB/s).
+    at the pair's rate.
     """
     pulls = [v for n in nets if (v := getattr(n, "wire_pull_Bps", None))]
     pushes = [v for n in nets if (v := getattr(n, "wire_push_Bps", None))]
@@ -380,70 +387,36 @@ def wire_rate_Bps(nets: Sequence[Any]) -> float:
     return 2.0 / (1.0 / pull + 1.0 / push)
 
 
-def simulated_problem(problem: Problem, plan: Plan, opts: RuntimeOptions, host: Host | None = None) -> Problem:
-    """``problem`` (already holding the exact model) as the runtime executes it: the teacher's
-    forward added, ``runtime.workers`` slowdowns as t = 0 slowdown events, and with ``host``
-    every rank placed on it (:func:`with_host`)."""
-    job, model = problem.job, problem.job.model
-    B = job.global_batch
-    cl = problem.cluster
-    devices = tuple(_teacher_profile(d, model, job.dtype, B) for d in cl.devices)
-    cluster = dataclasses.replace(cl, devices=devices)
-    index = {d.id: i for i, d in enumerate(cl.devices)}
-    shares = {r.device: r.batch for r in plan.replicas}
-    extra = []
-    for w, o in enumerate(opts.workers):
-        if o.slowdown == 1.0 or w >= len(plan.replicas):
-            continue
-        dev = cl.device(plan.replicas[w].device)
-        b = max(shares[dev.id], 1)
-        f, bw = costmodel.layer_times(model, dev.type, job.dtype, b)
-        student, teacher = float(f.sum() + bw.sum()), float(f.sum())
-        # the runtime sleeps (f - 1) x the student's compute only, not the teacher's
-        factor = (teacher + o.slowdown * student) / (teacher + student)
-        extra.append(Dynamic(index[dev.id], 0.0, slowdown=factor))
-    out = dataclasses.replace(problem, cluster=cluster,
-                              job=dataclasses.replace(job, model=with_teacher(model),
-                                                      pipeline_pulls=opts.pipeline_pulls),
-                              dynamics=tuple(sorted((*problem.dynamics, *extra), key=lambda d: d.at_s)))
-    return with_host(out, plan, opts, host) if host is not None else out
-
-
-def with_compute_scaled(problem: Problem, factors: dict[str, float]) -> Problem:
-    """``problem`` with each worker's compute from t = 0 multiplied by ``factors[device]``
-    (on top of a t = 0 slowdown it already has; later events are kept as they are).
+def with_compute_scaled(problem: Problem, emu: RuntimeEmulation, factors: dict[str, float]) -> RuntimeEmulation:
+    """``emu`` with each worker's compute from t = 0 multiplied by ``factors[device]`` (on top
+    of the t = 0 slowdown it already has, the emulation's or else the problem's; later events
+    are kept as they are).
 
     A diagnostic, not a model: given the compute times measured in the real run, what
     is left of the error is the transfers, the PS and the waits.
     """
     ids = [d.id for d in problem.cluster.devices]
-    start = {d.worker: d.slowdown for d in problem.dynamics if d.at_s == 0.0 and d.slowdown is not None}
-    keep = [d for d in problem.dynamics if not (d.at_s == 0.0 and d.slowdown is not None
-                                                 and ids[d.worker] in factors)]
-    new = [Dynamic(ids.index(dev), 0.0, slowdown=f * (start.get(ids.index(dev)) or 1.0))
-           for dev, f in factors.items()]
-    return dataclasses.replace(problem, dynamics=tuple(sorted((*new, *keep), key=lambda d: d.at_s)))
+    start = {ids[d.worker]: d.slowdown for d in problem.dynamics if d.at_s == 0.0 and d.slowdown is not None}
+    start.update(emu.slowdowns)
+    new = [(dev, f * (start.get(dev) or 1.0)) for dev, f in factors.items()]
+    keep = [(dev, s) for dev, s in emu.slowdowns if dev not in factors]
+    return dataclasses.replace(emu, slowdowns=(*new, *keep))
 
 
-def with_cpu_scaled(problem: Problem, factors: dict[str, float]) -> Problem:
-    """``problem`` with each hosted process's CPU multiplied by ``factors[device]``
-    (:attr:`sim.cluster.Placement.cpu_scale`: its compute or a shard's work and its
-    messages' copies alike).
+def with_cpu_scaled(emu: RuntimeEmulation, factors: dict[str, float]) -> RuntimeEmulation:
+    """``emu`` with each hosted process's CPU multiplied by ``factors[device]`` (its compute
+    or a shard's work and its messages' copies alike:
+    :attr:`sim.emulation.CpuScale.compute`).
 
     A diagnostic, not a model: given the CPU each rank used in the real run, what is left
     of the error is how the DES shares the cores and orders the work, and the waits.
     """
-    return with_cpu_model(problem, {dev: (f, 1.0) for dev, f in factors.items()})
+    return emu.scaled({dev: (f, 1.0) for dev, f in factors.items()})
 
 
-def with_cpu_model(problem: Problem, scales: dict[str, tuple[float, float]]) -> Problem:
-    """``problem`` with each hosted process's compute and copies scaled by the runtime
-    CPU model (``scales[device]``: ``(cpu_scale, copy_scale)``, from
-    :meth:`calibration.runtime_cpu.RuntimeCpuModel.scales`)."""
-    cl = problem.cluster
-    placement = tuple((dev, dataclasses.replace(pl, cpu_scale=pl.cpu_scale * s[0], copy_scale=pl.copy_scale * s[1])
-                       if (s := scales.get(dev)) else pl) for dev, pl in cl.placement)
-    return dataclasses.replace(problem, cluster=dataclasses.replace(cl, placement=placement))
+def without_copies(emu: RuntimeEmulation) -> RuntimeEmulation:
+    """``emu`` with the hosts' messages free of CPU, as before copies were charged."""
+    return dataclasses.replace(emu, message_copies=False)
 
 
 def cpu_control_s(cpu: dict[str, Any] | None) -> float | None:
@@ -498,7 +471,8 @@ class Validation:
     def to_json(self) -> dict[str, Any]:
         return {"schema": VALIDATION_SCHEMA, "config": self.config, "name": self.name,
                 "ranking_preserved": self.ranking_preserved, "info": self.info,
-                "schedulers": {r.scheduler: {"metrics": r.metrics, "diagnostics": r.diagnostics}
+                "schedulers": {r.scheduler: {"headline": headline(r.metrics, r.diagnostics),
+                                             "metrics": r.metrics, "diagnostics": r.diagnostics}
                                for r in self.runs}}
 
 
@@ -576,10 +550,12 @@ def _host_info(problem: Problem, plan: Plan, n_workers: int, n_shards: int) -> d
                      "placement": {dev: dataclasses.asdict(pl) for dev, pl in cl.placement}}}
 
 
-def load(config: str | Path, iterations: int | None = None) -> tuple[Any, runner.Loaded, RuntimeOptions, Problem]:
+def load(config: str | Path, iterations: int | None = None, profile: DeviceProfile | None = None
+         ) -> tuple[Any, runner.Loaded, RuntimeOptions, Problem]:
     """A validation config read as :func:`validate` reads it: ``(config, loaded,
     runtime options, problem)``, the problem holding the exact model the runtime trains
-    (:func:`exact_model`) and ``iterations`` (if given) in place of ``job.iterations``.
+    (:func:`exact_model`), ``iterations`` (if given) in place of ``job.iterations`` and
+    ``profile`` (if given: this machine's, :func:`with_profile`) in place of every rank's.
 
     Raises:
         ConfigError: bad config, runtime section or ``iterations`` (one line).
@@ -591,6 +567,8 @@ def load(config: str | Path, iterations: int | None = None) -> tuple[Any, runner
     if iterations is not None and iterations <= 0:
         raise ConfigError("<command line>", "--iterations", f"must be > 0, got {iterations}")
     base = runner.problem_of(loaded)
+    if profile is not None:
+        base = with_profile(base, profile)
     if iterations is not None:
         base = dataclasses.replace(base, job=dataclasses.replace(
             base.job, iterations=iterations,
@@ -602,32 +580,58 @@ def load(config: str | Path, iterations: int | None = None) -> tuple[Any, runner
     return cfg, loaded, opts, dataclasses.replace(base, job=dataclasses.replace(base.job, model=model))
 
 
-def des_again(loaded: runner.Loaded, problem: Problem, scheduler: str, variant: Problem, plan: Plan,
-              trace: bool = False) -> RunResult:
-    """The DES of ``variant`` (the simulated problem changed: a CPU model, no host, the
-    real compute...) on ``plan``, under a scheduler object of its own (an online one keeps
-    state while it rebalances, so each run gets a fresh one)."""
-    sched, _ = runner.schedule(loaded, problem, scheduler)
-    return runner.evaluate(variant, plan, "des", trace=trace, scheduler=sched)
-
-
-def without_copies(problem: Problem) -> Problem:
-    """``problem`` with its hosts' messages free of CPU (``copy_Bps`` 0), as before copies
-    were charged."""
+def with_profile(problem: Problem, profile: DeviceProfile) -> Problem:
+    """``problem`` with ``profile`` the type of every device and shard: every rank of the
+    real run is a process on this machine, so this machine's profile prices them all."""
     cl = problem.cluster
-    return dataclasses.replace(problem, cluster=dataclasses.replace(
-        cl, hosts=tuple(dataclasses.replace(h, copy_Bps=0.0) for h in cl.hosts)))
+    devices = tuple(dataclasses.replace(d, type=profile) for d in cl.devices)
+    shards = tuple(dataclasses.replace(d, type=profile) for d in cl.shards)
+    return dataclasses.replace(problem, cluster=dataclasses.replace(cl, devices=devices, shards=shards))
 
 
-def _first_des(config: str | Path, scheduler: str, host: Host, iterations: int | None
-               ) -> tuple[runner.Loaded, RuntimeOptions, Problem, Plan, Problem, RunResult]:
-    """What :func:`validate` simulates first, without the real run: ``(loaded, runtime
-    options, problem, plan, simulated problem on host, its DES result)``."""
+def profiles_used(problem: Problem, fresh: Path | None = None) -> dict[str, str]:
+    """Each profile that prices a rank of ``problem``: where its figures come from (the
+    headline's ``profiles``; ``fresh``: the file of ``--fresh-profile``)."""
+    out = {}
+    for d in (*problem.cluster.devices, *problem.cluster.shards):
+        src = d.type.source
+        what = f"{src.kind}" + (f" {src.date}" if src.date else "")
+        device = getattr(src, "device", None)
+        out[d.type.name] = what + (f" on {device}" if device else "") + (f", --fresh-profile {fresh}" if fresh else "")
+    return out
+
+
+def des_again(loaded: runner.Loaded, problem: Problem, scheduler: str, emu: RuntimeEmulation | None, plan: Plan,
+              trace: bool = False) -> RunResult:
+    """The DES of ``problem`` under the emulation ``emu`` (the simulated side's or a variant
+    of it: a CPU model, no host, the real compute...) on ``plan``, under a scheduler object
+    of its own (an online one keeps state while it rebalances, so each run gets a fresh one)."""
+    sched, _ = runner.schedule(loaded, problem, scheduler)
+    return runner.evaluate(problem, plan, "des", trace=trace, scheduler=sched, emulation=emu)
+
+
+@dataclass(frozen=True)
+class _FirstDes:
+    """What :func:`validate` simulates first: the problem and plan, the emulation on the
+    host, the problem as the evaluators then run it (:func:`sim.emulation.emulated_problem`)
+    and the DES result."""
+
+    loaded: runner.Loaded
+    opts: RuntimeOptions
+    problem: Problem
+    plan: Plan
+    emu: RuntimeEmulation
+    simulated: Problem
+    result: RunResult
+
+
+def _first_des(config: str | Path, scheduler: str, host: Host, iterations: int | None) -> _FirstDes:
+    """:class:`_FirstDes` of ``config`` under ``scheduler`` on ``host``, without the real run."""
     _, loaded, opts, problem = load(config, iterations)
     sched, plan = runner.schedule(loaded, problem, scheduler)
-    sim_problem = simulated_problem(problem, plan, opts, host)
-    first = runner.evaluate(sim_problem, plan, "des", trace=False, scheduler=sched)
-    return loaded, opts, problem, plan, sim_problem, first
+    emu = emulation(problem, plan, opts, host)
+    first = runner.evaluate(problem, plan, "des", trace=False, scheduler=sched, emulation=emu)
+    return _FirstDes(loaded, opts, problem, plan, emu, emulated_problem(problem, emu), first)
 
 
 def resimulate(config: str | Path, scheduler: str, host: Host, models: dict[str, runtime_cpu.RuntimeCpuModel],
@@ -638,12 +642,12 @@ def resimulate(config: str | Path, scheduler: str, host: Host, models: dict[str,
     each process's CPU predicted by each of ``models`` (their keys), as :func:`validate`
     does with the profile's model. Deterministic: with the run's host and the profile's
     model it gives the run's simulated figure again."""
-    loaded, _, problem, plan, sim_problem, first = _first_des(config, scheduler, host, iterations)
-    figs = runtime_cpu.figures(sim_problem, first)
-    out = {"": first.summary()["iteration_time_s"]["mean"]}
+    f = _first_des(config, scheduler, host, iterations)
+    figs = runtime_cpu.figures(f.simulated, f.result)
+    out = {"": f.result.summary()["iteration_time_s"]["mean"]}
     for key, m in models.items():
-        out[key] = des_again(loaded, problem, scheduler, with_cpu_model(sim_problem, m.scales(figs)),
-                             plan).summary()["iteration_time_s"]["mean"]
+        out[key] = des_again(f.loaded, f.problem, scheduler, f.emu.scaled(m.scales(figs)),
+                             f.plan).summary()["iteration_time_s"]["mean"]
     return out
 
 
@@ -656,23 +660,22 @@ def resimulate_figures(config: str | Path, scheduler: str, host: Host,
     (``sim_without_model``, None where no profile has one), without the host
     (``sim_without_host``) and with the host but messages free of CPU
     (``sim_without_copies``), as in :func:`validate`'s diagnostics."""
-    loaded, opts, problem, plan, sim_problem, first = _first_des(config, scheduler, host, iterations)
-    scales = runtime_cpu.scales_for(sim_problem, runtime_cpu.figures(sim_problem, first))
-    sim = (des_again(loaded, problem, scheduler, with_cpu_model(sim_problem, scales), plan)
-           if scales else first)
-    no_host = des_again(loaded, problem, scheduler, simulated_problem(problem, plan, opts), plan)
-    no_copy = des_again(loaded, problem, scheduler, without_copies(sim_problem), plan)
+    f = _first_des(config, scheduler, host, iterations)
+    scales = runtime_cpu.scales_for(f.simulated, runtime_cpu.figures(f.simulated, f.result))
+    sim = des_again(f.loaded, f.problem, scheduler, f.emu.scaled(scales), f.plan) if scales else f.result
+    no_host = des_again(f.loaded, f.problem, scheduler, emulation(f.problem, f.plan, f.opts), f.plan)
+    no_copy = des_again(f.loaded, f.problem, scheduler, without_copies(f.emu), f.plan)
 
     def mean(r: RunResult) -> float:
         return float(r.summary()["iteration_time_s"]["mean"])
 
-    return {"sim": mean(sim), "sim_without_model": mean(first) if scales else None,
+    return {"sim": mean(sim), "sim_without_model": mean(f.result) if scales else None,
             "sim_without_host": mean(no_host), "sim_without_copies": mean(no_copy)}
 
 
 def validate(config: str | Path, scheduler_arg: str | None = None, iterations: int | None = None,
              out: Path | None = None, timeout_s: float = 600.0,
-             on_step: Callable[[str], None] | None = None) -> Validation:
+             on_step: Callable[[str], None] | None = None, fresh_profile: Path | None = None) -> Validation:
     """Plan, simulate (DES) and run for real each scheduler of ``config``; compare.
 
     Args:
@@ -683,13 +686,23 @@ def validate(config: str | Path, scheduler_arg: str | None = None, iterations: i
             validation.csv, validation.json and sim_vs_real.png here.
         timeout_s: wall-clock limit of each real run.
         on_step: called with a short label before each simulation and run (progress).
+        fresh_profile: this machine's profile, in place of the config's for every rank:
+            measured now into this file, or the file reused where it exists
+            (:func:`calibration.fresh_profile.fresh_profile`).
 
     Raises:
-        ConfigError: bad config, runtime section or scheduler name (one line).
+        ConfigError: bad config, runtime section, scheduler name or fresh profile (one line).
         runtime.launch.RuntimeFailure: a real run failed.
     """
     source = str(config)
-    cfg, loaded, opts, problem = load(config, iterations)
+    machine = None
+    if fresh_profile is not None:
+        if on_step:
+            on_step(f"profile: {fresh_profile}")
+        threads = parse_options(entry.read_config(config)[1], source).threads
+        machine, _ = fresh_profile_of(fresh_profile, threads, progress=on_step is not None)
+    cfg, loaded, opts, problem = load(config, iterations, machine)
+    profiles = profiles_used(problem, fresh_profile)
     names = scheduler_names(scheduler_arg, cfg.scheduler.name)
     resolved = cfg.model_dump(mode="json")
     resolved["runtime"] = opts.model_dump(mode="json")
@@ -704,27 +717,29 @@ def validate(config: str | Path, scheduler_arg: str | None = None, iterations: i
         # a diagnostic, not applied: how much slower memory copies run now than when the
         # profile was measured (the DES prices with the profile as it is)
         mem = memory_factor(problem)
-        sim_problem = simulated_problem(problem, plan, opts, measure_host())
-        info = _host_info(sim_problem, plan, spec.n_workers, spec.n_shards)
+        # the runtime on this machine, as the DES is given it (the host probed now)
+        emu = emulation(problem, plan, opts, measure_host())
+        simulated = emulated_problem(problem, emu)
+        info = _host_info(simulated, plan, spec.n_workers, spec.n_shards)
         if on_step:
             on_step(f"{name}: des")
-        sim = runner.evaluate(sim_problem, plan, "des", trace=True, scheduler=sched_sim)
+        sim = runner.evaluate(problem, plan, "des", trace=True, scheduler=sched_sim, emulation=emu)
         # the runtime's CPU per process (runtime_cpu): predicted from this first run's figures,
         # then the DES again with each process's CPU scaled to the prediction
         # (the diagnostics below start from that first run: they mean what they did before)
-        base_problem, base_sim = sim_problem, sim
-        figs = runtime_cpu.figures(sim_problem, sim)
-        cpu_model_scales = runtime_cpu.scales_for(sim_problem, figs)
+        base_emu, base_sim = emu, sim
+        figs = runtime_cpu.figures(simulated, sim)
+        cpu_model_scales = runtime_cpu.scales_for(simulated, figs)
         if cpu_model_scales:
-            sim_problem = with_cpu_model(sim_problem, cpu_model_scales)
-            sim = des_again(loaded, problem, name, sim_problem, plan, trace=True)
-        models = runtime_cpu.models_of(sim_problem)
-        model_json = {sim_problem.cluster.device(d).type.name: m.to_json() for d, m in models.items()
+            emu = emu.scaled(cpu_model_scales)
+            sim = des_again(loaded, problem, name, emu, plan, trace=True)
+        models = runtime_cpu.models_of(simulated)
+        model_json = {simulated.cluster.device(d).type.name: m.to_json() for d, m in models.items()
                       if d in cpu_model_scales}
         # the DES as it was before hosts: every device computing on its own
-        no_host = des_again(loaded, problem, name, simulated_problem(problem, plan, opts), plan)
+        no_host = des_again(loaded, problem, name, emulation(problem, plan, opts), plan)
         # and with the host but messages free of CPU (copy_Bps 0), as before copies were charged
-        no_copy = des_again(loaded, problem, name, without_copies(base_problem), plan)
+        no_copy = des_again(loaded, problem, name, without_copies(base_emu), plan)
         shares = sorted({r.batch for r in plan.replicas})
         standalone = {b: standalone_compute_s(spec, b) for b in shares}
         if on_step:
@@ -744,20 +759,20 @@ def validate(config: str | Path, scheduler_arg: str | None = None, iterations: i
             c_sim, c_real = c.get("sim"), c.get("real")
             if c_sim and c_real:
                 factors[d.device] = c_real / c_sim
-        oracle = des_again(loaded, problem, name, with_compute_scaled(base_problem, factors), plan)
+        oracle = des_again(loaded, problem, name, with_compute_scaled(problem, base_emu, factors), plan)
         # and given the CPU each rank really used (see with_cpu_scaled)
         cpu = cpu_per_iteration(sim, real)
         cpu_factors = real_cpu_factors(cpu_per_iteration(base_sim, real))
         cpu_oracle = None
         if cpu_factors:
-            cpu_oracle = des_again(loaded, problem, name, with_cpu_scaled(base_problem, cpu_factors),
+            cpu_oracle = des_again(loaded, problem, name, with_cpu_scaled(base_emu, cpu_factors),
                                    plan).summary()["iteration_time_s"]["mean"]
         diag = {"standalone_compute_s": {str(b): v for b, v in standalone.items()},
                 "sim_with_real_compute": {"iteration_time_mean_s": oracle.summary()["iteration_time_s"]["mean"],
                                           "compute_factors": factors},
                 "sim_without_host": {"iteration_time_mean_s": no_host.summary()["iteration_time_s"]["mean"]},
                 "sim_without_copies": {"iteration_time_mean_s": no_copy.summary()["iteration_time_s"]["mean"]},
-                "host": info["host"], "memory_probe": mem,
+                "host": info["host"], "memory_probe": mem, "profiles": profiles,
                 "shares": {r.device: r.batch for r in plan.replicas},
                 "loadavg_1min": [load_before, os.getloadavg()[0]], "real_wall_s": wall,
                 "real_workers": real.summary()["workers"], "sim_workers": sim.summary()["workers"],
@@ -814,7 +829,9 @@ def report_md(results: Sequence[Validation], title: str = "hetsim validate") -> 
                               for d, x in pl.items()) + ".", ""]
             df = pd.DataFrame([{"metric": k, "sim": m["sim"], "real": m["real"], "error": pct(m["rel_error"])}
                                for k, m in r.metrics.items()])
-            lines += [f"### {r.scheduler}", "", markdown_table(df), ""]
+            lines += [f"### {r.scheduler}", "",
+                      f"Headline: {headline_text(headline(r.metrics, r.diagnostics))}.", "",
+                      markdown_table(df), ""]
             sc = r.diagnostics.get("standalone_compute_s")
             if sc:
                 lines.append("Compute of one share measured alone in this process (1 thread, median): " + ", ".join(

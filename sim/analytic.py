@@ -54,6 +54,7 @@ from sim.cluster import thread_rates
 from sim.convergence import effective_to_target_iterations, model_tensor_elems
 from sim.costmodel import PlanCosts, plan_costs
 from sim.des.engine import TARGET_CAP
+from sim.emulation import RuntimeEmulation, emulated_problem
 from sim.observation import Observation, WorkerStatus, accepted_shares, full_membership, rate_sps
 from sim.plan import Plan, PlanKind, require_kind
 from sim.problem import Problem, initial_free_memory_bytes
@@ -230,7 +231,8 @@ class _BSP:
         return t, U, spans
 
 
-def evaluate(problem: Problem, plan: Plan, scheduler: Any = None) -> RunResult:
+def evaluate(problem: Problem, plan: Plan, scheduler: Any = None,
+             emulation: RuntimeEmulation | None = None) -> RunResult:
     """Evaluate the data-parallel ``plan`` analytically; same RunResult schema as the DES.
 
     ``scheduler``: the object that made ``plan``. If it is an
@@ -242,10 +244,15 @@ def evaluate(problem: Problem, plan: Plan, scheduler: Any = None) -> RunResult:
     changes. ``extra["rebalances"]`` counts the changes and
     ``extra["final_shares"]`` gives the plan evaluated.
 
+    ``emulation``: the runtime on this machine; the evaluation is of
+    :func:`sim.emulation.emulated_problem` (the emulation's CPU scales, serial
+    messages and whole pulls are the DES's alone). None: a plain evaluation.
+
     Plans of another kind are refused (ValueError): :func:`sim.evaluate.evaluate`
     sends layer placements to :func:`sim.multistage.evaluate_analytic`.
     """
     require_kind(plan, PlanKind.DATA_PARALLEL, "sim.analytic.evaluate")
+    problem = emulated_problem(problem, emulation)
     return steady_state(problem, plan, scheduler, _evaluate, _compute_per_iteration)
 
 

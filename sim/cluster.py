@@ -72,11 +72,6 @@ class Host:
         wake_s: seconds a process waits for a core after a message arrives for it
             while every core of this host is busy (as many runnable threads as
             cores or more): the OS scheduler's wake-up latency. 0: none.
-        serial_messages: each process on this host sends one message at a time and
-            receives one at a time, in the order they were issued (the runtime's
-            ranks: blocking sends from one thread, a shard's one receiver thread and
-            its main thread answering pulls in turn); False: a process's messages
-            share its links at once.
     """
 
     name: str
@@ -84,7 +79,6 @@ class Host:
     background_threads: float = 0.0
     copy_Bps: float = 0.0
     wake_s: float = 0.0
-    serial_messages: bool = False
 
 
 @dataclass(frozen=True)
@@ -96,21 +90,11 @@ class Placement:
         threads: compute threads of the process (torch intra-op threads): the
             runnable threads it adds while it computes, and the most cores it can use.
         affinity: core indices it may run on (None: every core of the host).
-        cpu_scale: every second of work the DES gives the process (its compute, a
-            shard's work, its messages' copies) costs it ``cpu_scale`` seconds of CPU.
-            Not a config field: ``hetsim validate`` sets it to the runtime CPU model's
-            prediction (calibration/runtime_cpu.py), and to each rank's real CPU in a
-            diagnostic rerun; the analytic evaluator ignores it.
-        copy_scale: its messages' copies cost ``copy_scale`` times more again (on
-            top of ``cpu_scale``). Not a config field: the runtime CPU model scales a
-            process's compute and its transport apart.
     """
 
     host: int
     threads: int = 1
     affinity: tuple[int, ...] | None = None
-    cpu_scale: float = 1.0
-    copy_scale: float = 1.0
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from sim.dag import DagPlan, DagProblem, dag_costs
 from sim.des import collective
 from sim.des.frames import FrameOptions, simulate_frames
 from sim.des.pipeline import simulate_pipeline
+from sim.emulation import RuntimeEmulation, emulated_problem
 from sim.multistage import evaluate_analytic
 from sim.plan import Plan, PlanKind
 from sim.problem import Problem
@@ -37,7 +38,8 @@ EVALUATORS = ("des", "analytic")
 def evaluate(problem: Problem | DagProblem, plan: Plan | DagPlan, evaluator: str = "analytic", *,
              scheduler: Scheduler | None = None, trace: bool = True,
              on_iteration: Callable[[int], None] | None = None,
-             frames: FrameOptions | None = None) -> RunResult:
+             frames: FrameOptions | None = None,
+             emulation: RuntimeEmulation | None = None) -> RunResult:
     """Evaluate ``plan`` for ``problem`` with ``evaluator`` (``des`` or ``analytic``).
 
     Args:
@@ -54,13 +56,16 @@ def evaluate(problem: Problem | DagProblem, plan: Plan | DagPlan, evaluator: str
             training plans: progress bars).
         frames: how the frames DES departs from a DAG plan's figures (default:
             ``FrameOptions()``).
+        emulation: the runtime on this machine (:class:`~sim.emulation.RuntimeEmulation`,
+            training plans), given to the evaluator; None: a plain simulation.
 
     Returns:
         The run's RunResult (a :class:`~sim.result.FrameResult` for a DAG plan).
 
     Raises:
         ValueError: an unknown evaluator, a problem of the wrong type for the
-            plan's kind, or the analytic evaluator asked for a DAG plan.
+            plan's kind, the analytic evaluator asked for a DAG plan, or an
+            emulation with a DAG plan.
     """
     if evaluator not in EVALUATORS:
         raise ValueError(f"unknown evaluator {evaluator!r}; use {' or '.join(EVALUATORS)}")
@@ -71,22 +76,26 @@ def evaluate(problem: Problem | DagProblem, plan: Plan | DagPlan, evaluator: str
             if pr.job.sync == "allreduce":  # collectives among the workers, no PS
                 if des_run:
                     return _noted(pr, collective.simulate(pr, pl, trace=trace, on_iteration=on_iteration,
-                                                          scheduler=scheduler))
-                return _noted(pr, collective_analytic.evaluate(pr, pl, scheduler=scheduler))
+                                                          scheduler=scheduler, emulation=emulation))
+                return _noted(pr, collective_analytic.evaluate(emulated_problem(pr, emulation), pl,
+                                                               scheduler=scheduler))
             if des_run:
                 return _noted(pr, des.simulate(pr, pl, trace=trace, on_iteration=on_iteration,
-                                               scheduler=scheduler))
-            return _noted(pr, analytic.evaluate(pr, pl, scheduler=scheduler))
+                                               scheduler=scheduler, emulation=emulation))
+            return _noted(pr, analytic.evaluate(pr, pl, scheduler=scheduler, emulation=emulation))
         case PlanKind.PLACEMENT:  # a pipeline of stages; static, so no scheduler
             pr, pl = _training(problem, plan)
             if pr.job.sync == "allreduce":
                 raise ValueError("job.sync: allreduce runs data-parallel plans only, not a placement")
             if des_run:
-                return _noted(pr, simulate_pipeline(pr, pl, trace=trace, on_iteration=on_iteration))
-            return _noted(pr, evaluate_analytic(pr, pl))
+                return _noted(pr, simulate_pipeline(pr, pl, trace=trace, on_iteration=on_iteration,
+                                                    emulation=emulation))
+            return _noted(pr, evaluate_analytic(pr, pl, emulation=emulation))
         case PlanKind.DAG:
             if not isinstance(plan, DagPlan) or not isinstance(problem, DagProblem):
                 raise ValueError("a DAG plan is a sim.dag.DagPlan of a sim.dag.DagProblem")
+            if emulation is not None:
+                raise ValueError("a runtime emulation applies to training plans, not a DAG plan")
             if not des_run:
                 raise ValueError("a DAG plan runs in the frames DES (evaluator 'des'); "
                                  "its own figures are DagPlan.makespan_s and energy_j")

@@ -56,6 +56,7 @@ import numpy as np
 
 from hardware_profiles.errors import ConfigError
 from sim.costmodel import _ACT_SCALE, layer_times, sparse_touched_bytes
+from sim.emulation import RuntimeEmulation, emulated_problem
 from sim.placement import replica_traffic
 from sim.plan import Plan
 from sim.problem import Problem
@@ -328,7 +329,7 @@ def devices_of(problem: Problem, plan: Plan, compute_s: dict[str, float], comm_s
     return out
 
 
-def evaluate_analytic(problem: Problem, plan: Plan) -> RunResult:
+def evaluate_analytic(problem: Problem, plan: Plan, emulation: RuntimeEmulation | None = None) -> RunResult:
     """Evaluate a multi-stage plan with the steady-state model; RunResult as every evaluator.
 
     Iteration 0 ends at the pipeline fill, every later one a period ``B / T``
@@ -337,8 +338,11 @@ def evaluate_analytic(problem: Problem, plan: Plan) -> RunResult:
     throughput, price, cost, energy and bottleneck (PlacementSpace's figures
     for the plan's replicas), ``extra["in_flight"]`` and
     ``extra["staleness_bound"]`` the pipeline's depth and staleness per stage,
-    ``extra["note"]`` what is not modelled.
+    ``extra["note"]`` what is not modelled. ``emulation``:
+    the runtime on this machine (the evaluation is of :func:`sim.emulation.emulated_problem`);
+    None: a plain evaluation.
     """
+    problem = emulated_problem(problem, emulation)
     job = problem.job
     m = pipeline_model(problem, plan)
     n = job.iterations

@@ -40,15 +40,9 @@ class Job:
         sync: 'bsp' | 'asp' | 'ssp' (through the PS shards) | 'allreduce' (collective
             all-reduce among the workers, :mod:`sim.collective`).
         staleness: SSP bound.
-        pipeline: layer-wise overlap of push/pull with compute.
-        pipeline_pulls: with ``pipeline``, whether pulls are layer-wise too (the
-            DES sends a chunk's parameters as soon as that chunk is applied and a
-            worker's forward of a layer group waits for its chunks only). False:
-            only pushes are; a worker's chunks are sent once all of them are
-            applied (BSP: the whole iteration; ASP/SSP: all of that worker's
-            push) and its forward starts when every one has arrived, as the
-            runtime does (``hetsim validate`` sets it). The DES only; the
-            analytic evaluator models full pipelining.
+        pipeline: layer-wise overlap of push/pull with compute (pulls too, unless a
+            runtime emulation says otherwise:
+            :attr:`sim.emulation.RuntimeEmulation.pipeline_pulls`).
         quant_bits: gradient bits on the wire (32 = no quantization).
         failure_timeout_s: BSP failure-detection timeout.
         warmup_iterations: iterations excluded from throughput.
@@ -84,7 +78,6 @@ class Job:
     quant_adaptive: Adaptive | None = None
     quant_every: int = 1
     compute_noise: tuple[float, ...] = ()
-    pipeline_pulls: bool = True
     allreduce: str = "ring"
     bucket_bytes: float = 25 * 2**20
     optimizer: str = "momentum"

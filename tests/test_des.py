@@ -16,7 +16,6 @@ below the compute time), push = 1.1e-3 s, aggregation = AGG_PASSES * 1e6 /
 from __future__ import annotations
 
 import csv
-import dataclasses
 import io
 import json
 from collections import defaultdict
@@ -30,6 +29,7 @@ from sim import des
 from sim.costmodel import AGG_PASSES, APPLY_PASSES, QUANT_META_BYTES
 from sim.des.network import FlowNetwork
 from sim.dynamics import Dynamic
+from sim.emulation import RuntimeEmulation
 from sim.result import HEADLINE_KEYS
 from tests.helpers_eval import (
     build,
@@ -530,7 +530,7 @@ def test_des_with_tiny_messages_finishes() -> None:
 # ----------------------------------------------- pipelined pushes, whole pulls
 @pytest.mark.parametrize("sync", ["bsp", "asp"])
 def test_pipeline_pulls_whole_waits_for_every_chunk(sync: str) -> None:
-    """job.pipeline_pulls false (the runtime's way): pushes stay layer-wise, but a worker's
+    """An emulation's pipeline_pulls false (the runtime's way): pushes stay layer-wise, but a worker's
     chunks leave the shard only once all are applied and its forward waits for all.
 
     By hand: one worker (1e12 FLOP/s, NIC 1e9 B/s), batch 10, shard memory 1e20 B/s
@@ -551,7 +551,6 @@ def test_pipeline_pulls_whole_waits_for_every_chunk(sync: str) -> None:
     mdl = model(dense("a", 1e8, fwd_flops=1e10, bwd_flops=2e11), dense("b", 1e9, fwd_flops=1e10, bwd_flops=1e10))
     prob = problem([w], [ps], mdl, 10, sync=sync, pipeline=True, iterations=3)
     layerwise = des.simulate(prob, plan(prob, [10]))
-    whole = des.simulate(dataclasses.replace(prob, job=dataclasses.replace(prob.job, pipeline_pulls=False)),
-                         plan(prob, [10]))
+    whole = des.simulate(prob, plan(prob, [10]), emulation=RuntimeEmulation(pipeline_pulls=False))
     assert layerwise.iteration_times() == pytest.approx([3.3, 2.5, 2.5], rel=1e-9)
     assert whole.iteration_times() == pytest.approx([3.4, 3.4, 3.4], rel=1e-9)

@@ -21,6 +21,7 @@ from sim import analytic, des
 from sim.cluster import Host, Placement, thread_rates
 from sim.config import config_from_dict, load_config
 from sim.dynamics import Dynamic
+from sim.emulation import CpuScale, RuntimeEmulation, emulated_problem
 from sim.problem import Problem, build_problem
 from tests.helpers_eval import dense, model, plan, problem, profile, time_limit
 
@@ -42,9 +43,11 @@ def _hosted(n: int, hosts: list[Host], place: list[Placement | None], shard: Pla
                                                                  placement=tuple(placement)))
 
 
-def _run(prob: Problem, scheduler: object = None):  # type: ignore[no-untyped-def]
+def _run(prob: Problem, scheduler: object = None,  # type: ignore[no-untyped-def]
+         emulation: RuntimeEmulation | None = None):
     with time_limit(60):
-        return des.simulate(prob, plan(prob, [10] * len(prob.cluster.devices)), scheduler=scheduler)
+        return des.simulate(prob, plan(prob, [10] * len(prob.cluster.devices)), scheduler=scheduler,
+                            emulation=emulation)
 
 
 def _spans(r, worker: int) -> list[tuple[str, float, float]]:  # type: ignore[no-untyped-def]
@@ -206,8 +209,9 @@ def test_cpu_given_to_each_process_and_its_transport() -> None:
 
 
 def test_cpu_scale_stretches_every_second_of_a_process() -> None:
-    # the lone worker of the test above with cpu_scale 2: compute 2 s, each copy 2 s
-    r = _run(_hosted(1, [Host("h", 1, 0.0, 1e3)], [Placement(0, cpu_scale=2.0)], iterations=3))
+    # the lone worker of the test above with a CPU scale of 2: compute 2 s, each copy 2 s
+    r = _run(_hosted(1, [Host("h", 1, 0.0, 1e3)], [Placement(0)], iterations=3),
+             emulation=RuntimeEmulation(cpu_scales=(("cpu:0", CpuScale(2.0)),)))
     assert r.iteration_times() == _approx([6.0] * 3)
     assert r.extra["host_cpu_s"] == _approx({"cpu:0": 6.0, "cpu:0 transport": 12.0})
 
@@ -230,8 +234,8 @@ def test_cancel_at_the_start_gives_back_all_of_it() -> None:
     assert handle is not None and cpu.cpu_s == [3.0]
     assert cpu.cancel(handle) == 1.5  # the same instant: none of it served (its pair not bound yet)
     assert cpu.cpu_s == [0.0]
-    with pytest.raises(ValueError, match="cpu_scale"):
-        HostCPU(env, [Host("h", 1)], [Placement(0, cpu_scale=0.0)])
+    with pytest.raises(ValueError, match="CPU scale > 0"):
+        HostCPU(env, [Host("h", 1)], [Placement(0)], [0.0])
 
 
 def test_cancelled_compute_keeps_only_the_cpu_it_got() -> None:
@@ -351,22 +355,25 @@ def test_same_seed_same_bytes_with_hosts() -> None:
 
 # ------------------------------------------------------------------ hetsim validate
 def test_validate_places_every_rank_on_the_measured_host() -> None:
-    from experiments.validate import with_host
+    from experiments.validate import on_host
     from runtime.spec import parse_options
 
     prob = _hosted(3, [], [None, None, None])
     opts = parse_options({"threads": 2, "workers": [{"affinity": [0]}, {"threads": 1, "affinity": [1]}]}, "c")
     host = Host("local", 2, 1.25)
-    cl = with_host(prob, plan(prob, [10, 10, 10]), opts, host).cluster
-    assert cl.hosts == (dataclasses.replace(host, serial_messages=True),)  # the runtime's messages
+    emu = on_host(RuntimeEmulation(), prob, plan(prob, [10, 10, 10]), opts, host)
+    assert emu.serial_messages  # the runtime's messages
+    cl = emulated_problem(prob, emu).cluster
+    assert cl.hosts == (host,)
     assert [cl.placed(d.id) for d in cl.devices] == [Placement(0, 2, (0,)), Placement(0, 1, (1,)),
                                                       Placement(0, 2, None)]
     assert cl.placed("ps:0") == Placement(0, 2, None)  # shards: runtime.threads, not pinned
     opts = parse_options({"threads": 2, "ps_affinity": [1]}, "c")
-    cl = with_host(prob, plan(prob, [10, 10, 10]), opts, host).cluster
+    cl = emulated_problem(prob, on_host(RuntimeEmulation(), prob, plan(prob, [10, 10, 10]), opts, host)).cluster
     assert cl.placed("ps:0") == Placement(0, 2, (1,))  # runtime.ps_affinity: pinned as the runtime pins it
     mine = dataclasses.replace(prob, cluster=dataclasses.replace(prob.cluster, hosts=(Host("own", 8),)))
-    assert with_host(mine, plan(mine, [10, 10, 10]), opts, host) is mine  # the config's hosts win
+    plain = RuntimeEmulation()
+    assert on_host(plain, mine, plan(mine, [10, 10, 10]), opts, host) is plain  # the config's hosts win
 
 
 def test_validate_maps_cpu_ids_to_the_hosts_core_indices(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -382,7 +389,7 @@ def test_validate_maps_cpu_ids_to_the_hosts_core_indices(monkeypatch: pytest.Mon
 
 
 def test_validate_takes_the_copy_rate_from_the_measured_loopback() -> None:
-    from experiments.validate import with_host
+    from experiments.validate import on_host
     from hardware_profiles.schema import NetworkMeasurement
     from runtime.spec import parse_options
 
@@ -390,11 +397,11 @@ def test_validate_takes_the_copy_rate_from_the_measured_loopback() -> None:
     slow = CPU.model_copy(update={"name": "cpu-b", "network": NetworkMeasurement(p2p_bw_Bps=2e9)})
     prob = problem([fast, slow], [PS], LAYER, 20)
     opts = parse_options({"threads": 1}, "c")
-    cl = with_host(prob, plan(prob, [10, 10]), opts, Host("local", 2, 0.5)).cluster
+    emu = on_host(RuntimeEmulation(), prob, plan(prob, [10, 10]), opts, Host("local", 2, 0.5))
     # the lowest of the ranks' (ps: none); the runtime's messages go one at a time
-    assert cl.hosts == (Host("local", 2, 0.5, 2e9, serial_messages=True),)
-    cl = with_host(prob, plan(prob, [10, 10]), opts, Host("local", 2, 0.5, 7.0)).cluster
-    assert cl.hosts == (Host("local", 2, 0.5, 7.0, serial_messages=True),)  # a host that has one keeps it
+    assert emu.host == Host("local", 2, 0.5, 2e9) and emu.serial_messages
+    emu = on_host(RuntimeEmulation(), prob, plan(prob, [10, 10]), opts, Host("local", 2, 0.5, 7.0))
+    assert emu.host == Host("local", 2, 0.5, 7.0) and emu.serial_messages  # a host that has one keeps it
 
 
 def test_validate_prices_messages_by_the_runtimes_measured_wire_path() -> None:
@@ -405,7 +412,7 @@ def test_validate_prices_messages_by_the_runtimes_measured_wire_path() -> None:
     core 0 of 2, the shard unpinned, a layer of 1e8 parameter bytes: a pull takes 1e8 / 2e9
     = 0.05 s, each end having a core of its own; alone the worker computes 1 s; the push
     takes 0.05 s too, and the shard's work is ~1e-12 s. Iteration: 0.05 + 1 + 0.05 = 1.1 s."""
-    from experiments.validate import wire_rate_Bps, with_host
+    from experiments.validate import on_host, wire_rate_Bps
     from hardware_profiles.schema import NetworkMeasurement
     from runtime.spec import parse_options
 
@@ -418,23 +425,23 @@ def test_validate_prices_messages_by_the_runtimes_measured_wire_path() -> None:
                    worker_nic=[1e18], shard_nic=[1e18])
     opts = parse_options({"threads": 1, "workers": [{"affinity": [0]}]}, "c")
     p = plan(prob, [10])
-    hosted = with_host(prob, p, opts, Host("local", 2, 0.0))
-    cl = hosted.cluster
+    emu = on_host(RuntimeEmulation(), prob, p, opts, Host("local", 2, 0.0))
+    cl = emulated_problem(prob, emu).cluster
     (h,) = cl.hosts
-    assert h.copy_Bps == _approx(2e9) and h.serial_messages
+    assert h.copy_Bps == _approx(2e9) and emu.serial_messages
     assert [d.nic_bw_Bps for d in (*cl.devices, *cl.shards)] == _approx([2e9, 2e9])
     with time_limit(60):
-        r = des.simulate(hosted, p)
+        r = des.simulate(prob, p, emulation=emu)
     assert r.summary()["iteration_time_s"]["mean"] == _approx(1.1)
     # without the wire figures: gloo's p2p for the copies (1e9: 0.1 s per end, now the
     # slowest of the three) and the config's NIC; iteration 0.1 + 1 + 0.1 = 1.2 s
     old = NetworkMeasurement(p2p_bw_Bps=1e9)
     prob_old = problem([CPU.model_copy(update={"network": old})], [PS.model_copy(update={"network": old})],
                        prob.job.model, 10, worker_nic=[1e18], shard_nic=[1e18])
-    hosted_old = with_host(prob_old, plan(prob_old, [10]), opts, Host("local", 2, 0.0))
-    assert hosted_old.cluster.hosts[0].copy_Bps == 1e9
+    emu_old = on_host(RuntimeEmulation(), prob_old, plan(prob_old, [10]), opts, Host("local", 2, 0.0))
+    assert emu_old.host is not None and emu_old.host.copy_Bps == 1e9 and emu_old.wire_Bps == 0.0
     with time_limit(60):
-        r = des.simulate(hosted_old, plan(prob_old, [10]))
+        r = des.simulate(prob_old, plan(prob_old, [10]), emulation=emu_old)
     assert r.summary()["iteration_time_s"]["mean"] == _approx(1.2)
 
 
@@ -452,11 +459,11 @@ def test_serial_messages_go_one_at_a_time_per_link(serial: bool, sharing: str, i
     big = model(dense("fc", 1e8, fwd_flops=1e10, bwd_flops=9e10))
     prob = problem([CPU, CPU], [PS], big, 20, sharing=sharing, worker_nic=[1e9, 1e9], shard_nic=[1e9])
     cl = prob.cluster
-    host = Host("h", 3, serial_messages=serial)
+    host = Host("h", 3)
     placement = ((cl.devices[0].id, Placement(0, 1, (0,))), (cl.devices[1].id, Placement(0, 1, (1,))),
                  ("ps:0", Placement(0, 1, None)))
     prob = dataclasses.replace(prob, cluster=dataclasses.replace(cl, hosts=(host,), placement=placement))
-    r = _run(prob)
+    r = _run(prob, emulation=RuntimeEmulation(serial_messages=serial))
     assert r.summary()["iteration_time_s"]["mean"] == _approx(iteration_s)
     if serial:  # deliveries: pulls to worker 0 then 1, pushes from worker 0 then 1
         ends = sorted((e["ts"] * 1e-6, e["tid"]) for e in r.trace if e.get("ph") == "e" and e["pid"] == 1)

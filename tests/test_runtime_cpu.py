@@ -20,6 +20,7 @@ from calibration.runtime_cpu import Figures, RuntimeCpuModel
 from experiments import runtime_calibration, validate
 from hardware_profiles.errors import ConfigError
 from sim.cluster import Host, Placement
+from sim.emulation import CpuScale, RuntimeEmulation
 from tests.test_hosts import _approx, _hosted, _run
 
 REPO = Path(__file__).resolve().parents[1]
@@ -85,17 +86,16 @@ def test_predict_and_scales_by_hand() -> None:
 
 def test_copy_scale_stretches_only_the_copies() -> None:
     # the lone worker of tests/test_hosts.py (1 core, copy_Bps 1e3: 1 s of compute, a 1 s copy
-    # each way): cpu_scale 2 doubles both; copy_scale 1.5 on top makes each copy 3 s:
-    # 2 + 3 + 3 = 8 s an iteration
-    prob = _hosted(1, [Host("h", 1, 0.0, 1e3)], [Placement(0, cpu_scale=2.0, copy_scale=1.5)], iterations=3)
-    r = _run(prob)
+    # each way): a compute scale of 2 doubles both; a copies scale of 1.5 on top makes each
+    # copy 3 s: 2 + 3 + 3 = 8 s an iteration
+    prob = _hosted(1, [Host("h", 1, 0.0, 1e3)], [Placement(0)], iterations=3)
+    r = _run(prob, emulation=RuntimeEmulation(cpu_scales=(("cpu:0", CpuScale(2.0, 1.5)),)))
     assert r.iteration_times() == _approx([8.0] * 3)
     assert r.extra["host_cpu_s"] == _approx({"cpu:0": 6.0, "cpu:0 transport": 18.0})
-    scaled = validate.with_cpu_model(_hosted(1, [Host("h", 1, 0.0, 1e3)], [Placement(0)], iterations=3),
-                                     {"cpu:0": (2.0, 1.5)})
-    assert dict(scaled.cluster.placement)["cpu:0"] == Placement(0, cpu_scale=2.0, copy_scale=1.5)
-    with pytest.raises(ValueError, match="copy_scale must be > 0"):
-        _run(_hosted(1, [Host("h", 1, 0.0, 1e3)], [Placement(0, copy_scale=0.0)], iterations=1))
+    scaled = RuntimeEmulation().scaled({"cpu:0": (2.0, 1.5)})
+    assert scaled.cpu_scale("cpu:0") == CpuScale(2.0, 1.5) and scaled.cpu_scale("ps:0") == CpuScale(1.0, 1.0)
+    with pytest.raises(ValueError, match="CPU scales of 'cpu:0' must be > 0"):
+        RuntimeEmulation(cpu_scales=(("cpu:0", CpuScale(1.0, 0.0)),))
 
 
 def test_fit_recovers_the_coefficients_that_made_the_samples() -> None:
@@ -217,12 +217,11 @@ def test_bad_runtime_cpu_in_a_profile_exits_2_with_one_line(tmp_path: Path,
     assert len(err) == 1 and "mine.json" in err[0] and "network.runtime_cpu.ps" in err[0], err
 
 
-def test_scaling_a_placement_multiplies_its_scales() -> None:
-    prob = _hosted(1, [Host("h", 1, 0.0, 1e3)], [Placement(0, cpu_scale=2.0, copy_scale=3.0)], iterations=1)
-    got = validate.with_cpu_model(prob, {"cpu:0": (1.5, 0.5)})
-    assert dict(got.cluster.placement)["cpu:0"] == Placement(0, cpu_scale=3.0, copy_scale=1.5)
-    assert dict(validate.with_cpu_scaled(prob, {"cpu:0": 4.0}).cluster.placement)["cpu:0"] == Placement(
-        0, cpu_scale=8.0, copy_scale=3.0)
+def test_scaling_an_emulation_multiplies_its_scales() -> None:
+    emu = RuntimeEmulation(cpu_scales=(("cpu:0", CpuScale(2.0, 3.0)),))
+    got = emu.scaled({"cpu:0": (1.5, 0.5)})
+    assert got.cpu_scale("cpu:0") == CpuScale(3.0, 1.5)
+    assert validate.with_cpu_scaled(emu, {"cpu:0": 4.0}).cpu_scale("cpu:0") == CpuScale(8.0, 3.0)
 
 
 def test_the_rerun_charges_each_process_the_prediction() -> None:
@@ -232,7 +231,7 @@ def test_the_rerun_charges_each_process_the_prediction() -> None:
                    shard=Placement(0, 1, (0,)), iterations=3)
     first = runtime_cpu.figures(prob, _run(prob))
     m = RuntimeCpuModel(worker=(0.9, 0.2, 1.5, 0.3), ps=(1.0, 0.0, 0.6, 2.0))
-    again = runtime_cpu.figures(prob, _run(validate.with_cpu_model(prob, m.scales(first))))
+    again = runtime_cpu.figures(prob, _run(prob, emulation=RuntimeEmulation().scaled(m.scales(first))))
     for dev, f in first.items():
         assert again[dev].sim_ms == pytest.approx(m.predict_ms(f), rel=1e-9), dev
         assert again[dev].messages == f.messages

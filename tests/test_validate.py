@@ -14,6 +14,8 @@ from experiments import cli, runner, validate
 from runtime.spec import parse_options
 from sim import costmodel
 from sim.cluster import Host, Placement
+from sim.dynamics import Dynamic
+from sim.emulation import TEACHER, CpuScale, RuntimeEmulation, emulated_problem
 from sim.result import DeviceUsage, RunResult, Trace
 from tests.helpers_eval import dense, model, problem, profile
 
@@ -146,8 +148,10 @@ def test_simulated_problem_has_exact_model_teacher_and_slowdown(tmp_path: Path) 
 
     problem = dataclasses.replace(base, job=dataclasses.replace(base.job, model=model))
     plan = runner.plan_for(loaded, problem, "equal")
-    sp = validate.simulated_problem(problem, plan, opts)
-    assert sp.job.model.layers[0].name == validate.TEACHER
+    emu = validate.emulation(problem, plan, opts)
+    assert emu.host is None and not emu.serial_messages  # no host given: the ranks compute on their own
+    sp = emulated_problem(problem, emu)
+    assert sp.job.model.layers[0].name == TEACHER
     assert sp.job.model.layers[1:] == model.layers
     dev = sp.cluster.devices[0]
     f, b = costmodel.layer_times(sp.job.model, dev.type, "fp32", 8)
@@ -227,12 +231,25 @@ def test_real_cpu_factors_and_the_rescaled_problem() -> None:
                          "w:1": {"sim_ms": None, "sim_transport_ms": None, "real_ms": 7.0}}}
     assert validate.real_cpu_factors(cpu) == {"w:0": 2.0}  # none where the DES gave no CPU or no place
     assert validate.real_cpu_factors(None) == {}
+    emu = RuntimeEmulation(host=Host("h", 2), placement=(("cpu:0", Placement(0)), ("cpu:1", Placement(0, 2))))
+    scaled = validate.with_cpu_scaled(emu, {"cpu:0": 2.0})
+    assert scaled.cpu_scale("cpu:0") == CpuScale(2.0, 1.0)
+    assert scaled.cpu_scale("cpu:1") == emu.cpu_scale("cpu:1") == CpuScale(1.0, 1.0)
+    assert dataclasses.replace(scaled, cpu_scales=()) == emu  # nothing else changes
+
+
+def test_compute_scaled_multiplies_each_workers_slowdown_from_t0() -> None:
+    # worker cpu:0 has the config's slowdown 1.5 at t = 0, cpu:1 the emulation's 2.0: real
+    # compute 2x and 3x the simulated makes them 3.0 and 6.0; scaling cpu:0 alone keeps cpu:1's
     base = problem([profile("cpu", kind="cpu")] * 2, [profile("ps", kind="cpu")], model(dense("fc", 1e3)), 20)
-    prob = dataclasses.replace(base, cluster=dataclasses.replace(
-        base.cluster, hosts=(Host("h", 2),), placement=(("cpu:0", Placement(0)), ("cpu:1", Placement(0, 2)))))
-    scaled = validate.with_cpu_scaled(prob, {"cpu:0": 2.0})
-    assert dict(scaled.cluster.placement)["cpu:0"].cpu_scale == 2.0
-    assert dict(scaled.cluster.placement)["cpu:1"] == dict(prob.cluster.placement)["cpu:1"]
+    prob = dataclasses.replace(base, dynamics=(Dynamic(0, 0.0, slowdown=1.5),))
+    emu = RuntimeEmulation(slowdowns=(("cpu:1", 2.0),))
+    assert validate.with_compute_scaled(prob, emu, {"cpu:0": 2.0, "cpu:1": 3.0}).slowdowns == (
+        ("cpu:0", 3.0), ("cpu:1", 6.0))
+    assert validate.with_compute_scaled(prob, emu, {"cpu:0": 2.0}).slowdowns == (("cpu:0", 3.0), ("cpu:1", 2.0))
+    # as events: the problem's first, then the emulation's at t = 0 (the last one at an instant wins)
+    got = emulated_problem(prob, validate.with_compute_scaled(prob, emu, {"cpu:0": 2.0}))
+    assert [(d.worker, d.at_s, d.slowdown) for d in got.dynamics] == [(0, 0.0, 1.5), (0, 0.0, 3.0), (1, 0.0, 2.0)]
 
 
 def test_validate_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -320,6 +337,17 @@ def test_validate_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     printed = capsys.readouterr().out
     assert "iteration_time_mean_s" in printed and "equal: CPU per iteration, every process:" in printed
     assert "equal: sim = the DES with the profile's runtime CPU model" in printed
+    # the headline: beside the mean iteration time, the median |error| over the 4 per-worker
+    # compute and communication metrics, the runtime CPU model named, the error without it
+    run = data["schedulers"]["equal"]
+    h = run["headline"]
+    errs = sorted(abs(m["rel_error"]) for k, m in run["metrics"].items() if k.startswith(("compute_s:", "comm_s:")))
+    assert h["components"] == 4 and h["component_median_abs_error"] == pytest.approx((errs[1] + errs[2]) / 2)
+    assert h["calibrated_models"] == ["the runtime CPU model of profile this_machine (network.runtime_cpu)"]
+    assert h["iteration_time_mean_error_without_calibrated"] == pytest.approx(validate.rel_error(
+        rc["sim_without_model"]["iteration_time_mean_s"], run["metrics"]["iteration_time_mean_s"]["real"]))
+    assert run["diagnostics"]["profiles"] == {"this_machine": "measured 2026-11-30 on AMD EPYC"}
+    assert "equal headline: mean iteration time " in printed and "Headline: mean iteration time " in report
 
 
 def test_memory_factor_is_the_median_ratio_to_the_profiles_copies() -> None:

@@ -54,6 +54,7 @@ from sim.des.kernel import Environment, call_later
 from sim.des.kernel import run as run_until
 from sim.des.noise import noise_factors
 from sim.des.state import TARGET_CAP, rare_gc
+from sim.emulation import RuntimeEmulation, emulated_problem
 from sim.observation import Observation, WorkerStatus, accepted_shares, full_membership, rate_sps
 from sim.plan import Plan, PlanKind, require_kind
 from sim.problem import Problem
@@ -65,14 +66,17 @@ REDUCE_PASSES = 3.0
 
 
 def simulate(problem: Problem, plan: Plan, trace: bool = True,
-             on_iteration: Callable[[int], None] | None = None, scheduler: Any = None) -> RunResult:
+             on_iteration: Callable[[int], None] | None = None, scheduler: Any = None,
+             emulation: RuntimeEmulation | None = None) -> RunResult:
     """Run the all-reduce ``plan`` for ``problem.job.iterations`` iterations in the DES.
 
     Deterministic: the same problem and plan give the same result, byte for byte.
-    Arguments as :func:`sim.des.simulate`.
+    Arguments as :func:`sim.des.simulate` (of ``emulation``, this DES models the
+    problem part and each hosted worker's CPU scales).
     """
     require_kind(plan, PlanKind.DATA_PARALLEL, "sim.des.collective.simulate")
-    return AllreduceSim(problem, plan, trace=trace, on_iteration=on_iteration, scheduler=scheduler).run()
+    return AllreduceSim(emulated_problem(problem, emulation), plan, trace=trace, on_iteration=on_iteration,
+                        scheduler=scheduler, emulation=emulation).run()
 
 
 class _Worker:
@@ -116,8 +120,10 @@ class AllreduceSim:
     """One DES run of an all-reduce plan. Use :func:`simulate`."""
 
     def __init__(self, problem: Problem, plan: Plan, trace: bool = True,
-                 on_iteration: Callable[[int], None] | None = None, scheduler: Any = None) -> None:
+                 on_iteration: Callable[[int], None] | None = None, scheduler: Any = None,
+                 emulation: RuntimeEmulation | None = None) -> None:
         self.problem, self.plan = problem, plan
+        self.emulation = emulation or RuntimeEmulation()
         self.c = c = collective_costs(problem, plan, stretch_hosts=False)
         self.env = Environment()
         job = problem.job
@@ -172,16 +178,19 @@ class AllreduceSim:
         if all(pl is None for pl in placed):
             return
         procs: list[Placement] = []
-        for wk, pl in zip(self.w, placed):
+        scales: list[float] = []
+        for wk, pl, dev in zip(self.w, placed, self.c.workers):
             if pl is not None:
                 wk.cpu = len(procs)
                 procs.append(pl)
-        for wk, pl in zip(self.w, placed):
+                scales.append(self.emulation.cpu_scale(dev).compute)
+        for wk, pl, dev in zip(self.w, placed, self.c.workers):
             if pl is not None and cl.hosts[pl.host].copy_Bps > 0:
                 wk.copier = len(procs)
-                procs.append(dataclasses.replace(pl, threads=1, cpu_scale=pl.cpu_scale * pl.copy_scale,
-                                                 copy_scale=1.0))
-        self.cpu = HostCPU(self.env, cl.hosts, procs)
+                procs.append(dataclasses.replace(pl, threads=1))
+                s = self.emulation.cpu_scale(dev)
+                scales.append(s.compute * s.copies)
+        self.cpu = HostCPU(self.env, cl.hosts, procs, scales)
         self.copy_s_per_B = [1.0 / cl.hosts[pl.host].copy_Bps if pl is not None and cl.hosts[pl.host].copy_Bps > 0
                              else 0.0 for pl in placed]
         self.reduce_s_per_B = [REDUCE_PASSES / cl.device(d).type.mem_bw_Bps for d in self.c.workers]

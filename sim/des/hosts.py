@@ -13,11 +13,14 @@ speed is that share (1.0 = as fast as alone), so ``threads`` changes how
 much a process competes, not how its own work scales: a profile's time is
 the process's time alone with its threads.
 
-A process waiting for a message, or sleeping in an emulated slowdown, has no
-flow and competes for nothing. The DES (sim/des/transport.py) also places here,
-for each process on a host with ``copy_Bps``, a one-thread copier process on the
-same cores that works on its messages' copies, at its placement's ``cpu_scale``
-times ``copy_scale``.
+A process's work may cost it more CPU than the DES gives it: each process has
+a CPU scale, the seconds of CPU one second of its work takes (1 in a plain
+simulation; a runtime emulation's :class:`~sim.emulation.CpuScale`). A process
+waiting for a message, or sleeping in an emulated slowdown, has no flow and
+competes for nothing. The DES (sim/des/transport.py) also places here, for each
+process on a host with ``copy_Bps``, a one-thread copier process on the same
+cores that works on its messages' copies, at the process's compute scale times
+its copies scale.
 """
 
 from __future__ import annotations
@@ -41,9 +44,11 @@ class HostCPU(FluidShare):
         env: the SimPy environment.
         hosts: the hosts.
         procs: each process's placement.
+        scales: each process's CPU scale, > 0 (default: 1 for every process).
     """
 
-    def __init__(self, env: simpy.Environment, hosts: Sequence[Host], procs: Sequence[Placement]) -> None:
+    def __init__(self, env: simpy.Environment, hosts: Sequence[Host], procs: Sequence[Placement],
+                 scales: Sequence[float] | None = None) -> None:
         super().__init__(env, len(hosts) + len(procs))
         self.hosts = tuple(hosts)
         self.procs = tuple(procs)
@@ -53,21 +58,22 @@ class HostCPU(FluidShare):
         # the fair rates of a host depend only on which of its processes run how many
         # flows: memoised per host on that tuple (a run revisits a few states)
         self._memo: list[dict[tuple[int, ...], list[float]]] = [{} for _ in hosts]
-        if any(not pl.cpu_scale > 0 for pl in procs):  # NaN too
-            raise ValueError("a placement's cpu_scale must be > 0")
+        self.scales = tuple(scales) if scales is not None else (1.0,) * len(procs)
+        if len(self.scales) != len(procs) or any(not x > 0 for x in self.scales):  # NaN too
+            raise ValueError("every process needs a CPU scale > 0")
         # CPU seconds of the work handed to each process: its threads x its work (each
         # thread runs at the flow's speed); a compute still running at the end counts in
         # full, a cancelled one only what it got
         self.cpu_s = [0.0] * len(procs)
 
     def compute(self, proc: int, work_s: float, on_done: Callable[[], None]) -> tuple[_Pair, int] | None:
-        """Run ``work_s`` seconds of ``proc``'s work (times its placement's ``cpu_scale``);
+        """Run ``work_s`` seconds of ``proc``'s work (times its CPU scale);
         ``on_done`` when it is done.
 
         Returns a handle for :meth:`cancel` (None: no work, ``on_done`` already called).
         """
         pl = self.procs[proc]
-        work_s *= pl.cpu_scale
+        work_s *= self.scales[proc]
         if work_s <= 0:
             on_done()
             return None

@@ -77,6 +77,7 @@ from typing import Any
 import numpy as np
 import simpy
 
+from sim.emulation import RuntimeEmulation, emulated_problem
 from sim.multistage import (
     default_in_flight,
     devices_of,
@@ -470,7 +471,8 @@ def steady_throughput(iter_end_s: list[float], batch: int, skip: int) -> float:
 
 def simulate_pipeline(problem: Problem, plan: Plan, trace: bool = True,
                       on_iteration: Callable[[int], None] | None = None,
-                      in_flight: Sequence[int] | None = None) -> RunResult:
+                      in_flight: Sequence[int] | None = None,
+                      emulation: RuntimeEmulation | None = None) -> RunResult:
     """Run a multi-stage ``plan`` for ``problem.job.iterations`` iterations.
 
     Args:
@@ -478,6 +480,9 @@ def simulate_pipeline(problem: Problem, plan: Plan, trace: bool = True,
         on_iteration: called with the number of iterations done after each one.
         in_flight: iterations each stage holds at once (default
             :func:`default_in_flight`); with one more, the PS staleness bound.
+        emulation: the runtime on this machine: the run is of
+            :func:`sim.emulation.emulated_problem` (this DES models no hosts, so no
+            more of it); None: a plain simulation.
 
     The result's throughput covers :func:`steady_window`, which leaves out the fill
     and the drain; a run too short to have that window reports the steady-state
@@ -486,4 +491,5 @@ def simulate_pipeline(problem: Problem, plan: Plan, trace: bool = True,
     ``extra["steady_throughput_sps"]`` is the run's own least-squares estimate
     (:func:`steady_throughput`).
     """
-    return PipelineSim(problem, plan, trace=trace, on_iteration=on_iteration, in_flight=in_flight).run()
+    return PipelineSim(emulated_problem(problem, emulation), plan, trace=trace, on_iteration=on_iteration,
+                       in_flight=in_flight).run()

@@ -27,6 +27,7 @@ from sim.des.network import FlowNetwork
 from sim.des.noise import noise_factors
 from sim.des.shard import ShardServer
 from sim.des.transport import Transport
+from sim.emulation import RuntimeEmulation
 from sim.observation import Observation
 from sim.plan import Plan
 from sim.problem import Problem
@@ -109,7 +110,7 @@ class RunState:
     chunk_shard: list[int]
     chunk_up: list[int]  # link ids of each chunk's shard's uplink and downlink
     chunk_down: list[int]
-    # pushes layer-wise but pulls whole (job.pipeline_pulls false, the runtime's way): a
+    # pushes layer-wise but pulls whole (an emulation's pipeline_pulls false, the runtime's way): a
     # worker's chunks leave the shards together once all are applied, and its forward
     # waits for all of them
     pull_whole: bool
@@ -204,7 +205,8 @@ class RunState:
     __slots__ = tuple(__annotations__)
 
     def __init__(self, problem: Problem, plan: Plan, costs: PlanCosts, trace: bool = True,
-                 on_iteration: Callable[[int], None] | None = None, scheduler: Any = None) -> None:
+                 on_iteration: Callable[[int], None] | None = None, scheduler: Any = None,
+                 emulation: RuntimeEmulation | None = None) -> None:
         self.problem, self.plan, self.c = problem, plan, costs
         self.env = env = Environment()
         job = problem.job
@@ -214,7 +216,7 @@ class RunState:
         self.sync = job.sync
         self.trace = Trace() if trace else None
         self.on_iteration = on_iteration
-        self.tx = Transport(env, problem, costs)
+        self.tx = Transport(env, problem, costs, emulation)
         self.net, self.host_messages, self.proc = self.tx.net, self.tx.host_messages, self.tx.proc
         self.servers = [ShardServer(env, self._span_cb(s) if trace else None, self._shard_run(s)) for s in range(S)]
         self.flow = [None] * N
@@ -225,7 +227,7 @@ class RunState:
         self.groups = [[] for _ in range(self.G)]
         for c_, g in enumerate(costs.chunk_group):
             self.groups[int(g)].append(c_)
-        self._init_rows(costs)
+        self._init_rows(costs, emulation is None or emulation.pipeline_pulls)
         self._init_sync()
         self._init_online(plan, scheduler)
         self.key_base = N + 1
@@ -235,8 +237,9 @@ class RunState:
         with rare_gc():
             self._init_callbacks()
 
-    def _init_rows(self, costs: PlanCosts) -> None:
-        """The cost rows each worker starts with, each worker's state, labels and link ids."""
+    def _init_rows(self, costs: PlanCosts, pipeline_pulls: bool) -> None:
+        """The cost rows each worker starts with, each worker's state, labels and link ids
+        (``pipeline_pulls``: see :attr:`sim.emulation.RuntimeEmulation.pipeline_pulls`)."""
         job, N, S, C = self.problem.job, self.N, self.S, self.C
         rows = worker_rows(costs, job.quant_bits)
         self.batch = [r.batch for r in rows]
@@ -249,7 +252,7 @@ class RunState:
         self.wbits = [r.bits for r in rows]
         self.apply_all = costs.apply_s.tolist()
         self.chunk_shard = [int(s) for s in costs.chunk_shard]
-        self.pull_whole = job.pipeline and not job.pipeline_pulls and C > 1
+        self.pull_whole = job.pipeline and not pipeline_pulls and C > 1
         self.slow = [1.0] * N
         self.alive = [True] * N
         self.computing = [False] * N

@@ -5,8 +5,10 @@ uplink and a downlink on the :class:`~sim.des.network.FlowNetwork` (link ids:
 worker up ``w``, worker down ``N+w``, shard up ``2N+s``, shard down ``2N+S+s``).
 A process placed on a host (``cluster.hosts``) also has that host's cores
 (:class:`~sim.des.hosts.HostCPU`), which its compute shares; a host can add to
-each message a CPU cost (``copy_Bps``), a wake-up latency (``wake_s``) and one
-message at a time per link (``serial_messages``): see :meth:`Transport.send`.
+each message a CPU cost (``copy_Bps``) and a wake-up latency (``wake_s``), and a
+runtime emulation (:class:`~sim.emulation.RuntimeEmulation`) one message at a
+time per link (``serial_messages``) and each process's CPU scales: see
+:meth:`Transport.send`.
 """
 
 from __future__ import annotations
@@ -22,11 +24,12 @@ from sim.costmodel import PlanCosts
 from sim.des.hosts import HostCPU
 from sim.des.kernel import call_later
 from sim.des.network import FlowNetwork
+from sim.emulation import RuntimeEmulation
 from sim.problem import Problem
 
 
 class _Queued:
-    """A message waiting for its serial links (``Host.serial_messages``): it starts once it
+    """A message waiting for its serial links (``RuntimeEmulation.serial_messages``): it starts once it
     heads the queue of each of them."""
 
     __slots__ = ("start", "queues", "started")
@@ -50,7 +53,8 @@ class Transport:
         proc: each process's id on ``cpu`` (None: not placed; it computes alone).
         copier: the id on ``cpu`` of each process's copier (a host with ``copy_Bps``:
             one more thread, a process of its own on the same cores, that works on
-            the process's messages' copies at ``nbytes / copy_Bps`` seconds each end).
+            the process's messages' copies at ``nbytes / copy_Bps`` seconds each end,
+            at the process's compute scale times its copies scale).
         msg_ends: messages with bytes each process sent or received (its ends),
             counted where messages go through the host (``host_messages``).
         host_messages: whether any message costs host CPU or wake-up time or waits
@@ -58,7 +62,8 @@ class Transport:
             called, ``net.transfer`` does the same).
     """
 
-    def __init__(self, env: simpy.Environment, problem: Problem, costs: PlanCosts) -> None:
+    def __init__(self, env: simpy.Environment, problem: Problem, costs: PlanCosts,
+                 emulation: RuntimeEmulation | None = None) -> None:
         self.env = env
         N, S = len(costs.workers), len(costs.shards)
         self.N = N
@@ -73,39 +78,43 @@ class Transport:
         self.wake_at: list[tuple[int, float] | None] = [None] * (N + S)
         self.copy_s_per_B: list[float] = [0.0] * (N + S)
         self.msg_ends: list[int] = [0] * (N + S)
+        ids = (*costs.workers, *costs.shards)
         if any(pl is not None for pl in placed):
-            self._place(problem, placed)
-        # Serial messages (a host with serial_messages): each of its processes' links carries
+            self._place(problem, placed, ids, emulation or RuntimeEmulation())
+        # Serial messages (an emulation's serial_messages): each placed process's links carry
         # one message at a time, first issued first served; a message starts once it heads
         # the queue of both its links (see send).
         self.link_queue: list[collections.deque[_Queued] | None] = [None] * (2 * N + 2 * S)
+        serial = emulation is not None and emulation.serial_messages
         for i, pl in enumerate(placed):
-            if pl is not None and cl.hosts[pl.host].serial_messages:
+            if pl is not None and serial:
                 ups = (i, N + i) if i < N else (2 * N + (i - N), 2 * N + S + (i - N))
                 for link in ups:
                     self.link_queue[link] = collections.deque()
         self.host_messages = any(x is not None for x in (*self.copier, *self.wake_at, *self.link_queue))
 
-    def _place(self, problem: Problem, placed: list[Placement | None]) -> None:
-        """The processes placed on hosts (``placed``: each one's placement or None), their
-        copiers and their hosts' wake-up latencies, on one :class:`HostCPU`."""
+    def _place(self, problem: Problem, placed: list[Placement | None], devices: tuple[str, ...],
+               emulation: RuntimeEmulation) -> None:
+        """The processes placed on hosts (``placed``: each one's placement or None; ``devices``:
+        each one's device id), their copiers and their hosts' wake-up latencies, on one
+        :class:`HostCPU`, each at its CPU scale in ``emulation``."""
         cl = problem.cluster
         ids = [i for i, pl in enumerate(placed) if pl is not None]
         procs = [pl for pl in placed if pl is not None]
+        scales = [emulation.cpu_scale(devices[i]).compute for i in ids]
         for k, i in enumerate(ids):
             self.proc[i] = k
         for i in ids:
             pl = placed[i]
             assert pl is not None
             rate = cl.hosts[pl.host].copy_Bps
-            if not pl.copy_scale > 0:  # NaN too
-                raise ValueError("a placement's copy_scale must be > 0")
             if rate > 0:
+                s = emulation.cpu_scale(devices[i])
                 self.copier[i] = len(procs)
                 self.copy_s_per_B[i] = 1.0 / rate
-                procs.append(dataclasses.replace(pl, threads=1, cpu_scale=pl.cpu_scale * pl.copy_scale,
-                                                 copy_scale=1.0))
-        self.cpu = HostCPU(self.env, cl.hosts, procs)
+                procs.append(dataclasses.replace(pl, threads=1))
+                scales.append(s.compute * s.copies)
+        self.cpu = HostCPU(self.env, cl.hosts, procs, scales)
         for i in ids:
             pl = placed[i]
             assert pl is not None
@@ -123,7 +132,8 @@ class Transport:
         host with ``wake_s`` whose cores are all busy at that moment, it gets the message
         ``wake_s`` later (it waits for a core to be woken on).
 
-        Where a link is serial (its process's host has ``serial_messages``), the message
+        Where a link is serial (its process is placed and the emulation has
+        ``serial_messages``), the message
         first waits until every earlier message on that link is delivered: it joins the
         queues of both its links at once and starts when it heads both, so messages start
         in the order they were issued and two never wait for each other."""

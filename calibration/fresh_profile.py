@@ -1,0 +1,61 @@
+"""``hetsim validate CONFIG --fresh-profile FILE``: this machine's profile, measured now.
+
+The committed profile of a validation config (``this_machine``) was measured on
+one machine; on another machine, even one of the same kind, its figures are not
+this machine's. A fresh profile measures, here, what the DES needs of the
+machine to simulate the runtime's ranks on it: the CPU's compute (GEMM grid,
+bandwidth, dispatch, single-layer benchmarks and the layers of the models the
+validation suite trains, :data:`FRESH_MODELS`, with the runtime's torch threads)
+and the loopback path between two processes (point-to-point and all-reduce
+latency and bandwidth, the wake-up latency of a busy host and the runtime's own
+pull and push rates), fitted as ``hetsim profile`` fits any profile. It is the
+quick spec of :func:`calibration.profiler.spec_for` (a few minutes on 2 cores).
+
+What it does not measure: the runtime CPU model (``network.runtime_cpu``), which
+is fitted to many real runs (``python -m bench.runtime_calibration``) and so is
+left out: a validation with a fresh profile runs the DES without it and says so.
+
+When FILE exists it is reused as it is (a suite measures once), provided it is a
+measured CPU profile taken with the threads the runtime's ranks use.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from hardware_profiles import load_profile_file
+from hardware_profiles.errors import ConfigError
+from hardware_profiles.schema import DeviceProfile
+
+#: The zoo models whose layers a fresh profile times: those of the validation configs
+#: (experiments/configs/validation/); another model is priced by the fitted curves.
+FRESH_MODELS = ("mlp", "ctr_dnn", "wide_deep", "resnet18", "transformer")
+
+
+def fresh_profile(path: str | os.PathLike[str], threads: int, progress: bool = True) -> tuple[DeviceProfile, bool]:
+    """This machine's profile in ``path``: ``(profile, measured)``, ``measured`` False where
+    ``path`` existed and was reused, True where it was measured now and written there.
+
+    Raises:
+        ConfigError: ``path`` exists but is not a profile, not a measured CPU one, or was
+            measured with other torch threads than ``threads`` (the runtime's); or it cannot
+            be written (one line naming the file and the field).
+    """
+    p = Path(path)
+    if p.exists():
+        prof = load_profile_file(p)
+        raw = (prof.measurement.raw if prof.measurement is not None else None) or {}
+        if prof.source.kind != "measured" or not str(raw.get("device", "")).startswith("cpu"):
+            raise ConfigError(str(p), "measurement.raw.device", "not a CPU profile measured by hetsim profile: "
+                              "give --fresh-profile a new file to measure this machine into")
+        if raw.get("threads") != threads:
+            raise ConfigError(str(p), "measurement.raw.threads", f"measured with {raw.get('threads')} torch "
+                              f"thread(s), the runtime's ranks use {threads} (runtime.threads): give "
+                              "--fresh-profile another file")
+        return prof, False
+    from calibration import profiler
+
+    prof, _ = profiler.run_profile("cpu", p, quick=True, threads=threads, models=FRESH_MODELS,
+                                   progress=progress)
+    return prof, True
