@@ -105,6 +105,49 @@ def merge_descent(space: PlacementSpace, a: np.ndarray, minimize: str) -> np.nda
         a, cur = moves[best], s[best]
 
 
+def merge_repair(space: PlacementSpace, a: np.ndarray, minimize: str) -> np.ndarray | None:
+    """While ``a`` is infeasible, take the best merge of a stage into a neighbour (feasible
+    first, then the objective, then throughput); None if it runs out of stages first."""
+    cur = score(space.evaluate(a[None, :]), minimize)[0]
+    while not np.isfinite(cur):
+        moves = merge_moves(a, space)
+        if moves.size == 0:
+            return None
+        ev = space.evaluate(moves)
+        s = score(ev, minimize)
+        best = int(np.lexsort((-ev.throughput_sps, s))[0])
+        a, cur = moves[best], s[best]
+    return a
+
+
+def shift_moves(a: np.ndarray, space: PlacementSpace) -> np.ndarray:
+    """Every assignment that moves one boundary between two stages to another layer of
+    theirs (to either end too, which removes one of the two stages)."""
+    out = []
+    stages = space.stages_of(a)
+    for (j, m, k1), (_, i, k2) in zip(stages, stages[1:]):
+        p = np.array([q for q in range(j, i + 1) if q != m])
+        b = np.repeat(a[None, :], p.size, axis=0)
+        pos = np.arange(j, i)[None, :]
+        b[:, j:i] = np.where(pos < p[:, None], k1, k2)
+        out.append(b)
+    return np.concatenate(out) if out else np.zeros((0, space.L), dtype=int)
+
+
+def shift_descent(space: PlacementSpace, a: np.ndarray, minimize: str) -> np.ndarray:
+    """Move a stage boundary (:func:`shift_moves`) while the best such move improves the score."""
+    cur = score(space.evaluate(a[None, :]), minimize)[0]
+    while True:
+        moves = shift_moves(a, space)
+        if moves.size == 0:
+            return a
+        s = score(space.evaluate(moves), minimize)
+        best = int(np.argmin(s))
+        if not s[best] < cur:
+            return a
+        a, cur = moves[best], s[best]
+
+
 @register("greedy")
 class Greedy(PlacementScheduler):
     """Each layer on the type with the lowest cost per sample for it, then merge and repair.
@@ -123,16 +166,9 @@ class Greedy(PlacementScheduler):
             per_sample = np.where(space.n[single] > 0, space.rate[single] / space.tput[single], np.inf)
         if minimize == "time":
             per_sample = np.where(space.n[single] > 0, -space.tput[single], np.inf)
-        a = np.argmin(per_sample, axis=1)
-        cur = score(space.evaluate(a[None, :]), minimize)[0]
-        while not np.isfinite(cur):          # repair: the best merge, feasible first
-            moves = merge_moves(a, space)
-            if moves.size == 0:
-                return single_type(space, minimize)
-            ev = space.evaluate(moves)
-            s = score(ev, minimize)
-            best = int(np.lexsort((-ev.throughput_sps, s))[0])
-            a, cur = moves[best], s[best]
+        a = merge_repair(space, np.argmin(per_sample, axis=1), minimize)
+        if a is None:
+            return single_type(space, minimize)
         return merge_descent(space, a, minimize)
 
 
