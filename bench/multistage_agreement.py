@@ -20,6 +20,7 @@ import numpy as np
 
 from hardware_profiles.errors import HetsimError
 from schedulers import make
+from sim.des import kernel
 from sim.des.pipeline import PipelineSim, default_in_flight
 from sim.instances import random_problem
 from sim.multistage import evaluate_analytic, pipeline_model
@@ -60,7 +61,7 @@ def run_case(problem: Problem, plan: Plan) -> tuple[float, int, float]:
     sim = PipelineSim(p, plan, trace=False)
     res = sim.run()
     wall = time.perf_counter() - t0
-    events = next(sim.env._eid)  # SimPy's event counter: events scheduled so far
+    events = kernel.scheduled_events(sim.env)
     return res.extra["steady_throughput_sps"] / ana - 1.0, events, wall
 
 

@@ -20,7 +20,8 @@ import simpy
 from experiments import runner
 from sim import analytic
 from sim.costmodel import plan_costs
-from sim.des.engine import DataParallelSim, run_until
+from sim.des import kernel
+from sim.des.engine import DataParallelSim
 
 _TYPES = ("a100", "v100", "t4", "l4")
 
@@ -45,9 +46,10 @@ def bench_config(workers: int, shards: int, iterations: int, pipeline: bool,
 
 def simpy_event_rate(n: int = 300_000, inlined: bool = False) -> float:
     """Events per second of a bare SimPy loop of timeouts, run by ``env.run`` or,
-    with ``inlined``, by the event loop the DES uses (:func:`sim.des.engine.run_until`,
-    SimPy's step inlined): the fair baseline for the DES's own loop."""
-    env = simpy.Environment()
+    with ``inlined``, by the event loop the DES uses (:func:`sim.des.kernel.run` on a
+    :class:`sim.des.kernel.Environment`, SimPy's step inlined): the fair baseline for
+    the DES's own loop."""
+    env = kernel.Environment() if inlined else simpy.Environment()
 
     def loop() -> Any:
         for _ in range(n):
@@ -56,7 +58,7 @@ def simpy_event_rate(n: int = 300_000, inlined: bool = False) -> float:
     proc = env.process(loop())
     t0 = time.perf_counter()
     if inlined:
-        run_until(env, proc)
+        kernel.run(env, proc)
     else:
         env.run()
     return n / (time.perf_counter() - t0)
@@ -73,7 +75,7 @@ def des_run(workers: int, shards: int, iterations: int, pipeline: bool,
     result = sim.run()
     wall = time.perf_counter() - t0
     env = sim.env
-    events = next(env._eid) - len(env._queue)  # scheduled minus still queued = processed
+    events = kernel.processed_events(env)
     return {"workers": workers, "shards": shards, "iterations": iterations, "pipeline": pipeline,
             "sharing": sharing, "wall_s": wall, "wall_s_per_iteration": wall / iterations, "events": events,
             "events_per_s": events / wall, "sim_throughput_sps": result.throughput_sps}

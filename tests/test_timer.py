@@ -1,4 +1,4 @@
-"""sim.des.timer: a Timer is scheduled, ordered, counted and processed exactly as the
+"""sim.des.kernel's timers: a Timer is scheduled, ordered, counted and processed exactly as the
 ``simpy.Timeout`` it stands in for (the DES's outputs are byte-identical either way)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 import simpy
 
-from sim.des.engine import run_until
-from sim.des.timer import Timer, call_later, sleep
+from sim.des.kernel import Timer, call_later, sleep
+from sim.des.kernel import run as run_until
 
 
 def _trace(use_timer: bool) -> tuple[list[tuple[float, str]], list[Any]]:
@@ -120,7 +120,7 @@ def _process_trace(make: Any) -> tuple[list[tuple[float, str]], Any, int]:
 
 
 def test_engine_process_behaves_as_simpys() -> None:
-    from sim.des.engine import _Process
+    from sim.des.kernel import Process as _Process
 
     want = _process_trace(lambda env, gen: env.process(gen))
     assert want[0][-1] == (3.0, "interrupted stop") and want[1] == "end"
@@ -128,7 +128,7 @@ def test_engine_process_behaves_as_simpys() -> None:
 
 
 def test_engine_process_fails_as_simpys() -> None:
-    from sim.des.engine import _Process
+    from sim.des.kernel import Process as _Process
 
     for make in (lambda env, gen: env.process(gen), _Process):
         env = simpy.Environment()

@@ -85,12 +85,8 @@ def simulate_frames(c: DagCosts, plan: DagPlan, opts: FrameOptions = FrameOption
     unit = list(plan.unit)
     order = [sorted((i for i in range(n) if unit[i] == u), key=lambda i: (plan.start_s[i], i))
              for u in range(nu)]
-    streams = np.random.SeedSequence(opts.seed, spawn_key=(FRAMES_STREAM,)).spawn(nu + 1)
-    rngs = [np.random.default_rng(s) for s in streams[:nu]]
-    rel_rng = np.random.default_rng(streams[nu])
+    rngs, release = _streams(c, opts, nu)
     F = opts.frames
-    release = np.arange(F) * c.period_s + (rel_rng.uniform(0.0, opts.release_jitter_s, F)
-                                           if opts.release_jitter_s > 0 else 0.0)
     sigma = math.sqrt(math.log1p(opts.jitter_cv ** 2)) if opts.jitter_cv > 0 else 0.0
     horizon = float(release[-1] + 10 * max(c.deadline_s, c.period_s) + 1.0)
     traces = _load_traces(opts, nu, horizon)
@@ -154,6 +150,17 @@ def simulate_frames(c: DagCosts, plan: DagPlan, opts: FrameOptions = FrameOption
                        iter_end_s=finish.tolist(), iter_samples=[1] * F, devices=units, trace=trace.events,
                        release_s=release, deadline_s=c.deadline_s, makespan_s=plan.makespan_s(c),
                        duration_s=max(float(finish.max()), F * c.period_s), board_idle_w=c.idle_w)
+
+
+def _streams(c: DagCosts, opts: FrameOptions, n_units: int) -> tuple[list[np.random.Generator], np.ndarray]:
+    """Each unit's random stream (its compute jitter) and the frames' release times, from
+    ``opts.seed``: a stream per unit, then one for the release jitter."""
+    streams = np.random.SeedSequence(opts.seed, spawn_key=(FRAMES_STREAM,)).spawn(n_units + 1)
+    rngs = [np.random.default_rng(s) for s in streams[:n_units]]
+    rel_rng = np.random.default_rng(streams[n_units])
+    release = np.arange(opts.frames) * c.period_s + (rel_rng.uniform(0.0, opts.release_jitter_s, opts.frames)
+                                                     if opts.release_jitter_s > 0 else 0.0)
+    return rngs, release
 
 
 def _load_traces(opts: FrameOptions, n_units: int,

@@ -14,7 +14,7 @@ much a process competes, not how its own work scales: a profile's time is
 the process's time alone with its threads.
 
 A process waiting for a message, or sleeping in an emulated slowdown, has no
-flow and competes for nothing. The DES (sim/des/engine.py) also places here,
+flow and competes for nothing. The DES (sim/des/transport.py) also places here,
 for each process on a host with ``copy_Bps``, a one-thread copier process on the
 same cores that works on its messages' copies, at its placement's ``cpu_scale``
 times ``copy_scale``.

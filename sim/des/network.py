@@ -72,7 +72,7 @@ from heapq import heappop, heappush, heapreplace
 
 import simpy
 
-from sim.des.timer import Timer, call_later
+from sim.des.kernel import Timer, call_later
 
 _INF = math.inf
 
@@ -127,6 +127,12 @@ class FluidShare:
             resource without flows keeps its last share); None: the subclass's
             :meth:`_refresh` sets the shares.
     """
+
+    # slots: the machinery's state is read at every flow's start and end (a subclass's own
+    # attributes live in an instance dict: it declares no slots)
+    __slots__ = ("env", "latency_s", "_cap", "_nres", "_n", "_share", "_vr", "_V", "_t", "_na", "_nb", "_nu",
+                 "_due", "_up", "_lo", "_heap", "_rver", "_heap_cap", "_rdue", "_pairs", "_pending", "_resched",
+                 "_dirty", "_settle_pending", "_wake_at", "_wake_timer", "_wake_cb", "_seq")
 
     def __init__(self, env: simpy.Environment, n_resources: int, latency_s: float = 0.0,
                  capacity: Sequence[float] | None = None) -> None:
@@ -210,14 +216,14 @@ class FluidShare:
             b = p.b
             flows = p.flows
             if flows:
-                x = self._V[b] + self._vr[b] * (self.env._now - self._t[b]) + amount
+                x = self._V[b] + self._vr[b] * (self.env.now - self._t[b]) + amount
             else:  # back from idle (see _idle)
                 na = self._na
                 if na[b]:
-                    v = self._V[b] + self._vr[b] * (self.env._now - self._t[b])
+                    v = self._V[b] + self._vr[b] * (self.env.now - self._t[b])
                 else:
                     v = self._V[b] = 0.0
-                    self._t[b] = self.env._now
+                    self._t[b] = self.env.now
                 x = v + amount
                 na[b] += 1
             heappush(flows, (x, seq, on_done))
@@ -249,7 +255,7 @@ class FluidShare:
         (measured: ~170 ns a flow less); any other goes through ``_add``."""
         pairs, n, dirty, V, vr, t, na = self._pairs, self._n, self._dirty, self._V, self._vr, self._t, self._na
         dues, resched = self._due, self._resched
-        now = self.env._now  # the property's value, without the call
+        now = self.env.now
         base = src * self._nres
         # flows that took the inlined branch: src's count raised and src marked dirty once,
         # after the loop (counts are ints, and nothing in the loop reads src's); the settle
@@ -306,7 +312,7 @@ class FluidShare:
         i = next((k for k, f in enumerate(flows) if f[1] == seq), None)
         if i is None:
             return 0.0
-        now = self.env._now  # the property's value, without the call
+        now = self.env.now
         b = p.b
         v = self._V[b] + self._vr[b] * (now - self._t[b]) if b >= 0 else 0.0
         left = max(flows[i][0] - v, 0.0)
@@ -429,7 +435,7 @@ class FluidShare:
         """Apply the shares of resources whose flow count changed, fix the bindings
         their changes invalidate, bind new pairs, and reschedule."""
         self._settle_pending = False
-        now = self.env._now  # the property's value, without the call
+        now = self.env.now
         dirty = sorted(self._dirty)
         self._dirty.clear()
         share, vr, V, t, na = self._share, self._vr, self._V, self._t, self._na
@@ -511,16 +517,17 @@ class FluidShare:
         if heap and heap[0][0] < self._wake_at:
             t = heap[0][0]
             self._wake_at = t
-            self._wake_timer = call_later(self.env, max(t - self.env._now, 0.0), self._wake_cb)
+            self._wake_timer = call_later(self.env, max(t - self.env.now, 0.0), self._wake_cb)
 
     def _wake(self, timer: Timer) -> None:
-        now = self.env._now  # the property's value, without the call
+        """A completion is due: every resource due now (to float rounding of the wake
+        time) completes its pairs due now, together: resource by resource in the order
+        of their entries, and each one's pairs in the order of their targets. Their
+        messages are delivered after the latency, then the shares are settled."""
+        now = self.env.now
         if timer is self._wake_timer:  # the earliest pending wake: none is pending after it
             self._wake_at = _INF
         heap, rver, rdue = self._heap, self._rver, self._rdue
-        # Resources due now (to float rounding of the wake time), and their pairs due now,
-        # complete together: resource by resource in the order of their entries, and each
-        # one's pairs in the order of their targets.
         horizon = now + 1e-12 * max(now, 1e-9)
         res: list[int] = []
         while heap and heap[0][0] <= horizon:
@@ -530,123 +537,8 @@ class FluidShare:
                 rdue[L] = _INF  # consumed: the settle pushes its next one
                 res.append(L)
         delivered: list[Callable[[], None]] = []
-        deliver = delivered.append
-        dues, V, t, vr, resched = self._due, self._V, self._t, self._vr, self._resched
-        n, dirty, na, pop = self._n, self._dirty, self._na, heappop
-        # Under the capacity policy the settle skips a resource left without flows (it keeps
-        # its share until one comes, which marks it again), so one is marked only where
-        # _refresh sets the shares. A shard's chunk to every worker leaves each worker's
-        # downlink idle: 64 marks, set entries and settle iterations a wake less.
-        refresh = self._cap is None
         for L in res:
-            h = dues[L]
-            tL, VL, r = t[L], V[L], vr[L]
-            vlim = VL + (horizon - tL) * r  # the clock at the horizon
-            # The first pair is due by construction when the resource is unchanged since
-            # its entry was made (the same numbers gave that time). Never judge it by the
-            # clock: rounding could leave it a hair short forever.
-            first = L not in resched
-            # The due pairs are served as their entries come off, each in turn (the order of
-            # their pops), and a pair with flows left gets its next entry at once: in place of
-            # the one consumed (heapreplace: one sift, not a pop's and a push's), or with many
-            # due at once, after them. That entry is never due in this wake (its target is
-            # beyond lim >= vlim, and first is spent), so the entries taken are the same.
-            #
-            # Many due at once (a shard's chunk to every worker: equal sizes, one target): the
-            # entries are taken in sorted order, the order of their pops (their keys are unique,
-            # so which heap arrangement is left does not matter), and the rest, still sorted, is
-            # a heap. A heap filled in key order is sorted already, and sorting it costs a
-            # comparison an entry against a pop's ~log2(n) (measured: the 64-worker benchmark's
-            # pulls, about 4% of the run's time less).
-            many = len(h) > 4 and h[-1][0] <= vlim
-            if many:
-                h.sort()
-                m = len(h)
-                back: list[tuple[float, int, int, _Pair]] = []  # next entries, pushed after
-            i = 0  # (many: the entries before h[i] are consumed)
-            done = 0  # flows delivered
-            idle = 0  # pairs left without flows
-            while True:
-                if many:
-                    if i == m:
-                        break
-                    e = h[i]
-                elif h:
-                    e = h[0]
-                else:
-                    break
-                p = e[3]
-                if e[2] != p.ver:  # stale
-                    if many:
-                        i += 1
-                    else:
-                        pop(h)
-                    continue
-                if not (e[0] <= vlim or first):
-                    break
-                first = False
-                # The earliest flow is due; others go with it if the clock reaches their
-                # targets by the wake's horizon (read as at least the earliest's target, to a
-                # few ulps): the rule the wake applies to pairs, and the per-flow reference's.
-                # Not a tolerance relative to the pair's service since it started, which grows
-                # with a pair that never drains and then delivers flows early once its rate drops.
-                flows = p.flows
-                first_t, _, cb = pop(flows)
-                deliver(cb)
-                done += 1
-                o = p.o
-                nxt = None  # its next entry (None: idle, see _idle; its entry is gone)
-                if not flows:  # its only flow (the common case)
-                    left = n[o] = n[o] - 1
-                    if left or refresh:  # (see refresh above)
-                        dirty.add(o)
-                    idle += 1
-                else:
-                    dirty.add(o)
-                    lim = vlim if vlim > first_t else first_t  # (>= 0: vlim is)
-                    # the ulp only where the next flow is near: lim * (1 + 1e-9) + 1e-300 is above
-                    # lim + 4 ulp(lim) for every lim >= 0, so a next flow beyond it is not due
-                    if flows[0][0] <= lim * 1.000000001 + 1e-300:
-                        lim += 4.0 * math.ulp(lim)
-                        k = 1
-                        while flows and flows[0][0] <= lim:
-                            deliver(pop(flows)[2])
-                            k += 1
-                        n[o] -= k
-                        done += k - 1
-                        if flows:
-                            f = flows[0]
-                            nxt = (f[0], f[1], p.ver, p)
-                        else:
-                            idle += 1
-                    else:  # (the common case: the earliest flow alone, others left)
-                        n[o] -= 1
-                        f = flows[0]
-                        nxt = (f[0], f[1], p.ver, p)
-                # its entry consumed (the pair's ver stays for its next one)
-                if many:
-                    i += 1
-                    if nxt is not None:
-                        back.append(nxt)
-                elif nxt is not None:
-                    heapreplace(h, nxt)
-                else:
-                    pop(h)
-            if many:
-                del h[:i]
-                for e in back:
-                    heappush(h, e)
-            if not done:
-                continue
-            V[L] = VL + r * (now - tL)
-            t[L] = now
-            resched[L] = None
-            dirty.add(L)
-            n[L] -= done
-            if idle:  # (na[L] reaches 0 only once every due pair is idle: no entry pushed since)
-                na[L] -= idle
-                if not na[L]:
-                    h.clear()
+            self._complete(L, now, horizon, delivered)
         # One latency timer for every message this wake delivers: the per-message timers
         # would fire back to back at the same instant (consecutive event ids), and a
         # delivery callback schedules nothing urgent that could run between them.
@@ -660,10 +552,133 @@ class FluidShare:
             else:
                 for cb in delivered:
                     cb()
-        if dirty:
+        if self._dirty:
             self._settle()
         else:
             self._schedule_wake()
+
+    def _complete(self, L: int, now: float, horizon: float, delivered: list[Callable[[], None]]) -> None:
+        """Resource ``L`` is due at this wake: serve its pairs whose earliest target its
+        clock reaches by ``horizon`` (:meth:`_serve_due`), appending their flows'
+        callbacks to ``delivered``; then bring its clock and counts up to ``now``.
+
+        The due pairs are served as their entries come off, each in turn (the order of
+        their pops), and a pair with flows left gets its next entry at once: in place of
+        the one consumed (heapreplace: one sift, not a pop's and a push's), or with many
+        due at once, after them. That entry is never due in this wake (its target is
+        beyond lim >= vlim, and first is spent), so the entries taken are the same. Many
+        due at once (a shard's chunk to every worker: equal sizes, one target): the
+        entries are taken in sorted order, the order of their pops (their keys are unique,
+        so which heap arrangement is left does not matter), and the rest, still sorted, is
+        a heap. A heap filled in key order is sorted already, and sorting it costs a
+        comparison an entry against a pop's ~log2(n).
+
+        Under the capacity policy the settle skips a resource left without flows (it
+        keeps its share until one comes, which marks it again), so one is marked only
+        where _refresh sets the shares (a shard's chunk to every worker leaves each
+        worker's downlink idle: that many marks, set entries and settle iterations less).
+        """
+        h = self._due[L]
+        tL, VL, r = self._t[L], self._V[L], self._vr[L]
+        before = len(delivered)
+        # The first pair is due by construction when the resource is unchanged since
+        # its entry was made (the same numbers gave that time). Never judge it by the
+        # clock: rounding could leave it a hair short forever.
+        idle = self._serve_due(h, VL + (horizon - tL) * r, L not in self._resched, delivered.append)
+        done = len(delivered) - before  # flows delivered
+        if not done:
+            return
+        self._V[L] = VL + r * (now - tL)
+        self._t[L] = now
+        self._resched[L] = None
+        self._dirty.add(L)
+        self._n[L] -= done
+        if idle:  # (na[L] reaches 0 only once every due pair is idle: no entry pushed since)
+            na = self._na
+            na[L] -= idle
+            if not na[L]:
+                h.clear()
+
+    def _serve_due(self, h: list[tuple[float, int, int, _Pair]], vlim: float, first: bool,
+                   deliver: Callable[[Callable[[], None]], None]) -> int:
+        """Serve the pairs of a resource's completion heap ``h`` that are due: those whose
+        earliest target its clock reaches by the wake's horizon (``vlim`` on that clock),
+        the first one regardless with ``first``; ``deliver`` their flows' callbacks.
+        Returns how many pairs were left without flows (see :meth:`_complete`). A due
+        pair delivers its flows the clock reaches by the horizon (the module docstring's
+        Completions; not a tolerance relative to the pair's service since it started,
+        which grows with a pair that never drains and then delivers flows early).
+        """
+        n, dirty, refresh, pop = self._n, self._dirty, self._cap is None, heappop
+        many = len(h) > 4 and h[-1][0] <= vlim
+        if many:
+            h.sort()
+            m = len(h)
+            back: list[tuple[float, int, int, _Pair]] = []  # next entries, pushed after
+        i = idle = 0  # (many: the entries before h[i] are consumed); pairs left without flows
+        while True:
+            if many:
+                if i == m:
+                    break
+                e = h[i]
+            elif h:
+                e = h[0]
+            else:
+                break
+            p = e[3]
+            if e[2] != p.ver:  # stale
+                if many:
+                    i += 1
+                else:
+                    pop(h)
+                continue
+            if not (e[0] <= vlim or first):
+                break
+            first = False
+            flows = p.flows
+            first_t, _, cb = pop(flows)
+            deliver(cb)
+            o = p.o
+            nxt = None  # its next entry (None: idle, see _idle; its entry is gone)
+            if not flows:  # its only flow (the common case)
+                left = n[o] = n[o] - 1
+                if left or refresh:  # (see _complete)
+                    dirty.add(o)
+                idle += 1
+            else:
+                dirty.add(o)
+                lim = vlim if vlim > first_t else first_t  # (>= 0: vlim is)
+                # the ulp only where the next flow is near: lim * (1 + 1e-9) + 1e-300 is above
+                # lim + 4 ulp(lim) for every lim >= 0, so a next flow beyond it is not due
+                if flows[0][0] <= lim * 1.000000001 + 1e-300:
+                    lim += 4.0 * math.ulp(lim)
+                    k = 1
+                    while flows and flows[0][0] <= lim:
+                        deliver(pop(flows)[2])
+                        k += 1
+                    n[o] -= k
+                    if flows:
+                        f = flows[0]
+                        nxt = (f[0], f[1], p.ver, p)
+                    else:
+                        idle += 1
+                else:  # (the common case: the earliest flow alone, others left)
+                    n[o] -= 1
+                    f = flows[0]
+                    nxt = (f[0], f[1], p.ver, p)
+            if many:  # its entry consumed (the pair's ver stays for its next one)
+                i += 1
+                if nxt is not None:
+                    back.append(nxt)
+            elif nxt is not None:
+                heapreplace(h, nxt)
+            else:
+                pop(h)
+        if many:
+            del h[:i]
+            for e in back:
+                heappush(h, e)
+        return idle
 
 
 class FlowNetwork(FluidShare):

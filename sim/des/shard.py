@@ -4,14 +4,10 @@ from __future__ import annotations
 
 from bisect import insort
 from collections.abc import Callable
-from functools import partial
-from heapq import heappush
-from typing import Any
 
 import simpy
-from simpy.events import NORMAL
 
-from sim.des.timer import Timer, call_later
+from sim.des.kernel import call_later
 
 
 class ShardServer:
@@ -22,14 +18,16 @@ class ShardServer:
     SimPy event happened to fire first; the analytic evaluator sorts the same
     way. A key is an int, unique among the tasks in the queue at one time.
 
-    ``run(cost_s, on_done)``, when given, executes a task's work instead of a
-    plain timeout (a shard process on a host shares its cores:
+    A task's work is a plain timeout: the timer that started it (a settle, or the
+    previous task's end) re-armed by the event loop (:func:`sim.des.kernel.run`)
+    for the task's cost. ``run(cost_s, on_done)``, when given, executes it instead
+    (a shard process on a host shares its cores:
     :meth:`sim.des.hosts.HostCPU.compute`); ``busy_s`` then adds the elapsed
     time of each task, which sharing stretches, rather than its cost.
     """
 
-    __slots__ = ("env", "_queue", "_busy", "_settle_pending", "busy_s", "_on_span", "_cb", "_label", "_t0", "_run",
-                 "_next_cb", "_finish_cb", "_finish_cbs", "_end")
+    __slots__ = ("env", "_tasks", "_busy", "_settle_pending", "busy_s", "_on_span", "_cb", "_label", "_t0", "_run",
+                 "_next_cb", "_finish_cb")
 
     def __init__(self, env: simpy.Environment, on_span: Callable[[str, float, float], None] | None = None,
                  run: Callable[[float, Callable[[], None]], object] | None = None) -> None:
@@ -42,7 +40,7 @@ class ShardServer:
         # the front's pop(0) is O(n), a memmove: ~113 ns against heappop's ~249 at 1,021
         # waiting (1,024 workers), even at ~4,000, slower beyond;
         # the order is the heap's: (ready time, key) is unique among the tasks waiting)
-        self._queue: list[tuple[float, int, float, str, Callable[[], None] | None]] = []
+        self._tasks: list[tuple[float, int, float, str, Callable[[], None] | None]] = []
         self._busy = False
         self._settle_pending = False
         self.busy_s = 0.0
@@ -51,21 +49,15 @@ class ShardServer:
         self._cb: Callable[[], None] | None = None
         self._label = ""
         self._t0 = 0.0
-        # the end of the task in service: one Timer, re-armed for each task (a task starts
-        # at the earliest while the previous one's end is processed, its callbacks taken)
-        self._end = Timer()
-        # bound once: a task's start and end are events of their own (a bound method is
-        # made anew at every attribute access); both are _next, which tells them apart by
-        # the event (the end: the end Timer, which a run's on_done passes too)
+        # bound once: a task's start (a settle) and end are events of their own (a bound
+        # method is made anew at every attribute access); both are _next, which tells them
+        # apart by whether a task is in service
         self._next_cb = self._next
-        self._finish_cb = partial(self._next, self._end)
-        # the end's callbacks: one list, made once (the event loop only iterates it, and
-        # nothing else sees the Timer: ~35 ns a task less than a fresh list)
-        self._finish_cbs: list[Callable[[Any], None]] = [self._next_cb]
+        self._finish_cb = self._finished
 
     def submit(self, key: int, cost_s: float, label: str, on_done: Callable[[], None] | None) -> None:
-        task = (self.env._now, key, cost_s, label, on_done)
-        queue = self._queue
+        task = (self.env.now, key, cost_s, label, on_done)
+        queue = self._tasks
         if queue and task < queue[-1]:
             insort(queue, task)
         else:
@@ -74,35 +66,34 @@ class ShardServer:
             self._settle_pending = True
             call_later(self.env, 0, self._next_cb)
 
-    def _next(self, ev: object) -> None:
-        """The end of the task in service (``ev`` is ``_end``) or the settle (another Timer);
-        then the first task waiting starts, unless one is in service. One method for both,
-        not a call from the end to the start (a task's end is one of a run's most frequent events)."""
-        if ev is self._end:  # the task in service ended
+    def _finished(self) -> None:
+        """The task in service, run by ``run``, is done."""
+        self._next(None)
+
+    def _next(self, _ev: object) -> float | None:
+        """The end of the task in service (while one is: a settle is scheduled only while
+        none is, and none starts before the settle) or the settle; then the first task
+        waiting starts, unless one is in service. One method for both, not a call from the
+        end to the start (a task's end is one of a run's most frequent events). Returns the
+        cost of a task started as a plain timeout: the event loop re-arms the timer that
+        called for that long (its end)."""
+        if self._busy:  # the task in service ended
             self._busy = False
             if self._run is not None:
-                self.busy_s += self.env._now - self._t0
+                self.busy_s += self.env.now - self._t0
             if self._on_span is not None:
-                self._on_span(self._label, self._t0, self.env._now)
+                self._on_span(self._label, self._t0, self.env.now)
             cb = self._cb
             if cb is not None:
                 cb()
         self._settle_pending = False
-        if self._busy or not self._queue:
-            return
-        _, _, cost, self._label, self._cb = self._queue.pop(0)
+        if not self._tasks:
+            return None
+        _, _, cost, self._label, self._cb = self._tasks.pop(0)
         self._busy = True
-        env = self.env
-        now = self._t0 = env._now
+        self._t0 = self.env.now
         if self._run is not None:
             self._run(cost, self._finish_cb)
-            return
+            return None
         self.busy_s += cost
-        # call_later(env, cost, self._next), inlined (a task's end is a third of a
-        # run's events): a Timer under the key env.timeout(cost) would have
-        if cost < 0.0:  # (0.0: a float-float comparison, which CPython specialises)
-            raise ValueError(f"Negative delay {cost}")
-        t = self._end
-        t.callbacks = self._finish_cbs
-        events: list[Any] = env._queue
-        heappush(events, (now + cost, NORMAL, next(env._eid), t))
+        return cost
