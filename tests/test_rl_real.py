@@ -34,7 +34,16 @@ from sim.instances import random_problem
 from sim.placement import PlacementSpace
 from sim.plan import check_plan
 from sim.problem import Objective
-from tests.test_placement import two_layer_problem
+from tests.helpers_eval import dense, model, problem
+from tests.test_placement import FAST, SLOW, two_layer_problem
+
+
+def six_layer_space(acts: list[float]) -> PlacementSpace:
+    """Six equal layers (1e9/2e9 FLOPs per sample: equal work on every type, memory far
+    faster than compute) with the given activation bytes, on the slow/fast profiles."""
+    mdl = model(*(dense(f"L{i}", 0.0, 1e9, 2e9, activation_bytes=a) for i, a in enumerate(acts)))
+    return PlacementSpace(problem([SLOW] * 4 + [FAST] * 4, [SLOW], mdl, global_batch=8, pipeline=True,
+                                  iterations=1000))
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +62,21 @@ def test_group_bounds_partition_the_layers(resnet_case):
     small = PlacementSpace(random_problem(3, n_layers=10))
     assert np.array_equal(group_bounds(small, 24), np.arange(11))
     assert grouped(small, 24) is small
+
+
+def test_group_bounds_by_hand():
+    # equal activations score every cut 0: three groups of two layers balance the work exactly
+    even = six_layer_space([1e3] * 6)
+    assert group_bounds(even, 3).tolist() == [0, 2, 4, 6]
+    # two groups; cut scores (log10 activation, scaled to [0, 1] between 1e2 and 1e6) weigh 0.5:
+    # after L1 (1e4 B) 0.25, after L2 (1e6 B) 0.5, elsewhere 0. Imbalance 2 * (share - 1/2)^2 * 2:
+    # cut at 3: 0 + 0.5; at 2: 0.111 + 0.25; at 4: 0.111 + 0 (the least); at 1 or 5: 0.444
+    space = six_layer_space([1e2, 1e4, 1e6, 1e2, 1e2, 1e2])
+    assert group_bounds(space, 2).tolist() == [0, 4, 6]
+    cs = grouped(space, 2)
+    assert isinstance(cs, CoarseSpace) and cs.L == 2
+    assert cs.expand(np.array([0, 1])).tolist() == [0, 0, 0, 0, 1, 1]
+    assert grouped(space, 6) is space
 
 
 def test_grouped_placements_cost_what_their_expansion_costs(resnet_case):
@@ -131,6 +155,19 @@ def test_merge_repair_reaches_a_feasible_plan_or_says_none():
     assert merge_repair(space, np.array([slow, slow]), "cost") is None
 
 
+def test_rl_repairs_then_falls_back_by_hand():
+    space = PlacementSpace(two_layer_problem(2000.0))
+    slow, fast = space.type_names.index("slow"), space.type_names.index("fast")
+    # L0 on slow misses the floor; merging its stage into L1's (fast) repairs the placement
+    info: dict = {"repaired": False, "fallback": None}
+    got = RL.repair_or_fall_back(space, np.array([slow, fast]), "cost", 0, info)
+    assert got.tolist() == [fast, fast] and info == {"repaired": True, "fallback": None}
+    # one stage on slow has nothing to merge: greedy's plan (both layers on fast) stands in
+    info = {"repaired": False, "fallback": None}
+    got = RL.repair_or_fall_back(space, np.array([slow, slow]), "cost", 0, info)
+    assert got.tolist() == [fast, fast] and info == {"repaired": False, "fallback": "greedy"}
+
+
 def test_completion_space_keeps_the_prefix_and_its_optimum_follows_the_exact_one():
     prob = random_problem(2_000_000_007)
     inst = Instance(prob)
@@ -155,7 +192,7 @@ def test_expert_action_says_none_when_no_completion_meets_the_floor():
 
 
 def test_real_instances_are_seeded_and_their_floor_is_feasible():
-    a, b = real_instance(11), real_instance(11)
+    a, b = real_instance(14), real_instance(14)
     assert a is not None and b is not None
     pa, sa = a
     pb, _ = b

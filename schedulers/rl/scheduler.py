@@ -1,18 +1,25 @@
 """`rl`: place layers with a trained MaskablePPO policy (the HeterPS method).
 
-The policy sees one layer at a time (schedulers/rl/env.py) and picks its
-device type among the valid ones. ``samples = 0`` runs it once,
+The policy sees one unit at a time (schedulers/rl/env.py) and picks its
+device type among the valid ones; a unit is a layer, or for a model of more
+than the policy's ``groups`` layers (24 by default) a contiguous group of
+layers (schedulers/rl/grouping.py). ``samples = 0`` runs it once,
 deterministically (the most probable valid type at every step); ``samples =
 k`` (default 16) also draws k episodes from the policy's distribution
 (seeded) and keeps the best of the k + 1 placements by the problem's
-objective. The default policy ships with the package
-(schedulers/rl/default_policy.zip, trained on random instances by ``hetsim
-train-rl --random``); ``policy`` names another. The policy was trained for
-cost; with ``minimize: energy`` or ``time`` only the choice among its
-placements follows the objective.
+objective, after moving each one's stage boundaries layer by layer while
+that lowers the objective (``refine``). The default policy ships with the
+package (schedulers/rl/default_policy.zip, trained on random and real-model
+instances by ``hetsim train-rl --random --real-share ...``; its sidecar
+default_policy.json records the run); ``policy`` names another. The policy
+was trained for cost; with ``minimize: energy`` or ``time`` only the choice
+among its placements follows the objective.
 
-If every placement the policy makes is infeasible, the plan falls back to
-`greedy` (then `genetic`) and says so in ``plan.options["rl"]["fallback"]``.
+The floor is a hard constraint: a plan below ``throughput_min`` is never
+returned. If every placement the policy makes misses it, the deterministic
+one is repaired by greedy's merge repair (``plan.options["rl"]["repaired"]``);
+if that fails too the plan falls back to `greedy` (then `genetic`) and says
+so in ``plan.options["rl"]["fallback"]``.
 """
 
 from __future__ import annotations
