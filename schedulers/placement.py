@@ -11,6 +11,7 @@ schedulers/exact.py, the RL policy in schedulers/rl/.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from typing import ClassVar
 
 import numpy as np
@@ -91,11 +92,12 @@ def merge_moves(a: np.ndarray, space: PlacementSpace) -> np.ndarray:
     return np.array(out, dtype=int).reshape(-1, space.L)
 
 
-def merge_descent(space: PlacementSpace, a: np.ndarray, minimize: str) -> np.ndarray:
-    """Recolour a stage with a neighbour's type while the best such move improves the score."""
+def descent(space: PlacementSpace, a: np.ndarray, minimize: str,
+            neighbours: Callable[[np.ndarray, PlacementSpace], np.ndarray]) -> np.ndarray:
+    """Take the best of ``neighbours(a, space)`` while it improves the score."""
     cur = score(space.evaluate(a[None, :]), minimize)[0]
     while True:
-        moves = merge_moves(a, space)
+        moves = neighbours(a, space)
         if moves.size == 0:
             return a
         s = score(space.evaluate(moves), minimize)
@@ -103,6 +105,11 @@ def merge_descent(space: PlacementSpace, a: np.ndarray, minimize: str) -> np.nda
         if not s[best] < cur:
             return a
         a, cur = moves[best], s[best]
+
+
+def merge_descent(space: PlacementSpace, a: np.ndarray, minimize: str) -> np.ndarray:
+    """Recolour a stage with a neighbour's type while the best such move improves the score."""
+    return descent(space, a, minimize, merge_moves)
 
 
 def merge_repair(space: PlacementSpace, a: np.ndarray, minimize: str) -> np.ndarray | None:
@@ -136,16 +143,7 @@ def shift_moves(a: np.ndarray, space: PlacementSpace) -> np.ndarray:
 
 def shift_descent(space: PlacementSpace, a: np.ndarray, minimize: str) -> np.ndarray:
     """Move a stage boundary (:func:`shift_moves`) while the best such move improves the score."""
-    cur = score(space.evaluate(a[None, :]), minimize)[0]
-    while True:
-        moves = shift_moves(a, space)
-        if moves.size == 0:
-            return a
-        s = score(space.evaluate(moves), minimize)
-        best = int(np.argmin(s))
-        if not s[best] < cur:
-            return a
-        a, cur = moves[best], s[best]
+    return descent(space, a, minimize, shift_moves)
 
 
 @register("greedy")
