@@ -11,8 +11,7 @@ worker's core, or pinned to another core.
 It is why the validation suite pins its PS shard (``runtime.ps_affinity``): the
 DES shares each core among the processes that may run on it, but on the 2-core
 validation machine an unpinned shard beside pinned busy processes waits for the
-OS scheduler far longer than that model says (README, "Validating against real
-runs").
+OS scheduler far longer than that model says (docs/guides/validation.md, "Why the shard is pinned").
 """
 
 from __future__ import annotations

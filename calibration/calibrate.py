@@ -506,10 +506,8 @@ def _compute_points(g: Sequence[Point], peak: float, mem_bw: float, launch: floa
     time or more) still measures the compute side: the cost model prices a pass
     as the larger of its compute and memory time, so a compute curve below such
     a pass's rate makes the compute side, not the memory side, decide its price.
-    A GEMM of 8-16 rows is one: its backward ran at 0.33 of peak on the Xeon
-    (``linear_1024x1024`` at batch 8, mlp left out), and a curve left without
-    it interpolated 0.18 at its intensity, between 1-output heads and GEMMs of
-    a hundred rows, which priced it 91% high.
+    A GEMM of 8-16 rows is one: left out, the curve interpolates its efficiency
+    between 1-output heads and GEMMs of a hundred rows, far below what it reaches.
     """
     out = _ComputePoints([], [], [], [], [], [])
     for p in g:

@@ -16,8 +16,7 @@ that much), at sizes of your choosing. Ops: an in-place ReLU over 16 KiB, an
 ``nn.Embedding(10000, 16)`` lookup of 32 rows.
 
 Times are the calling thread's CPU time (torch on one thread), so another
-process holding the core does not count; median of ``--reps`` cases (README,
-Calibration: "Cold calls").
+process holding the core does not count; median of ``--reps`` cases (docs/notes/2026-12-06-cold-calls.md).
 """
 
 from __future__ import annotations

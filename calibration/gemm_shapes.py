@@ -3,7 +3,7 @@ at one row count, and what that leaves of a cost model that prices a GEMM by its
 
     python -m bench.gemm_shapes                                  # default shapes, 8-64 rows
     python -m bench.gemm_shapes --shapes 1024x1024 512x1024 1024x512 --rounds 3
-    python -m bench.gemm_shapes --profile hardware_profiles/measured/amd_cold.json
+    python -m bench.gemm_shapes --profile hardware_profiles/measured/lab/amd_cold.json
     python -m bench.gemm_shapes --load results/gemm_shapes/shapes.json --json
 
 Every shape ``IxO`` is an ``nn.Linear(I, O)`` timed forward and backward (its input

@@ -3,7 +3,7 @@ differ, and what that leaves of the calibration targets.
 
     python -m bench.measurement_noise                          # mlp at 16 and 64, 10 trials
     python -m bench.measurement_noise --models mlp:16 ctr_dnn:32,128 --trials 6 --rounds 8
-    python -m bench.measurement_noise --profile hardware_profiles/measured/amd_cold.json
+    python -m bench.measurement_noise --profile hardware_profiles/measured/lab/amd_cold.json
     python -m bench.measurement_noise --load results/noise/trials.json --json
 
 Each trial builds the model afresh and times it as ``hetsim profile`` does

@@ -2,11 +2,11 @@
 
 On one machine the DES charges each process of the runtime its compute (a shard's
 aggregation and update) and its messages' copies; the runtime's processes use more
-(`hetsim validate`'s CPU table: 18-44% more in the validation suite of 2026-12-01, 00:37):
+(`hetsim validate`'s CPU table shows how much more):
 gloo's transport threads beside the copies, Python around every message, compute
 slowed by the processes it time-slices a core with. Given each process's real CPU
-the DES came within 2.2-5.0% of the real iteration on the median over twelve suite
-runs (`with_cpu_scaled`), so the missing CPU is most of the error. This module predicts it, per process and per
+(`with_cpu_scaled`) the DES comes close to the real iteration, so the missing CPU is
+most of the error. This module predicts it, per process and per
 iteration, from four figures of a first DES run (:func:`figures`):
 
     cpu = a * compute + b * compute * (m - 1) + c * transport + d * messages

@@ -5,6 +5,10 @@ trace.json, plan.json and config.json there (compare and demo: one folder per
 run plus comparison.csv; sweep: results.csv plus runs/POINT_ID/). Bad input
 exits 2 with one line naming the file and field; nothing already written is
 removed.
+
+This module imports only the standard library at start-up, so that `hetsim
+--help` and `--version` answer fast (bench/cli_startup.py times them); each verb
+imports what it needs when it runs.
 """
 
 from __future__ import annotations
@@ -20,14 +24,24 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from experiments.runner import EVALUATORS
-from experiments.sweep import BACKENDS
-from hardware_profiles.errors import ConfigError, HetsimError
-from hardware_profiles.fileio import prepare_out
+# Copies of names defined in heavy modules, so that building the parser imports
+# none of them; tests/test_cli_options.py checks each against its source.
+EVALUATORS = ("des", "analytic")  # sim.evaluate.EVALUATORS
+BACKENDS = ("local", "dask")  # experiments.sweep.BACKENDS
+MAX_POINTS = 50_000  # experiments.sweep.MAX_POINTS
+#: The built-in schedulers by kind (schedulers.BUILTIN).
+BUILTIN_SCHEDULERS = {
+    "training": ("bruteforce", "cpu_only", "equal", "exact", "genetic", "gpu_only", "greedy", "hps",
+                 "lbbsp", "proportional", "rl"),
+    "dag": ("energy", "heft", "milp", "rl-dag"),
+}
+ENTRY_POINT_GROUP = "hetsim.schedulers"  # schedulers.base.ENTRY_POINT_GROUP
 
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "demo.yaml"
 DEMO_MODELS = ("resnet18", "ctr_dnn")
 DEMO_SCHEDULERS = ("equal", "proportional")
+#: exit status of a sweep that wrote every row but has points whose status is error
+SWEEP_FAILED = 1
 
 
 def _fmt(x: Any) -> str:
@@ -44,12 +58,36 @@ def print_table(rows: list[dict[str, Any]], cols: Sequence[str]) -> None:
         print("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
 
 
+#: Columns a comparison table shows only where its rows differ (said once above it otherwise).
+SHARED_COLS = {"plan_kind": "{}", "sync": "sync {}", "staleness_bound": "staleness bound {}",
+               "throughput_window": "throughput window {}"}
+
+
+def print_comparison(rows: list[dict[str, Any]], cols: Sequence[str]) -> None:
+    """:func:`print_table` of a comparison, with the :data:`SHARED_COLS` that every row has
+    alike said once in a line above it ("all plans: data_parallel, sync bsp, ...")."""
+    same = [c for c in cols if c in SHARED_COLS and len({_fmt(r.get(c)) for r in rows}) == 1]
+    if same:
+        print("all plans: " + ", ".join(SHARED_COLS[c].format(_fmt(rows[0].get(c))) for c in same))
+    print_table(rows, [c for c in cols if c not in same])
+
+
 SUMMARY_COLS = ("scheduler", "evaluator", "throughput_sps", "iteration_time_mean_s", "elapsed_s",
                 "time_to_target_s", "cost_usd", "energy_j")
+#: compare and demo: each plan's kind, sync mode, staleness bound and throughput window too
+COMPARE_COLS = (*SUMMARY_COLS[:2], "plan_kind", "sync", "staleness_bound", *SUMMARY_COLS[2:], "throughput_window")
 
 
 def _row(result: Any, **extra: Any) -> dict[str, Any]:
     return {**extra, "scheduler": result.scheduler, "evaluator": result.evaluator, **result.headline()}
+
+
+def _compare_row(result: Any, plan: Any, job: Any, **extra: Any) -> dict[str, Any]:
+    """A comparison row: :func:`_row`, then how the plan's updates were applied
+    (:func:`experiments.runner.update_columns`)."""
+    from experiments.runner import update_columns
+
+    return {**_row(result, **extra), **update_columns(result, plan, job)}
 
 
 def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
@@ -64,19 +102,25 @@ def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
 # ---------------------------------------------------------------- commands
 def cmd_simulate(a: argparse.Namespace) -> int:
     from experiments import runner
+    from hardware_profiles.errors import ConfigError
+    from hardware_profiles.fileio import prepare_out
 
     loaded = runner.load(a.config)
     out = prepare_out(a.out or Path("results") / loaded.config.name / a.evaluator)
     if a.plan and a.scheduler:
         raise ConfigError("<command line>", "--plan", "give --plan or --scheduler, not both")
-    result, plan = runner.run_one(loaded, a.evaluator, a.scheduler, out, progress=True, plan_file=a.plan)
+    result, plan = runner.run_one(loaded, a.evaluator, a.scheduler, out, progress=_progress(a),
+                                  plan_file=a.plan)
     print_table([_row(result)], SUMMARY_COLS)
-    print(f"wrote {out}/ (summary.json, iterations.csv, trace.json, plan.json, config.json)")
+    trace = "trace.json, " if (out / "trace.json").is_file() else ""  # none without a timeline (analytic)
+    print(f"wrote {out}/ (summary.json, iterations.csv, {trace}plan.json, config.json)")
     return 0
 
 
 def cmd_dag(a: argparse.Namespace) -> int:
     from experiments import dag_runner
+    from hardware_profiles.errors import ConfigError
+    from hardware_profiles.fileio import prepare_out
 
     names = [n for n in a.schedulers.split(",") if n] if a.schedulers else None
     import schedulers
@@ -88,14 +132,15 @@ def cmd_dag(a: argparse.Namespace) -> int:
     out = prepare_out(a.out or Path("results") / Path(a.config).stem / "dag")
     rows = dag_runner.run_dag(a.config, names, out)
     write_csv(out / "comparison.csv", rows)
-    print_table(rows, ("scheduler", "mode", "plan_frame_ms", "deadline_ms", "plan_energy_mj", "des_miss_rate",
-                       "des_latency_p99_ms", "des_energy_mj"))
+    print_table(rows, ("scheduler", "mode", "plan_frame_ms", "plan_effects_ms", "deadline_ms", "plan_energy_mj",
+                       "des_miss_rate", "des_miss_ok", "des_latency_p99_ms", "des_energy_mj"))
     print(f"wrote {out}/comparison.csv, comparison.png and one folder per scheduler")
     return 0
 
 
 def cmd_plan(a: argparse.Namespace) -> int:
     from experiments import runner
+    from hardware_profiles.fileio import prepare_out
 
     loaded = runner.load(a.config)
     problem = runner.problem_of(loaded)
@@ -113,6 +158,8 @@ def cmd_plan(a: argparse.Namespace) -> int:
 
 def cmd_compare(a: argparse.Namespace) -> int:
     from experiments import plots, runner
+    from hardware_profiles.errors import ConfigError, HetsimError
+    from hardware_profiles.fileio import prepare_out
 
     loaded = runner.load(a.config)
     import schedulers
@@ -126,7 +173,7 @@ def cmd_compare(a: argparse.Namespace) -> int:
     rows = []
     for n in names:
         try:
-            result, _ = runner.run_one(loaded, a.evaluator, n, out / n, progress=True)
+            result, plan = runner.run_one(loaded, a.evaluator, n, out / n, progress=_progress(a))
         except HetsimError as e:
             if a.schedulers:  # asked for by name: its error is the answer
                 raise
@@ -134,12 +181,14 @@ def cmd_compare(a: argparse.Namespace) -> int:
             # (bruteforce on a long model, exact without minimize: cost, ...)
             print(f"hetsim: skipped {n}: {str(e).splitlines()[0]}", file=sys.stderr)
             continue
-        rows.append(_row(result))
+        rows.append(_compare_row(result, plan, loaded.config.job))
     if not rows:
         raise HetsimError(f"{a.config}: no scheduler could plan this config")
     write_csv(out / "comparison.csv", rows)
     plots.comparison_chart(rows, out / "comparison.png", title=f"{loaded.config.name} ({a.evaluator})")
-    print_table(rows, SUMMARY_COLS)
+    if warning := runner.staleness_warning(rows):
+        print(f"hetsim: warning: {warning}", file=sys.stderr)
+    print_comparison(rows, COMPARE_COLS)
     print(f"wrote {out}/comparison.csv, comparison.png and one folder per scheduler")
     return 0
 
@@ -148,22 +197,25 @@ def cmd_demo(a: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from experiments import plots, runner
+    from hardware_profiles.fileio import prepare_out
 
     base = runner.load(DEFAULT_CONFIG)
     out = prepare_out(a.out)
     rows = []
     runs = [(m, s) for m in DEMO_MODELS for s in DEMO_SCHEDULERS]
-    for model, sched in tqdm(runs, desc="demo", unit="run", disable=a.quiet):
+    for model, sched in tqdm(runs, desc="demo", unit="run", disable=not _progress(a)):
         data = base.config.model_dump(mode="json")
         data["job"]["model"] = model
         data["name"] = f"demo-{model}"
         loaded = runner.from_dict(data, base.base_dir, str(DEFAULT_CONFIG))
-        result, _ = runner.run_one(loaded, "des", sched, out / model / sched)
-        rows.append(_row(result, model=model))
+        result, plan = runner.run_one(loaded, "des", sched, out / model / sched)
+        rows.append(_compare_row(result, plan, loaded.config.job, model=model))
     write_csv(out / "comparison.csv", rows)
     plots.comparison_chart(rows, out / "comparison.png", title="hetsim demo: 1 V100 + 2 T4 + 4 CPU, 2 PS shards, 10 Gbps")
     shutil.copyfile(out / DEMO_MODELS[0] / DEMO_SCHEDULERS[-1] / "trace.json", out / "trace.json")
-    print_table(rows, ("model", *SUMMARY_COLS))
+    if warning := runner.staleness_warning(rows):
+        print(f"hetsim: warning: {warning}", file=sys.stderr)
+    print_comparison(rows, ("model", *COMPARE_COLS))
     print(f"wrote {out}/: comparison.csv, comparison.png, trace.json (open in https://ui.perfetto.dev), "
           "and one folder per run")
     return 0
@@ -171,12 +223,15 @@ def cmd_demo(a: argparse.Namespace) -> int:
 
 def cmd_sweep(a: argparse.Namespace) -> int:
     from experiments import sweep
+    from hardware_profiles.fileio import prepare_out
 
     sw = sweep.load_sweep(a.sweep)
+    if not a.force:
+        sw.check_size()  # before the output folder is made
     out = prepare_out(a.out or Path("results") / "sweeps" / Path(a.sweep).stem)
     try:
         table = sweep.run_sweep(sw, out, jobs=a.jobs, backend=a.backend, address=a.address,
-                                progress=not a.quiet)
+                                progress=_progress(a), force=a.force)
     except sweep.SweepInterrupted as e:
         print(f"hetsim: interrupted: {e.done} points finished in this run, {e.remaining} not run; "
               f"{e.csv} is complete up to here: rerun the same command to resume", file=sys.stderr)
@@ -187,16 +242,24 @@ def cmd_sweep(a: argparse.Namespace) -> int:
     print(f"sweep {sw.name}: {st['points']} points: {st['ok']} ok, {st['error']} error, "
           f"{st['skipped']} skipped (already in results.csv); {st['wall_s']:.1f} s{rate}")
     print(f"wrote {st['csv']} ({len(table)} rows) and {out}/runs/POINT_ID/")
+    failed = table.attrs["failed"]
+    if failed and not a.allow_failures:
+        earlier = len(failed) - st["error"]
+        print(f"hetsim: {len(failed)} of {st['points']} points failed"
+              + (f" ({earlier} in an earlier run)" if earlier else "")
+              + f": status error in {st['csv']}, the reason in its error column; exit status "
+              f"{SWEEP_FAILED} (--allow-failures: 0)", file=sys.stderr)
+        return SWEEP_FAILED
     return 0
 
 
 def cmd_plot(a: argparse.Namespace) -> int:
-    from experiments.plots import plot_sweep
+    from experiments.plot_dirs import folder_kind, plot_dir
+    from hardware_profiles.fileio import prepare_out
 
     folder = Path(a.dir)
-    if not (folder / "results.csv").is_file():
-        raise ConfigError(str(folder), "", "no results.csv here (run hetsim sweep first)")
-    paths = plot_sweep(folder, Path(a.out) if a.out else None)
+    out = prepare_out(a.out) if a.out and folder_kind(folder) else None
+    paths = plot_dir(folder, out)
     for path in paths:
         print(f"wrote {path}")
     return 0
@@ -211,6 +274,7 @@ def _default_jobs() -> int:
 
 def cmd_run(a: argparse.Namespace) -> int:
     from experiments import run as entry
+    from hardware_profiles.fileio import prepare_out
     from runtime.launch import RuntimeFailure
 
     prep = entry.prepare(a.input, config=a.config, iterations=a.iterations, timeout_s=a.timeout,
@@ -235,13 +299,14 @@ def cmd_run(a: argparse.Namespace) -> int:
 def cmd_validate(a: argparse.Namespace) -> int:
     from experiments import validate
     from experiments.run import read_config
+    from hardware_profiles.fileio import prepare_out
     from runtime.launch import RuntimeFailure
 
     cfg, _ = read_config(a.config)  # a bad config fails here, before --out is created
     out = prepare_out(a.out or Path("results") / cfg.name / "validate")
     try:
         v = validate.validate(a.config, a.schedulers, a.iterations, out, timeout_s=a.timeout,
-                              on_step=lambda s: print(f"validate: {s}", file=sys.stderr))
+                              on_step=None if a.quiet else lambda s: print(f"validate: {s}", file=sys.stderr))
     except RuntimeFailure as e:
         print(f"hetsim: run failed: {e}", file=sys.stderr)
         return 1
@@ -268,10 +333,11 @@ def cmd_validate(a: argparse.Namespace) -> int:
 
 def cmd_bench(a: argparse.Namespace) -> int:
     from experiments import des_bench
+    from hardware_profiles.errors import ConfigError
 
     if a.repeat is not None and a.repeat < 1:
         raise ConfigError("<command line>", "--repeat", "must be at least 1")
-    figures = des_bench.run_all(quick=a.quick, progress=not a.json, repeat=a.repeat)
+    figures = des_bench.run_all(quick=a.quick, progress=not (a.json or a.quiet), repeat=a.repeat)
     if a.json:
         print(json.dumps(figures, indent=2))
     else:
@@ -281,6 +347,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
 
 def cmd_profile(a: argparse.Namespace) -> int:
     from calibration import profiler
+    from hardware_profiles.errors import ConfigError
 
     if a.add_micro is not None:
         ignored = [flag for flag, on in (("--suite robotics", a.suite == "robotics"), ("--quick", a.quick),
@@ -296,7 +363,7 @@ def cmd_profile(a: argparse.Namespace) -> int:
         if not a.out:
             raise ConfigError("<command line>", "--add-micro", "needs --out, the measured "
                               "profile to add the benchmarks to")
-        prof, new = profiler.add_micro(a.out, names, device=a.device, threads=a.threads, progress=not a.quiet)
+        prof, new = profiler.add_micro(a.out, names, device=a.device, threads=a.threads, progress=_progress(a))
         if not new:
             print(f"nothing to measure; {a.out} unchanged")
             return 0
@@ -308,7 +375,7 @@ def cmd_profile(a: argparse.Namespace) -> int:
 
         path, text = robotics_kernels.run_profile(a.device or "cpu", a.out or robotics_kernels.DEFAULT_OUT,
                                                   quick=a.quick, threads=a.threads, compare=a.compare,
-                                                  progress=not a.quiet)
+                                                  progress=_progress(a))
         print(text)
         print(f"wrote {path}")
         return 0
@@ -316,7 +383,7 @@ def cmd_profile(a: argparse.Namespace) -> int:
     prof, path = profiler.run_profile(a.device or "cpu", a.out or "hardware_profiles/measured/local.json",
                                       quick=a.quick, threads=a.threads,
                                       models=models, network=not a.no_network,
-                                      progress=not a.quiet, rounds=a.rounds)
+                                      progress=_progress(a), rounds=a.rounds)
     print(profiler.summary(prof))
     print(f"wrote {path}")
     return 0
@@ -326,6 +393,7 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
     from calibration import calibrate
     from calibration.profiler import drift_line, write_profile
     from hardware_profiles import load_profile_file
+    from hardware_profiles.errors import ConfigError
 
     prof = load_profile_file(a.profile)
     raw = prof.measurement.raw
@@ -358,6 +426,7 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
 
 
 def cmd_train_rl(a: argparse.Namespace) -> int:
+    from hardware_profiles.errors import ConfigError
     from schedulers.rl import train as rl_train
 
     if (a.config is None) == (not a.random):
@@ -378,7 +447,7 @@ def cmd_train_rl(a: argparse.Namespace) -> int:
 
         problem = runner.problem_of(runner.load(a.config))
     init = a.init if a.init else (str(rl_train.default_policy()) if a.fine_tune else None)
-    meta = rl_train.train(a.out, cfg, problem=problem, init=init, log_dir=a.log_dir, progress=not a.quiet)
+    meta = rl_train.train(a.out, cfg, problem=problem, init=init, log_dir=a.log_dir, progress=_progress(a))
     print(f"trained {meta['timesteps']} timesteps in {meta['wall_s']:.0f} s ({meta['mode']})")
     if problem is not None:
         print(rl_train.compare_on(problem, a.out))
@@ -388,48 +457,112 @@ def cmd_train_rl(a: argparse.Namespace) -> int:
 
 
 # ------------------------------------------------------------------ parser
+def _shows_default(action: argparse.Action) -> bool:
+    """Whether help states the option's default: not for flags, nor for a None, an
+    empty list or a suppressed one (0 is a default to state)."""
+    d = action.default
+    return not (d is None or d is False or d == [] or d == argparse.SUPPRESS)
+
+
+class _Formatter(argparse.HelpFormatter):
+    """Help that states each option's default: "(default: X)" is added to an option
+    whose help does not already say it (none for flags and options without one)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if "default" in text or not action.option_strings or not _shows_default(action):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with the house error convention: one line on stderr, exit 2."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _Formatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog.split()[0]} --help)\n")
 
 
+def scheduler_names(kind: str = "training") -> str:
+    """The scheduler names help lists: the built-ins of ``kind``. Plugins register
+    when a verb runs (reading the entry points costs more than the rest of --help)."""
+    return (", ".join(BUILTIN_SCHEDULERS[kind]) + f"; or one that an installed plugin (entry-point "
+            f"group {ENTRY_POINT_GROUP}) or a --plugin module registers")
+
+
+def _quiet(p: argparse.ArgumentParser, what: str = "no progress bar (off anyway when stderr is not a "
+           "terminal)") -> None:
+    p.add_argument("--quiet", action="store_true", help=what)
+
+
+def _config_options(p: argparse.ArgumentParser, plans: bool = True) -> None:
+    """--set on a verb that reads a config; --plugin on one that plans."""
+    p.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE",
+                   help="override a field of the config, the value parsed as YAML "
+                   "(job.iterations=5, cluster.devices.0.count=2, job.sync=asp); repeatable")
+    if plans:
+        p.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                       help="import MODULE (from the working directory or the Python path) "
+                       "before the scheduler is looked up, so that the schedulers it "
+                       "registers (@hetsim.register_scheduler) can be named; repeatable")
+
+
+def _progress(a: argparse.Namespace) -> bool:
+    """Whether to draw progress bars: not with --quiet, nor when stderr is no terminal."""
+    return not getattr(a, "quiet", False) and sys.stderr.isatty()
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="hetsim", description=__doc__.splitlines()[0] if __doc__ else None)
+    from hetsim import __version__
+
+    p.add_argument("--version", action="version", version=f"hetsim {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+    training, dag = scheduler_names("training"), scheduler_names("dag")
 
     d = sub.add_parser("demo", help="run the default experiment (no arguments needed)")
     d.add_argument("--out", default="results/demo", help="output folder (default results/demo)")
-    d.add_argument("--quiet", action="store_true", help="no progress bar")
+    _quiet(d)
+    _config_options(d, plans=False)
     d.set_defaults(fn=cmd_demo)
 
     s = sub.add_parser("simulate", help="simulate one config")
-    s.add_argument("config")
-    s.add_argument("--evaluator", choices=EVALUATORS, default="des")
-    s.add_argument("--scheduler", help="override the config's scheduler")
+    s.add_argument("config", help="a config (YAML)")
+    s.add_argument("--evaluator", choices=EVALUATORS, default="des",
+                   help="des: the discrete-event simulation; analytic: the closed-form model")
+    s.add_argument("--scheduler", help=f"override the config's scheduler: {training}")
     s.add_argument("--plan", help="evaluate this plan.json instead of planning (e.g. one edited by hand)")
     s.add_argument("--out", help="output folder (default results/NAME/EVALUATOR)")
+    _quiet(s)
+    _config_options(s)
     s.set_defaults(fn=cmd_simulate)
 
     pl = sub.add_parser("plan", help="print or save the plan a scheduler makes")
-    pl.add_argument("config")
-    pl.add_argument("--scheduler", help="override the config's scheduler")
+    pl.add_argument("config", help="a config (YAML)")
+    pl.add_argument("--scheduler", help=f"override the config's scheduler: {training}")
     pl.add_argument("--out", help="plan.json path (default: stdout)")
+    _config_options(pl)
     pl.set_defaults(fn=cmd_plan)
 
     c = sub.add_parser("compare", help="compare schedulers on one config")
-    c.add_argument("config")
-    c.add_argument("--schedulers", help="comma-separated names (default: all registered)")
-    c.add_argument("--evaluator", choices=EVALUATORS, default="des")
+    c.add_argument("config", help="a config (YAML)")
+    c.add_argument("--schedulers", help=f"comma-separated names (default: all registered): {training}")
+    c.add_argument("--evaluator", choices=EVALUATORS, default="des",
+                   help="des: the discrete-event simulation; analytic: the closed-form model")
     c.add_argument("--out", help="output folder (default results/NAME/compare)")
+    _quiet(c)
+    _config_options(c)
     c.set_defaults(fn=cmd_compare)
 
     dg = sub.add_parser("dag", help="schedule a periodic robotics pipeline on an embedded board and "
                         "simulate its frames")
-    dg.add_argument("config", help="a robotics config (format: sim/dag_config.py, README)")
-    dg.add_argument("--schedulers", help="comma-separated DAG schedulers (default: the config's)")
+    dg.add_argument("config", help="a robotics config (format: sim/dag_config.py, docs/guides/robotics.md)")
+    dg.add_argument("--schedulers", help=f"comma-separated DAG schedulers (default: the config's): {dag}")
     dg.add_argument("--out", help="output folder (default results/CONFIG/dag)")
+    _config_options(dg)
     dg.set_defaults(fn=cmd_dag)
 
     sw = sub.add_parser("sweep", help="run a sweep file's points in parallel (resumable)")
@@ -441,12 +574,22 @@ def build_parser() -> argparse.ArgumentParser:
                     help="local process pool (default) or a dask.distributed cluster")
     sw.add_argument("--address", help="dask scheduler address, e.g. tcp://10.0.0.1:8786 "
                     "(default: a LocalCluster of --jobs workers on 127.0.0.1)")
-    sw.add_argument("--quiet", action="store_true", help="no progress bar")
+    _quiet(sw)
+    sw.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                    help="import MODULE (from the working directory or the Python path) first, so "
+                    "that the points can name the schedulers it registers (local backend: the "
+                    "workers inherit it); repeatable")
+    sw.add_argument("--allow-failures", action="store_true",
+                    help=f"exit 0 when points failed (default: exit {SWEEP_FAILED} after writing every row)")
+    sw.add_argument("--force", action="store_true",
+                    help=f"run a sweep of more than {MAX_POINTS} points (refused by default: every point "
+                    "is held in memory before the first runs)")
     sw.set_defaults(fn=cmd_sweep)
 
-    pt = sub.add_parser("plot", help="figures of a sweep folder")
-    pt.add_argument("dir", help="a sweep's output folder (with results.csv)")
-    pt.add_argument("--out", help="figure folder (default: chosen by plot_sweep)")
+    pt = sub.add_parser("plot", help="the figures that fit an output folder (sweep, compare, demo, "
+                        "simulate, run, dag, validate)")
+    pt.add_argument("dir", help="an output folder of hetsim sweep, compare, demo, simulate, run, dag or validate")
+    pt.add_argument("--out", help="figure folder (default DIR/figures)")
     pt.set_defaults(fn=cmd_plot)
 
     pr = sub.add_parser("profile", help="measure this machine's CPU or a GPU into a device profile")
@@ -469,7 +612,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "one samples the whole run, and keep a low percentile of them (default 8; "
                     "--quick 1; 1: back to back, the median)")
     pr.add_argument("--no-network", action="store_true", help="skip the two-process network benchmark")
-    pr.add_argument("--quiet", action="store_true", help="no progress bar")
+    _quiet(pr)
     pr.add_argument("--add-micro", metavar="NAMES", help="comma-separated single-layer "
                     "benchmarks of the grid, the extras measured only on request "
                     "(linear_{256x256,1024x1024,4096x1024,512x4096}_b16: batches 16 and 32), "
@@ -494,7 +637,7 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--timesteps", type=int, default=200_000, help="PPO environment steps (default 200000)")
     tr.add_argument("--out", default="results/rl/policy.zip", help="policy file (default results/rl/policy.zip)")
     tr.add_argument("--log-dir", help="progress.csv and TensorBoard events (default: OUT_STEM_logs/)")
-    tr.add_argument("--seed", type=int, default=0)
+    tr.add_argument("--seed", type=int, default=0, help="random seed of the instances and of PPO")
     tr.add_argument("--n-envs", type=int, default=8, help="environments per rollout (default 8)")
     tr.add_argument("--pool-size", type=int, default=6000,
                     help="random instances drawn for --random training (default 6000)")
@@ -508,13 +651,14 @@ def build_parser() -> argparse.ArgumentParser:
                     help="after the warm start, rounds of DAgger: the exact solver labels states the "
                     "policy reaches (default 0)")
     tr.add_argument("--max-wall-s", type=float, help="stop PPO once the run has taken this many seconds")
-    tr.add_argument("--quiet", action="store_true", help="no progress bar")
+    _quiet(tr)
+    _config_options(tr, plans=False)
     tr.set_defaults(fn=cmd_train_rl)
 
     ru = sub.add_parser("run", help="execute a plan for real (torch.distributed PS shards and workers)")
     ru.add_argument("input", metavar="PLAN_OR_CONFIG", help="a config (YAML) or a plan.json (with --config)")
     ru.add_argument("--config", help="with a plan.json: the config of its cluster and job")
-    ru.add_argument("--scheduler", help="override the config's scheduler")
+    ru.add_argument("--scheduler", help=f"override the config's scheduler: {training}")
     ru.add_argument("--out", help="output folder (default results/NAME/runtime)")
     ru.add_argument("--iterations", type=int, help="override job.iterations")
     ru.add_argument("--timeout", type=float, default=600.0,
@@ -522,16 +666,19 @@ def build_parser() -> argparse.ArgumentParser:
     ru.add_argument("--resume", action="store_true",
                     help="continue from the last complete checkpoint in OUT/checkpoint "
                          "(runtime.checkpoint_every), with the same config")
+    _config_options(ru)
     ru.set_defaults(fn=cmd_run)
 
     va = sub.add_parser("validate", help="simulate (calibrated DES) and run for real the same plans; "
                         "report sim vs real per metric")
     va.add_argument("config", help="a config, with a runtime: section for the real run")
-    va.add_argument("--schedulers", help="comma-separated names (default: the config's scheduler)")
+    va.add_argument("--schedulers", help=f"comma-separated names (default: the config's scheduler): {training}")
     va.add_argument("--iterations", type=int, help="override job.iterations on both sides")
     va.add_argument("--timeout", type=float, default=600.0,
                     help="wall-clock limit of each real run in seconds (default 600)")
     va.add_argument("--out", help="output folder (default results/NAME/validate)")
+    _quiet(va, "no progress lines")
+    _config_options(va)
     va.set_defaults(fn=cmd_validate)
 
     b = sub.add_parser("bench", help="DES speed and scale benchmark")
@@ -540,6 +687,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--repeat", type=int, default=None,
                    help="measure the ratio N times, each DES run right after its SimPy loop, and "
                    "report the median, the lower middle one for an even N (default 5; 1 with --quick)")
+    _quiet(b, "no progress lines")
     b.set_defaults(fn=cmd_bench)
     return p
 
@@ -566,10 +714,26 @@ def _stdout_gone() -> bool:
     return True
 
 
+def _config_paths(a: argparse.Namespace) -> list[str | Path]:
+    """The config files a verb reads, which its --set overrides apply to."""
+    if a.cmd == "demo":
+        return [DEFAULT_CONFIG]
+    return [p for p in (getattr(a, "input", None), getattr(a, "config", None)) if p]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from hardware_profiles.errors import HetsimError
+    from sim.overrides import overriding
+
     try:
-        rc = int(args.fn(args))
+        if getattr(args, "plugin", None):
+            import schedulers
+
+            for module in args.plugin:
+                schedulers.import_plugin(module)
+        with overriding(_config_paths(args), getattr(args, "set", None) or []):
+            rc = int(args.fn(args))
         sys.stdout.flush()  # here, not at exit, so that a reader gone away is caught below
         return rc
     except HetsimError as e:

@@ -6,5 +6,5 @@ which read it). A training sweep's metric columns are :data:`sim.result.HEADLINE
 FIXED_COLUMNS = ("point_id", "status", "error")
 #: results.csv metric columns of a robotics sweep (experiments.dag_runner's rows).
 #: (The deadline is the config's ``deadline_ms``: a column when swept, not repeated here.)
-DAG_HEADLINE = ("scheduler", "mode", "plan_feasible", "plan_frame_ms", "plan_energy_mj", "plan_s",
-                "des_miss_rate", "des_latency_p99_ms", "des_energy_mj")
+DAG_HEADLINE = ("scheduler", "mode", "plan_feasible", "plan_frame_ms", "plan_effects_ms", "plan_energy_mj",
+                "plan_s", "des_miss_rate", "miss_tolerance", "des_miss_ok", "des_latency_p99_ms", "des_energy_mj")

@@ -52,42 +52,7 @@ of log-loss overall and per curve, and the curves; a degenerate fit, see
 MIN_ALPHA, goes to <out>/unusable/ instead, and either replaces the model's
 file on the other side) and a table of fit errors on stdout.
 
-Seen on 2026-11-30 (2 shared cores, one torch thread):
-
-* vgg16, why it plateaued. With the init an earlier version used (He
-  fan-out convolutions, PyTorch's default Linears) the fraction of a
-  layer's mean-square activation that varies across inputs falls from 0.69
-  after the first convolution to 0.06 after the 13th and 0.002 at the logits
-  (mean cosine of two inputs' representations 0.32 -> 0.95 -> 0.998): every
-  input reaches the classifier as nearly the same vector, and SGD first
-  learns the label marginal (loss 2.26). Scale decays too (activation rms
-  0.9 -> 0.09 over the convolutions, logit std 0.03, relative gradients
-  |g|/|w| 2e-3..6e-3 in the convolutions against 7e-2 in the output
-  layer), but fixing the scale alone did not help: with He fan-in or
-  LSUV scaling the varying fraction still ends at 0.05 (0.02 at the
-  logits), and batch-32 runs of 16384 samples at lr 0.01 / 0.03 / 0.1 ended
-  at 2.13 / 2.22 / 2.26 (fan-in) and 2.19 / 2.24 / 2.27 (LSUV). Looks-linear
-  weights keep the varying fraction at 0.67 in every layer; at lr 0.03 and
-  0.1 they diverge, at 0.01 the first step overshoots (loss 14), at 0.003
-  the loss descends from the first step: 2.29 -> 1.50 in 12480 samples with
-  the output layer at 0 (1.73 without, from a first loss of 3.8).
-* vgg16 fit (65536 samples per run, 787 s in all): L_inf 1.067 (= its
-  teacher_loss, the bound binds; unbounded it would be 0.32 with alpha
-  0.16), a 11.0, alpha 0.347, critical batch 39.3, staleness penalty 0.382,
-  quantization penalty 5.5e-5; RMSE of log-loss 0.045, per curve
-  (batch/staleness/bits 8/0/32, 32/0/32, 128/0/32, 32/2/32, 32/8/32,
-  32/0/8, 32/0/4, 32/0/2) 0.041, 0.033, 0.042, 0.058, 0.078, 0.025, 0.033,
-  0.028. The curves fall from 2.29 to 1.33..1.40 (1.71 at staleness 8).
-* resnet18, refitted from its stored curves with the bound: L_inf 0.326 ->
-  0.560 (= teacher_loss, binds), alpha 0.337 -> 0.434, a 21.4 -> 38.9,
-  critical batch 173 -> 170, staleness 0.182 -> 0.178; RMSE of log-loss
-  0.0614 -> 0.0627 (per curve 0.085, 0.057, 0.053, 0.065, 0.096, 0.051,
-  0.042, 0.032).
-* ctr_dnn (RMSE 0.042, L_inf 0.371 above its teacher_loss 0.321: the bound
-  would not bind) was not refitted. mlp.json is from an earlier version of
-  this script (constant lr, no 2-bit run, no bound; mse, floor 0);
-  tests/test_adaptive_quant hand-derives numbers from it, so it was not
-  refitted.
+Fits and the vgg16 initialisation study: docs/notes/2026-11-30-convergence-fits.md.
 
     python -m experiments.fit_convergence [--models resnet18 vgg16] [--samples N] [--out DIR] [--refit]
 """

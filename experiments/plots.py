@@ -1,4 +1,5 @@
-"""Figures. One colour per scheduler, the same in every figure."""
+"""Figures. One colour per scheduler, the same in every figure, and axis labels with
+units (:mod:`experiments.figstyle`); every figure file is written atomically."""
 
 from __future__ import annotations
 
@@ -18,15 +19,18 @@ from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from experiments.columns import DAG_HEADLINE, FIXED_COLUMNS  # noqa: E402
+from experiments.figstyle import (  # noqa: E402
+    field_label,
+    metric_label,
+    scheduler_color,
+    scheduler_marker,
+    scheduler_order,
+)
+from hardware_profiles.fileio import atomic_write  # noqa: E402
 from sim.result import HEADLINE_KEYS  # noqa: E402
 
-_PALETTE = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C"]
-_KNOWN = ["equal", "proportional", "lbbsp", "hps", "greedy", "genetic", "exact", "rl"]
-# DAG schedulers never share a figure with training ones: their own palette order
-_KNOWN_DAG = ["heft", "energy", "milp", "rl-dag", "energy-m20"]
-
-# (row key, y-axis label with unit) of comparison_chart, top to bottom
-_COMPARISON_METRICS = (("throughput_sps", "throughput (samples/s)"), ("cost_usd", "cost of the run (USD)"))
+# row keys of comparison_chart, top to bottom (labels: figstyle.METRIC_LABELS)
+_COMPARISON_METRICS = ("throughput_sps", "cost_usd")
 
 
 def markdown_table(df: Any) -> str:
@@ -42,12 +46,21 @@ def markdown_table(df: Any) -> str:
     return "\n".join([head, rule, *body])
 
 
-def scheduler_color(name: str) -> str:
-    """A stable colour per scheduler name across every figure."""
-    for known in (_KNOWN, _KNOWN_DAG):
-        if name in known:
-            return _PALETTE[known.index(name) % len(_PALETTE)]
-    return _PALETTE[sum(map(ord, name)) % len(_PALETTE)]
+def save_figure(fig: Any, path: str | Path, dpi: float | None = None, close: bool = True) -> Path:
+    """Write ``fig`` to ``path`` (the format from its suffix) atomically: rendered in
+    memory, then written through :func:`hardware_profiles.fileio.atomic_write`, so a
+    reader never sees half a figure. Closes the figure unless ``close`` is false."""
+    import io
+
+    p = Path(path)
+    buf = io.BytesIO()
+    try:
+        fig.savefig(buf, format=p.suffix.lstrip(".") or "png", dpi=dpi)
+    finally:
+        if close:
+            plt.close(fig)
+    atomic_write(p, buf.getvalue())
+    return p
 
 
 def _num(x: float) -> str:
@@ -74,21 +87,43 @@ def _value(row: dict[str, Any], key: str) -> float:
         return math.nan
 
 
+def _updates_label(row: dict[str, Any]) -> str:
+    """A plan's kind, sync mode and staleness bound as a tick's second line
+    ("placement, ssp <= 21"; '' for a row without them)."""
+    if "plan_kind" not in row:
+        return ""
+    bound = row.get("staleness_bound")
+    sync = str(row.get("sync", ""))
+    if sync == "ssp":
+        sync += f" \u2264 {bound}"
+    return f"{str(row['plan_kind']).replace('_', '-')}, {sync}"
+
+
 def comparison_chart(rows: Sequence[dict[str, Any]], path: Path, title: str = "") -> None:
+    """:func:`comparison_figure` written to ``path``."""
+    save_figure(comparison_figure(rows, title), path, dpi=110)
+
+
+def comparison_figure(rows: Sequence[dict[str, Any]], title: str = "") -> Any:
     """Throughput (samples/s, top) and cost (USD, bottom) per scheduler, one column per model.
 
     Each model's panels have their own y-axis: throughputs of different models
     differ by orders of magnitude, and a shared axis would flatten the small
-    bars. Rows without a ``model`` key form a single column.
+    bars. Rows without a ``model`` key form a single column. Numbers may be given
+    as text (rows read from comparison.csv). A row with the
+    plan's kind, sync mode and staleness bound (experiments.runner.update_columns)
+    shows them under the scheduler's name.
     """
     models = list(dict.fromkeys(r.get("model", "") for r in rows)) or [""]
     scheds = list(dict.fromkeys(r["scheduler"] for r in rows))
+    updates = {r["scheduler"]: _updates_label(r) for r in rows}
+    ticks = [f"{s}\n{updates[s]}" if updates[s] else s for s in scheds]
     n_rows, n_cols = len(_COMPARISON_METRICS), len(models)
     width = max(4.2, 1.2 + n_cols * max(2.6, 0.75 * len(scheds) + 1.0))
     fig, axes = plt.subplots(n_rows, n_cols, figsize=(width, 6.2), squeeze=False, layout="constrained")
     xs = range(len(scheds))
     for c, model in enumerate(models):
-        for r, (key, label) in enumerate(_COMPARISON_METRICS):
+        for r, key in enumerate(_COMPARISON_METRICS):
             ax = axes[r][c]
             by_sched = {row["scheduler"]: _value(row, key) for row in rows if row.get("model", "") == model}
             ys = [by_sched.get(s, math.nan) for s in scheds]
@@ -98,22 +133,22 @@ def comparison_chart(rows: Sequence[dict[str, Any]], path: Path, title: str = ""
                          padding=2)
             ax.set_ylim(0, max([y for y in ys if not math.isnan(y)] + [0.0]) * 1.18 or 1.0)
             _plain_ticks(ax)
-            ax.set_xticks(list(xs), scheds, rotation=30 if len(scheds) > 3 else 0,
+            ax.set_xticks(list(xs), ticks, rotation=30 if len(scheds) > 3 else 0,
                           ha="right" if len(scheds) > 3 else "center", fontsize=8)
             ax.grid(axis="y", alpha=0.3)
             ax.set_axisbelow(True)
             ax.spines[["top", "right"]].set_visible(False)
             if c == 0:
-                ax.set_ylabel(label)
+                ax.set_ylabel(metric_label(key))
             if r == 0 and model:
                 ax.set_title(model, fontweight="bold")
     handles = [Patch(color=scheduler_color(s), label=s) for s in scheds]
-    fig.legend(handles=handles, title="scheduler", loc="outside lower center", ncols=min(len(scheds), 8),
-               frameon=False)
+    # as many columns as fit the figure's width (an entry takes about 1.4 inches)
+    fig.legend(handles=handles, title="scheduler", loc="outside lower center",
+               ncols=max(1, min(len(scheds), int(width / 1.4))), frameon=False)
     if title:
         fig.suptitle(title + ("\n(each model on its own scale)" if n_cols > 1 else ""))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
 
 
 # ======================================================================= sweeps
@@ -131,49 +166,11 @@ HEADLINE = HEADLINE_KEYS
 _NOT_SWEPT = {*FIXED_COLUMNS, *HEADLINE, *DAG_HEADLINE}
 #: metrics of a robotics (DAG) sweep drawn against each numeric swept field
 DAG_METRICS = ("plan_energy_mj", "des_miss_rate", "plan_frame_ms")
-_METRIC_LABELS = {
-    "throughput_sps": "throughput (samples/s)",
-    "plan_energy_mj": "energy per frame (mJ)",
-    "des_miss_rate": "deadline misses (DES, fraction)",
-    "plan_frame_ms": "planned frame time (ms)",
-    "cost_usd": "cost of the run (USD)",
-    "time_to_target_s": "time to target (s)",
-    "iteration_time_mean_s": "mean iteration time (s)",
-    "elapsed_s": "elapsed time (s)",
-    "energy_j": "energy (J)",
-}
-_FIELD_LABELS = {
-    "cluster.network.bandwidth_gbps": "network bandwidth (Gbit/s)",
-    "cluster.network.latency_us": "network latency (µs)",
-    THROUGHPUT_MIN: "objective.throughput_min (samples/s)",
-    "job.global_batch": "global batch (samples)",
-    "job.iterations": "iterations",
-    "job.staleness": "SSP staleness (iterations)",
-    "cluster.ps.shards": "PS shards",
-}
-_UNIT_SUFFIXES = (("_gbps", "Gbit/s"), ("_us", "µs"), ("_ms", "ms"), ("_s", "s"), ("_usd", "USD"),
-                  ("_sps", "samples/s"), ("_j", "J"), ("_w", "W"))
 _DPI = 100
 # more runs than this in the heat map / loss plot: show a representative subset
 MAX_ROWS = 12
 MAX_LOSS_RUNS = 24
 GANTT_ITERATIONS = 3
-
-
-def _field_label(name: str) -> str:
-    """An axis label with a unit for a swept dotted field."""
-    if name in _FIELD_LABELS:
-        return _FIELD_LABELS[name]
-    for suffix, unit in _UNIT_SUFFIXES:
-        if name.endswith(suffix):
-            return f"{name} ({unit})"
-    return name
-
-
-def _scheduler_order(names: Any) -> list[str]:
-    """Known schedulers in registry order, then the others alphabetically."""
-    uniq = {str(n) for n in names}
-    return sorted(uniq, key=lambda n: (_KNOWN.index(n) if n in _KNOWN else len(_KNOWN), n))
 
 
 def _fmt_value(v: Any) -> str:
@@ -261,7 +258,9 @@ class Sweep:
             elif col.dropna().nunique() > 1:
                 self.numeric.append(c)
         self.facets = self._shortest_labels(self.facets)
-        self.schedulers = _scheduler_order(self.ok[SCHED])
+        self.schedulers = scheduler_order(self.ok[SCHED])
+        self.device_types = self._device_types()
+        self.deadline_ms = self._deadline_ms()
 
     def _shortest_labels(self, facets: list[str]) -> list[str]:
         """Of facet columns that determine each other (a zip of a label and a long
@@ -280,6 +279,33 @@ class Sweep:
 
     def run_dir(self, point_id: str) -> Path:
         return self.dir / "runs" / str(point_id)
+
+    def _device_types(self) -> dict[int, str]:
+        """Device group index -> type, from a run's config.json, where every point has the
+        same (no swept ``cluster.devices`` or group type); for axis labels."""
+        if any(c == "cluster.devices" or (c.startswith("cluster.devices[") and c.endswith("].type"))
+               for c in self.swept) or self.ok.empty:
+            return {}
+        try:
+            cfg = json.loads((self.run_dir(self.ok["point_id"].iloc[0]) / "config.json").read_text())
+            return {i: str(d["type"]) for i, d in enumerate(cfg["cluster"]["devices"])}
+        except (OSError, ValueError, KeyError, TypeError):
+            return {}
+
+    def _deadline_ms(self) -> float | None:
+        """A robotics sweep's frame deadline (ms) when every point has the same one (not
+        swept, nor the frame rate it defaults from), from a run's config.json; else None."""
+        if self.kind != "dag" or self.ok.empty or {"deadline_ms", "frame_rate_hz"} & set(self.swept):
+            return None
+        try:
+            cfg = json.loads((self.run_dir(self.ok["point_id"].iloc[0]) / "config.json").read_text())
+            return float(cfg["deadline_ms"] if cfg.get("deadline_ms") is not None else 1e3 / cfg["frame_rate_hz"])
+        except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
+            return None
+
+    def label(self, field: str) -> str:
+        """The axis label, with its unit, of a swept field (:func:`figstyle.field_label`)."""
+        return field_label(field, self.device_types)
 
     def _scheduler_of(self, point_id: str) -> str:
         """The scheduler of a point from its summary.json, else its config.json."""
@@ -370,11 +396,25 @@ def _plain_log_ticks(axis: Any) -> None:
     axis.set_major_formatter(FuncFormatter(lambda x, _pos: _fmt_value(float(f"{x:.6g}"))))
 
 
-def _sched_handles(scheds: Sequence[str], marker: str = "o") -> list[Any]:
+def _sched_handles(scheds: Sequence[str], marker: str | None = None) -> list[Any]:
+    """Legend entries: each scheduler's colour, and its marker unless ``marker`` is given."""
     from matplotlib.lines import Line2D
 
-    return [Line2D([], [], color=scheduler_color(s), marker=marker, linestyle="-", label=s)
-            for s in scheds]
+    return [Line2D([], [], color=scheduler_color(s), marker=scheduler_marker(s) if marker is None else marker,
+                   linestyle="-", label=s) for s in scheds]
+
+
+def _layered(k: int) -> dict[str, float]:
+    """Line width and marker size of the k-th scheduler drawn: each a little thinner than
+    the one before, so that a line drawn over an identical one leaves it visible."""
+    return {"lw": max(1.2, 3.0 - 0.6 * k), "ms": max(4.0, 9.0 - 1.5 * k)}
+
+
+def _reference(ax: Any, xs: Any, ys: Any, label: str) -> None:
+    """A dashed black reference line through (xs, ys), its label written on it at the right."""
+    ax.plot(xs, ys, color="black", lw=1.0, ls="--", zorder=1.5)
+    ax.annotate(label, (xs[-1], ys[-1]), xytext=(-4, 4), textcoords="offset points", ha="right",
+                va="bottom", fontsize=8, color="black")
 
 
 def _tick(x: float) -> str:
@@ -389,21 +429,25 @@ def _legend(fig: Any, handles: list[Any], title: str) -> None:
 
 
 def _plain_axis(axis: Any, log: bool = False) -> None:
-    """Plain decimal tick labels with 3 significant digits and at most 6 ticks (no 1e-05 offset)."""
-    from matplotlib.ticker import MaxNLocator
+    """Plain decimal tick labels with 3 significant digits and at most 6 ticks (no 1e-05
+    offset); on a log axis, ticks at 1, 2 and 5 times each power of ten (a span shorter
+    than a decade would otherwise show one labelled tick, or none)."""
+    from matplotlib.ticker import LogLocator, MaxNLocator
 
-    if not log:
+    if log:
+        axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    else:
         axis.set_major_locator(MaxNLocator(nbins=5))
     axis.set_major_formatter(FuncFormatter(lambda x, _pos: _tick(x)))
     if log:
         axis.set_minor_formatter(FuncFormatter(lambda *_: ""))
 
 
-def _save(fig: Any, out_dir: Path, stem: str) -> list[Path]:
+def save_png_svg(fig: Any, out_dir: Path, stem: str) -> list[Path]:
+    """Write ``fig`` as ``out_dir/stem.png`` and ``.svg`` (atomically); close it."""
     paths = [out_dir / f"{stem}.png", out_dir / f"{stem}.svg"]
-    fig.savefig(paths[0], dpi=_DPI)
-    fig.savefig(paths[1])
-    plt.close(fig)
+    save_figure(fig, paths[0], dpi=_DPI, close=False)
+    save_figure(fig, paths[1])
     return paths
 
 
@@ -438,8 +482,8 @@ def _fig_throughput_vs_cost(sweep: Sweep) -> Any:
                 (ax.set_xscale if axis is ax.xaxis else ax.set_yscale)("log")
             _plain_axis(axis, log)
         _annotate_front(ax, fr, [c for c in sweep.numeric])
-        ax.set_xlabel(_METRIC_LABELS["cost_usd"])
-        ax.set_ylabel(_METRIC_LABELS["throughput_sps"])
+        ax.set_xlabel(metric_label("cost_usd"))
+        ax.set_ylabel(metric_label("throughput_sps"))
         if name:
             ax.set_title(name, fontweight="bold")
         _style(ax)
@@ -490,7 +534,7 @@ def _fig_lines(sweep: Sweep, x: str, metrics: Sequence[str], what: str) -> Any:
         xs_all = sorted(g[x].unique())
         for r, m in enumerate(metrics):
             ax = axes[r][c]
-            for s in sweep.schedulers:
+            for k, s in enumerate(sweep.schedulers):
                 gs = g[g[SCHED] == s]
                 if gs.empty:
                     continue
@@ -499,8 +543,13 @@ def _fig_lines(sweep: Sweep, x: str, metrics: Sequence[str], what: str) -> Any:
                     continue
                 seeds = max(seeds, int(a["count"].max()))
                 yerr = a["std"] if (a["count"] > 1).any() else None
-                ax.errorbar(a[x], a["mean"], yerr=yerr, color=scheduler_color(s), marker="o", ms=5,
-                            lw=1.6, capsize=3, label=s)
+                ax.errorbar(a[x], a["mean"], yerr=yerr, color=scheduler_color(s), marker=scheduler_marker(s),
+                            capsize=3, label=s, **_layered(k))
+            if m == "plan_frame_ms" and x == "deadline_ms":
+                _reference(ax, xs_all, xs_all, "deadline")
+            elif m == "plan_frame_ms" and sweep.deadline_ms is not None:
+                _reference(ax, [xs_all[0], xs_all[-1]], [sweep.deadline_ms] * 2,
+                           f"deadline {_fmt_value(sweep.deadline_ms)} ms")
             if _spread(xs_all) >= 20:
                 ax.set_xscale("log")
                 _plain_log_ticks(ax.xaxis)
@@ -511,9 +560,9 @@ def _fig_lines(sweep: Sweep, x: str, metrics: Sequence[str], what: str) -> Any:
             if log:
                 ax.set_yscale("log")
             _plain_axis(ax.yaxis, log)
-            ax.set_ylabel(_METRIC_LABELS.get(m, m))
+            ax.set_ylabel(metric_label(m))
             if r == len(metrics) - 1:
-                ax.set_xlabel(_field_label(x))
+                ax.set_xlabel(sweep.label(x))
             if r == 0 and name:
                 ax.set_title(name, fontweight="bold")
             _style(ax)
@@ -550,7 +599,7 @@ def _fig_time_to_target(sweep: Sweep) -> Any:
                      label_type="center")
         ax.set_xticks(range(len(scheds)), scheds, rotation=30 if len(scheds) > 3 else 0,
                       ha="right" if len(scheds) > 3 else "center")
-        ax.set_ylabel(_METRIC_LABELS["time_to_target_s"])
+        ax.set_ylabel(metric_label("time_to_target_s"))
         ax.set_xlabel("scheduler")
         if name:
             ax.set_title(name, fontweight="bold")
@@ -593,6 +642,18 @@ def loss_curves(run_dirs: Sequence[Path]) -> dict[Path, pd.DataFrame]:
     return out
 
 
+def loss_panel(ax: Any, curves: Sequence[tuple[str, pd.DataFrame]]) -> None:
+    """One line per (scheduler, :func:`loss_curves` curve), in the scheduler's colour."""
+    losses = []
+    for sched, c in curves:
+        losses.extend(c["loss"].tolist())
+        ax.plot(c["time_s"], c["loss"], color=scheduler_color(sched), lw=1.4, alpha=0.8 if len(curves) > 4 else 1.0)
+    if _spread(losses) > 20:
+        ax.set_yscale("log")
+    ax.set_xlabel("simulated wall time (s)")
+    ax.set_ylabel("training loss")
+
+
 def _fig_loss(sweep: Sweep) -> Any:
     curves = loss_curves([sweep.run_dir(p) for p in sweep.ok["point_id"]])
     if not curves:
@@ -605,16 +666,7 @@ def _fig_loss(sweep: Sweep) -> Any:
     groups = sweep.facet_groups(df)
     fig, axes = _panels(len(groups))
     for ax, (name, g) in zip(axes[0], groups):
-        losses = []
-        for _, row in g.iterrows():
-            c = curves[sweep.run_dir(row["point_id"])]
-            losses.extend(c["loss"].tolist())
-            ax.plot(c["time_s"], c["loss"], color=scheduler_color(row[SCHED]), lw=1.4,
-                    alpha=0.8 if len(g) > 4 else 1.0)
-        if _spread(losses) > 20:
-            ax.set_yscale("log")
-        ax.set_xlabel("simulated wall time (s)")
-        ax.set_ylabel("training loss")
+        loss_panel(ax, [(row[SCHED], curves[sweep.run_dir(row["point_id"])]) for _, row in g.iterrows()])
         if name:
             ax.set_title(name, fontweight="bold")
         _style(ax)
@@ -678,7 +730,16 @@ def _fig_utilization(sweep: Sweep) -> Any:
     names, devices, values = utilization_matrix([sweep.run_dir(p) for p in df["point_id"]], labels)
     if not names:
         return "no run has a summary.json with utilization"
-    scheds = dict(zip(labels, df[SCHED]))
+    fig = utilization_heatmap(names, devices, values, dict(zip(labels, df[SCHED])))
+    note = detail + ("; – : device not in the run's plan" if np.isnan(values).any() else "")
+    _suptitle(fig, _title(sweep, "per-device utilization", note))
+    return fig
+
+
+def utilization_heatmap(names: Sequence[str], devices: Sequence[str], values: np.ndarray,
+                        scheds: dict[str, str]) -> Any:
+    """The heat map of :func:`utilization_matrix`'s output: one row per run (its label in
+    its scheduler's colour, ``scheds``: label -> scheduler), one column per device."""
     fig, ax = plt.subplots(figsize=(max(6.4, 2.6 + 0.75 * len(devices) + 0.06 * max(map(len, names))),
                                     max(3.8, 1.9 + 0.42 * len(names))), layout="constrained")
     cmap = matplotlib.colormaps["viridis"].with_extremes(bad="#dddddd")
@@ -700,8 +761,6 @@ def _fig_utilization(sweep: Sweep) -> Any:
     ax.grid(which="minor", color="white", lw=1.5)
     ax.tick_params(which="minor", length=0)
     fig.colorbar(im, ax=ax, label="utilization (busy time / elapsed)", shrink=0.9)
-    note = detail + ("; – : device not in the run's plan" if np.isnan(values).any() else "")
-    _suptitle(fig, _title(sweep, "per-device utilization", note))
     return fig
 
 
@@ -857,7 +916,8 @@ def _group_bars(bars: Sequence[GanttBar]) -> dict[tuple[str, str, str], list[Gan
     return out
 
 
-def _gantt_for(trace_path: Path, iterations: int, title: str) -> Any:
+def gantt_of(trace_path: str | Path, iterations: int, title: str) -> Any:
+    """The Gantt figure of a trace.json (see :func:`gantt`); ValueError when it has no events."""
     events = json.loads(Path(trace_path).read_text()).get("traceEvents", [])
     until, total = _gantt_window(Path(trace_path), events, iterations)
     span = (f"first {iterations} of {total} iterations" if until is not None
@@ -874,11 +934,8 @@ def gantt(trace_path: str | Path, out_path: str | Path, iterations: int = GANTT_
     forward passes). Raises ValueError when the trace has no timeline events.
     """
     trace_path, out_path = Path(trace_path), Path(out_path)
-    fig = _gantt_for(trace_path, iterations, title if title is not None else f"Gantt chart of {trace_path}")
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_path, dpi=_DPI)
-    plt.close(fig)
-    return out_path
+    fig = gantt_of(trace_path, iterations, title if title is not None else f"Gantt chart of {trace_path}")
+    return save_figure(fig, out_path, dpi=_DPI)
 
 
 def _fig_gantt(sweep: Sweep) -> Any:
@@ -888,7 +945,7 @@ def _fig_gantt(sweep: Sweep) -> Any:
         try:
             if p.stat().st_size < 200:  # an empty event list (analytic) is ~50 bytes
                 continue
-            return _gantt_for(p, GANTT_ITERATIONS, f"{sweep.dir.resolve().name}: timeline of point {row['point_id']} "
+            return gantt_of(p, GANTT_ITERATIONS, f"{sweep.dir.resolve().name}: timeline of point {row['point_id']} "
                               f"({row[SCHED]}), the fastest run with a trace")
         except (OSError, ValueError):
             continue
@@ -897,8 +954,8 @@ def _fig_gantt(sweep: Sweep) -> Any:
 
 # ------------------------------------------------- calibration accuracy (bench)
 #: op classes of the calibration figure, in legend order, with their colours
-_OP_COLOURS = {op: _PALETTE[i] for i, op in enumerate(
-    ("gemm", "conv", "attention", "elementwise", "embedding"))}
+_OP_COLOURS = dict(zip(("gemm", "conv", "attention", "elementwise", "embedding"),
+                       ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3")))
 
 
 def calibration_figure(rows: Sequence[dict[str, Any]], out_path: str | Path, title: str = "",
@@ -957,13 +1014,15 @@ def calibration_figure(rows: Sequence[dict[str, Any]], out_path: str | Path, tit
     _style(ax)
     if title:
         _suptitle(fig, title)
-    out = Path(out_path)
-    fig.savefig(out, dpi=_DPI)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out_path, dpi=_DPI)
 
 
 # --------------------------------------------------------------- plot_sweep
+def _short_label(label: str) -> str:
+    """An axis label without its unit, for a title ("network bandwidth (Gbit/s)" -> "network bandwidth")."""
+    return label.split(" (", 1)[0]
+
+
 def _stem(field: str) -> str:
     return "".join(ch if ch.isalnum() else "_" for ch in field)
 
@@ -975,11 +1034,12 @@ def _plot_dag_sweep(sweep: Sweep, out: Path) -> list[Path]:
     if not sweep.numeric:
         print("plot_sweep: skipped metrics_vs_FIELD: no numeric swept column with several values")
     for f in sweep.numeric:
-        fig = _fig_lines(sweep, f, list(DAG_METRICS), f"energy, deadline misses and frame time vs {f}")
+        fig = _fig_lines(sweep, f, list(DAG_METRICS),
+                         f"energy, deadline misses and frame time vs {_short_label(sweep.label(f))}")
         if isinstance(fig, str):
             print(f"plot_sweep: skipped metrics_vs_{_stem(f)}: {fig}")
             continue
-        written += _save(fig, out, f"metrics_vs_{_stem(f)}")
+        written += save_png_svg(fig, out, f"metrics_vs_{_stem(f)}")
     return written
 
 
@@ -1024,7 +1084,7 @@ def plot_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None) -> list
     figures: list[tuple[str, Any]] = [("throughput_vs_cost", lambda: _fig_throughput_vs_cost(sweep))]
     if THROUGHPUT_MIN in sweep.numeric:
         figures.append(("cost_vs_throughput_min", lambda: _fig_lines(
-            sweep, THROUGHPUT_MIN, ["cost_usd"], "cost vs the throughput floor objective.throughput_min")))
+            sweep, THROUGHPUT_MIN, ["cost_usd"], f"cost vs the throughput floor ({THROUGHPUT_MIN})")))
     else:
         figures.append(("cost_vs_throughput_min",
                         lambda: f"{THROUGHPUT_MIN} is not a swept numeric column with several values"))
@@ -1036,15 +1096,22 @@ def plot_sweep(sweep_dir: str | Path, out_dir: str | Path | None = None) -> list
     metrics = ["throughput_sps", "cost_usd", "time_to_target_s"]
     for f in fields:
         figures.append((f"metrics_vs_{_stem(f)}", lambda f=f: _fig_lines(
-            sweep, f, metrics, f"throughput and cost vs {f}")))
+            sweep, f, metrics, f"throughput and cost vs {_short_label(sweep.label(f))}")))
     if not fields:
         figures.append(("metrics_vs_FIELD", lambda: "no numeric swept column with several values "
                         f"besides {SEED} and {THROUGHPUT_MIN}"))
+    return save_figures(figures, out, "plot_sweep")
+
+
+def save_figures(makers: Sequence[tuple[str, Any]], out_dir: Path, who: str) -> list[Path]:
+    """Make each (stem, maker) figure and write it as ``out_dir/stem.png`` and ``.svg``; a
+    maker that returns text (why there is no figure) is skipped with one line on stdout,
+    ``WHO: skipped STEM: TEXT``. Returns the files written."""
     written: list[Path] = []
-    for name, make in figures:
+    for name, make in makers:
         fig = make()
         if isinstance(fig, str):
-            print(f"plot_sweep: skipped {name}: {fig}")
+            print(f"{who}: skipped {name}: {fig}")
             continue
-        written += _save(fig, out, name)
+        written += save_png_svg(fig, out_dir, name)
     return written

@@ -7,6 +7,7 @@ call these; nothing here models anything.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,9 +17,9 @@ import schedulers
 from hardware_profiles.errors import ConfigError
 from schedulers import Scheduler
 from sim import evaluate as evaluation
-from sim.config import Config, config_from_dict, read_yaml
+from sim.config import Config, JobConfig, config_from_dict, read_yaml
 from sim.evaluate import EVALUATORS
-from sim.plan import Plan, check_plan, load_plan
+from sim.plan import Plan, PlanKind, check_plan, load_plan
 from sim.problem import Problem, build_problem
 from sim.result import RunResult
 
@@ -87,24 +88,31 @@ def evaluate(problem: Problem, plan: Plan, evaluator: str, trace: bool = True,
 
 def run_files(result: RunResult, plan: Plan, loaded: Loaded, trace: bool = True) -> dict[str, str]:
     """The files of one run as {file name: text}: summary.json, iterations.csv,
-    trace.json (unless ``trace`` is false), plan.json and the resolved config.json.
+    trace.json (unless ``trace`` is false or the run recorded no timeline, as the
+    analytic evaluator does not), plan.json and the resolved config.json.
 
     Sweeps build these in the worker and write them in the parent, so a remote
     (dask) worker needs no access to the output folder.
     """
     files = {"summary.json": result.summary_json(), "iterations.csv": result.iterations_csv()}
-    if trace:
+    if trace and result.trace:
         files["trace.json"] = result.trace_json()
     files["plan.json"] = plan.dumps()
     files["config.json"] = json.dumps(loaded.config.model_dump(mode="json"), indent=2) + "\n"
     return files
 
 
-def write_run(out: Path, result: RunResult, plan: Plan, loaded: Loaded, trace: bool = True) -> None:
-    """Write :func:`run_files` into ``out`` (created if missing)."""
+def write_run(out: Path, result: RunResult, plan: Plan, loaded: Loaded, trace: bool = True) -> list[str]:
+    """Write :func:`run_files` into ``out`` (created if missing); return the names written.
+    A trace.json of an earlier run in ``out`` is removed when this run writes none: it
+    would show another run's timeline beside this run's summary."""
     out.mkdir(parents=True, exist_ok=True)
-    for name, text in run_files(result, plan, loaded, trace).items():
+    files = run_files(result, plan, loaded, trace)
+    for name, text in files.items():
         (out / name).write_text(text)
+    if "trace.json" not in files:
+        (out / "trace.json").unlink(missing_ok=True)
+    return list(files)
 
 
 def run_one(loaded: Loaded, evaluator: str, scheduler: str | None = None,
@@ -125,6 +133,47 @@ def run_one(loaded: Loaded, evaluator: str, scheduler: str | None = None,
             print(f"hetsim: warning: {result.extra[key]}", file=sys.stderr)
     for note in result.extra.get("notes", ()):
         print(f"hetsim: note: {note}", file=sys.stderr)
+    if result.model_steady is not None:  # too short a run: its throughput is the model's
+        print(f"hetsim: warning: {result.model_steady.note}", file=sys.stderr)
     if out is not None:
         write_run(out, result, plan, loaded, trace=trace)
     return result, plan
+
+
+#: The columns :func:`update_columns` adds to a comparison row.
+UPDATE_COLUMNS = ("plan_kind", "sync", "staleness_bound", "throughput_window")
+
+
+def update_columns(result: RunResult, plan: Plan, job: JobConfig) -> dict[str, Any]:
+    """How ``plan``'s updates were applied, for a comparison row: the plan kind, the sync
+    mode, the staleness bound (how many iterations' updates the parameters a worker
+    computes with may lack: 0 under BSP, ``job.staleness`` under SSP, ``inf`` under
+    ASP) and the kind of throughput window (:data:`sim.result.WINDOW_KINDS`).
+
+    A placement plan runs its stages as a pipeline whatever ``job.sync`` says: each
+    stage pulls the parameters of iteration k after the update of k - lag
+    (``staleness_bound`` per stage in its summary), bounded staleness, so "ssp"
+    with the largest lag.
+    """
+    if plan.kind is PlanKind.PLACEMENT:
+        sync, bound = "ssp", float(max(result.extra.get("staleness_bound") or [0]))
+    else:
+        sync = job.sync
+        bound = {"bsp": 0.0, "ssp": float(job.staleness)}.get(sync, math.inf)
+    return {"plan_kind": plan.kind.value, "sync": sync,
+            "staleness_bound": int(bound) if math.isfinite(bound) else bound,
+            "throughput_window": result.throughput_window()["kind"]}
+
+
+def staleness_warning(rows: list[dict[str, Any]]) -> str | None:
+    """One line when ``rows`` (comparison rows with :func:`update_columns`) rank plans
+    whose staleness bounds differ, else None: a stale update may be worth less than a
+    fresh one, so their samples/s do not compare one to one."""
+    groups: dict[Any, list[str]] = {}
+    for r in rows:
+        groups.setdefault(r["staleness_bound"], []).append(str(r["scheduler"]))
+    if len(groups) < 2:
+        return None
+    parts = "; ".join(f"{b}: {', '.join(names)}" for b, names in groups.items())
+    return (f"these plans train with different staleness bounds ({parts}): a stale update may "
+            "be worth less than a fresh one, so their throughputs do not compare one to one")

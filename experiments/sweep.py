@@ -4,7 +4,7 @@ A sweep file (YAML; paths relative to it)::
 
     base: ../configs/demo.yaml        # a config file, or an inline config mapping
     evaluator: analytic               # analytic | des (frames for a robotics base config)
-    trace: false                      # write trace.json into each run folder
+    trace: false                      # write trace.json into each run folder (des, frames: analytic has no timeline)
     grid:                             # every combination
       cluster.network.bandwidth_gbps: [1, 10, 40]
       scheduler.name: [equal, proportional]
@@ -41,13 +41,17 @@ Python API::
                       "results/sweeps/bw", jobs=2)      # a pandas.DataFrame
 
 ``DIR/results.csv`` gets one row per finished point (appended, fsync'ed, one
-``os.write`` per row); ``DIR/runs/POINT_ID/`` the run's files. Rerunning on
-the same DIR skips points already in the table.
+``os.write`` per row), after ``DIR/runs/POINT_ID/`` has the run's files (each
+written atomically). Rerunning on the same DIR skips points already in the table.
+
+A sweep of more than MAX_POINTS points is refused before anything is made
+(``force`` to run it). One sweep at a time writes a folder (``DIR/.sweep.lock``,
+:mod:`experiments.sweep_pool`); its worker processes die with it, so after a
+``kill -9`` the same command resumes, each point run once.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import csv
 import hashlib
@@ -62,8 +66,7 @@ import signal
 import time
 import types
 import typing
-import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,17 +74,19 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from experiments import runner
+from experiments import sweep_pool as pool
 from experiments.columns import DAG_HEADLINE, FIXED_COLUMNS
 from experiments.dag_runner import plan_and_simulate
 from experiments.runner import EVALUATORS
+from experiments.sweep_pool import SweepInterrupted
 from hardware_profiles.errors import ConfigError, HetsimError
-from hardware_profiles.fileio import atomic_write, fsync_dir
+from hardware_profiles.fileio import atomic_write, atomic_write_many, fsync_dir
 from sim.config import Config, read_yaml
 from sim.dag_config import DagConfig, dag_config_from_dict, is_dag_config
 from sim.result import HEADLINE_KEYS
 
 __all__ = [
-    "EVALUATORS", "Point", "PointResult", "RandomAxes", "Sweep", "SweepInterrupted", "Task",
+    "EVALUATORS", "MAX_POINTS", "Point", "PointResult", "RandomAxes", "Sweep", "SweepInterrupted", "Task",
     "load_sweep", "parse_path", "point_id", "run_point", "run_sweep", "set_path", "sweep_from_dict",
 ]
 
@@ -90,6 +95,11 @@ RESULTS = "results.csv"
 _SWEEP_KEYS = ("base", "evaluator", "trace", "grid", "zip", "random")
 #: The evaluator of robotics sweeps (a base config naming a `board`): plan, then the frames DES.
 FRAMES = "frames"
+#: the most points a sweep may have without --force (:meth:`Sweep.check_size`)
+MAX_POINTS = 50_000
+#: roughly what one point takes in memory before the sweep runs (its resolved config, its
+#: task), for the size in the refusal's message
+POINT_BYTES = 6_000
 _SEGMENT = re.compile(r"([^.\[\]]+)((?:\[\d+\])*)")
 _INDEX = re.compile(r"\[(\d+)\]")
 
@@ -253,7 +263,7 @@ class Sweep:
         evaluator: 'analytic' or 'des'.
         grid, zip: dotted path -> list of values.
         random: seeded random axes, or None.
-        trace: write trace.json into each run folder.
+        trace: write trace.json into each run folder (not for the analytic evaluator, which records no timeline).
         source: the sweep file, for error messages.
         name: used for the default output folder.
     """
@@ -317,13 +327,50 @@ class Sweep:
         metrics = (*DAG_HEADLINE, *HEADLINE_KEYS) if self.kind == "dag" else HEADLINE_KEYS
         return [first, *self.axes(), *rest, *metrics]
 
-    def points(self) -> list[Point]:
-        """Every point, in order; a point whose id repeats an earlier one is dropped.
+    def size(self) -> int:
+        """How many points the axes make (duplicates not yet dropped), counted without
+        making them: the grid's combinations x zip rows x random samples."""
+        n_grid = math.prod(len(v) for v in self.grid.values())
+        n_zip = len(next(iter(self.zip.values()))) if self.zip else 1
+        return n_grid * n_zip * (self.random.samples if self.random else 1)
+
+    def check_size(self, limit: int = MAX_POINTS) -> None:
+        """Refuse a sweep of more than ``limit`` points before anything is made: every
+        point is resolved, validated and held in memory before the first one runs.
 
         Raises:
-            ConfigError: an override cannot be applied to the base (e.g. a list
-                index out of range), naming the sweep file and the axis.
+            ConfigError: naming the section that makes the most points, the count, the
+                limit and ``--force``.
         """
+        n = self.size()
+        if n <= limit:
+            return
+        parts = {"grid": math.prod(len(v) for v in self.grid.values()),
+                 "zip": len(next(iter(self.zip.values()))) if self.zip else 1,
+                 "random.samples": self.random.samples if self.random else 1}
+        where = max(parts, key=lambda k: parts[k])
+        factors = [*(f"{len(v):,}" for v in self.grid.values()),
+                   *([f"{parts['zip']:,} zip rows"] if self.zip else []),
+                   *([f"{parts['random.samples']:,} samples"] if self.random else [])]
+        made = " x ".join(factors) + " = " if len(factors) > 1 else ""
+        raise ConfigError(self.source, where,
+                          f"{made}{n:,} points, over the limit of {limit:,} points per sweep: every point "
+                          f"is resolved and held in memory (about {_human_bytes(n * POINT_BYTES)} "
+                          "here) before the first one runs; split the sweep, or pass --force")
+
+    def points(self, limit: int | None = MAX_POINTS) -> list[Point]:
+        """Every point, in order; a point whose id repeats an earlier one is dropped.
+
+        Args:
+            limit: the most points to make (None: no limit), checked before any is
+                made (:meth:`check_size`).
+
+        Raises:
+            ConfigError: more points than ``limit``; an override cannot be applied to
+                the base (e.g. a list index out of range), naming the sweep file and the axis.
+        """
+        if limit is not None:
+            self.check_size(limit)
         grid_rows = [dict(zip(self.grid, combo)) for combo in itertools.product(*self.grid.values())]
         n_zip = len(next(iter(self.zip.values()))) if self.zip else 1
         zip_rows = [{a: v[i] for a, v in self.zip.items()} for i in range(n_zip)]
@@ -345,6 +392,14 @@ class Sweep:
                 seen.add(pid)
                 out.append(Point(pid, values, config))
         return out
+
+
+def _human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB", "PB"):
+        if n < 1000 or unit == "PB":
+            return f"{n:.3g} {unit}"
+        n /= 1000
+    raise AssertionError("unreachable")
 
 
 def _check_random_axis(source: str, axis: str, spec: Any) -> None:
@@ -586,159 +641,9 @@ class _Table:
         os.close(self.fd)
 
 
-# ------------------------------------------------------------------ backends
-class SweepInterrupted(KeyboardInterrupt):
-    """Ctrl-C during :func:`run_sweep`; the workers are stopped, the table is intact.
-
-    Attributes:
-        done: points finished in this run.  remaining: points not run.
-        csv: the results.csv path.
-    """
-
-    def __init__(self, done: int, remaining: int, csv_path: Path) -> None:
-        super().__init__(f"{done} points done, {remaining} not run")
-        self.done, self.remaining, self.csv = done, remaining, csv_path
-
-
-def _set_sigint(handler: Any) -> Any:
-    """Set the SIGINT handler where Python allows it (the main thread) and return
-    the old one; None (nothing to restore) elsewhere or for ``handler=None``."""
-    import threading
-
-    if handler is None or threading.current_thread() is not threading.main_thread():
-        return None
-    prev = signal.signal(signal.SIGINT, handler)
-    return signal.SIG_DFL if prev is None else prev
-
-
-@contextlib.contextmanager
-def _sigint_deferred() -> Iterator[None]:
-    """Hold Ctrl-C back while worker processes are being started (main thread only): one
-    arriving mid-start would leave a child that nothing stops, holding the pipes open.
-    A held-back Ctrl-C is delivered when the block ends."""
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
-
-
-def _ignore_sigint() -> None:
-    # Ctrl-C reaches the whole process group; only the parent reacts (and stops the workers).
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-class _InProcess:
-    """jobs=1: run the points one after another in this process."""
-
-    def __init__(self, tasks: list[Task]) -> None:
-        self.tasks = tasks
-
-    def __iter__(self) -> Iterator[PointResult]:
-        return (run_point(t) for t in self.tasks)
-
-    def close(self, abort: bool) -> None:
-        pass
-
-
-class _LocalPool:
-    """A process pool; the workers are forked here, before any thread (the
-    progress bar's) exists, and ignore SIGINT: the parent stops them."""
-
-    def __init__(self, tasks: list[Task], jobs: int) -> None:
-        from concurrent.futures import ProcessPoolExecutor
-
-        self.pool = ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), initializer=_ignore_sigint)
-        self.futures = [self.pool.submit(run_point, t) for t in tasks]
-
-    def __iter__(self) -> Iterator[PointResult]:
-        from concurrent.futures import as_completed
-        from concurrent.futures.process import BrokenProcessPool
-
-        try:
-            for f in as_completed(self.futures):
-                yield f.result()
-        except BrokenProcessPool:
-            raise HetsimError("a sweep worker process died (killed, or out of memory?); every "
-                              "finished point is in results.csv: rerun the same command to resume") from None
-
-    def close(self, abort: bool) -> None:
-        if not abort:
-            self.pool.shutdown(wait=True)
-            return
-        # Drop what has not started and stop the running points now rather than
-        # wait for them. ProcessPoolExecutor has no public way to stop its workers
-        # before Python 3.14 (terminate_workers), hence _processes, read before
-        # shutdown() clears it.
-        procs = list((getattr(self.pool, "_processes", None) or {}).values())
-        self.pool.shutdown(wait=False, cancel_futures=True)
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.join(10)
-
-
-class _Dask:
-    """Points as tasks on a dask.distributed cluster: the one at ``address``, or a
-    LocalCluster on 127.0.0.1 with ``jobs`` single-threaded worker processes,
-    closed at the end."""
-
-    def __init__(self, tasks: list[Task], jobs: int, address: str | None) -> None:
-        import logging
-
-        from dask.distributed import Client, LocalCluster
-
-        self.cluster = None
-        if address is None:
-            # Ctrl-C reaches the whole process group; the workers must leave it to
-            # us. An ignored SIGINT survives their fork+exec (a handler would not).
-            prev = _set_sigint(signal.SIG_IGN)
-            try:
-                self.cluster = LocalCluster(n_workers=jobs, threads_per_worker=1, processes=True,
-                                            host="127.0.0.1", dashboard_address="127.0.0.1:0",
-                                            silence_logs=logging.CRITICAL)
-            finally:
-                _set_sigint(prev)
-            address = self.cluster.scheduler_address
-        try:
-            self.client = Client(address)
-        except BaseException:
-            if self.cluster is not None:
-                self.cluster.close()
-            raise
-        run = uuid.uuid4().hex[:8]  # unique keys: one scheduler may serve several sweeps
-        self.tasks = {f"hetsim-{t.point_id}-{run}": t for t in tasks}
-        self.futures = self.client.map(run_point, tasks, key=list(self.tasks), pure=False)
-
-    def __iter__(self) -> Iterator[PointResult]:
-        from dask.distributed import as_completed
-
-        for f in as_completed(self.futures):
-            try:
-                yield f.result()
-            except Exception as e:  # the point killed its workers (KilledWorker), or was lost
-                yield PointResult(self.tasks[f.key].point_id, "error",
-                                  " ".join(f"{type(e).__name__}: {e}".split()), {}, {})
-
-    def close(self, abort: bool) -> None:
-        try:
-            if abort:
-                with contextlib.suppress(Exception):
-                    self.client.cancel(self.futures)
-            self.client.close()
-        finally:
-            if self.cluster is not None:
-                self.cluster.close()
-
-
 # ------------------------------------------------------------------ run a sweep
 def run_sweep(sweep: Sweep, out: str | Path, jobs: int = 1, backend: str = "local",
-              address: str | None = None, progress: bool = True) -> Any:
+              address: str | None = None, progress: bool = True, force: bool = False) -> Any:
     """Run every point of ``sweep`` not yet in ``out/results.csv``.
 
     Args:
@@ -749,15 +654,18 @@ def run_sweep(sweep: Sweep, out: str | Path, jobs: int = 1, backend: str = "loca
         address: a dask scheduler address (tcp://host:port); None starts a
             LocalCluster on 127.0.0.1 for the duration of the sweep.
         progress: show a progress bar (done/total, failed, rate, ETA) on stderr.
+        force: run a sweep of more than :data:`MAX_POINTS` points.
 
     Returns:
         pandas.DataFrame of results.csv (every row, in file order).
         ``df.attrs["sweep"]`` holds this run's counts: points, skipped, ok,
-        error, wall_s, and csv (the path).
+        error, wall_s, and csv (the path). ``df.attrs["failed"]``: the ids of
+        this sweep's points whose row says ``error``, from this run or an earlier one.
 
     Raises:
-        ConfigError: a bad sweep, an unwritable ``out``, or a results.csv
-            written by a sweep with other columns.
+        ConfigError: a bad sweep, one of more than MAX_POINTS points without
+            ``force``, an unwritable ``out``, a folder another live sweep is writing,
+            or a results.csv written by a sweep with other columns.
         SweepInterrupted: Ctrl-C; workers are stopped and every finished
             point is in the table. Rerun to resume.
     """
@@ -769,32 +677,29 @@ def run_sweep(sweep: Sweep, out: str | Path, jobs: int = 1, backend: str = "loca
         raise ConfigError("<command line>", "--jobs", "must be an integer >= 1")
     t0 = time.perf_counter()
     out = Path(out)
-    points = sweep.points()
+    points = sweep.points(limit=None if force else MAX_POINTS)
     try:
         (out / "runs").mkdir(parents=True, exist_ok=True)
-        lock = os.open(out / ".sweep.lock", os.O_WRONLY | os.O_CREAT, 0o644)
+        lock = pool.acquire_lock(out)
     except OSError as e:
         raise ConfigError(str(out), "--out", f"cannot write there: {e.strerror or e}") from None
     try:
-        import fcntl
-
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            raise ConfigError(str(out), "--out", "another hetsim sweep is writing this folder") from None
         table = _Table(out / RESULTS, sweep.columns())
         try:
-            stats = _run_points(sweep, points, table, out, jobs, backend, address, progress)
+            stats = _run_points(sweep, points, table, out, jobs, backend, address, progress, lock)
         finally:
             table.close()
     finally:
         os.close(lock)
     stats["wall_s"] = time.perf_counter() - t0
-    return _dataframe(out / RESULTS, stats)
+    df = _dataframe(out / RESULTS, stats)
+    ids = {p.point_id for p in points}
+    df.attrs["failed"] = [i for i, st in zip(df["point_id"], df["status"]) if i in ids and st != "ok"]
+    return df
 
 
 def _run_points(sweep: Sweep, points: list[Point], table: _Table, out: Path, jobs: int,
-                backend: str, address: str | None, progress: bool) -> dict[str, Any]:
+                backend: str, address: str | None, progress: bool, lock: int) -> dict[str, Any]:
     from tqdm import tqdm
 
     todo = [p for p in points if p.point_id not in table.done]
@@ -804,19 +709,20 @@ def _run_points(sweep: Sweep, points: list[Point], table: _Table, out: Path, job
                   sweep.evaluator, sweep.trace) for p in todo]
     stats: dict[str, Any] = {"points": len(points), "skipped": len(points) - len(todo), "ok": 0,
                              "error": 0, "csv": str(table.path)}
-    pool: Any = _InProcess([])
+    workers: Any = pool.InProcess([], run_point)
     bar: Any = None
     try:
         # workers start before the progress bar's thread exists; a Ctrl-C meanwhile is
-        # delivered once `pool` can stop them
-        with _sigint_deferred():
+        # delivered once `workers` can stop them
+        with pool.sigint_deferred():
             if tasks and backend == "dask":
-                pool = _Dask(tasks, jobs, address)
+                workers = pool.Dask(tasks, jobs, address, run_point, _lost)
             elif tasks:
-                pool = _InProcess(tasks) if jobs == 1 or len(tasks) == 1 else _LocalPool(tasks, jobs)
+                workers = (pool.InProcess(tasks, run_point) if jobs == 1 or len(tasks) == 1
+                           else pool.LocalPool(tasks, jobs, run_point, close_fds=(lock, table.fd)))
             bar = tqdm(total=len(todo), desc=f"sweep {sweep.name}", unit="pt",
                        disable=not (progress and todo), dynamic_ncols=True)
-        for r in pool:
+        for r in workers:
             point = by_id[r.point_id]
             _write_run_dir(out / "runs" / r.point_id, point, sweep.evaluator, r)
             table.append({"point_id": r.point_id, **point.values, "status": r.status,
@@ -826,35 +732,39 @@ def _run_points(sweep: Sweep, points: list[Point], table: _Table, out: Path, job
             if r.status == "error":
                 bar.set_postfix_str(f"failed {stats['error']}", refresh=False)
     except KeyboardInterrupt:
-        prev = _set_sigint(signal.SIG_IGN)  # a second Ctrl-C must not cut the clean-up short
+        prev = pool.set_sigint(signal.SIG_IGN)  # a second Ctrl-C must not cut the clean-up short
         try:
-            pool.close(abort=True)
+            workers.close(abort=True)
         finally:
-            _set_sigint(prev)
+            pool.set_sigint(prev)
             if bar is not None:
                 bar.close()
         done = stats["ok"] + stats["error"]
         raise SweepInterrupted(done, len(todo) - done, table.path) from None
     except BaseException:
-        pool.close(abort=True)
+        workers.close(abort=True)
         if bar is not None:
             bar.close()
         raise
-    pool.close(abort=False)
+    workers.close(abort=False)
     bar.close()
     return stats
 
 
+def _lost(point_id: str, message: str) -> PointResult:
+    """The row of a point whose worker was lost (dask)."""
+    return PointResult(point_id, "error", message, {}, {})
+
+
 def _write_run_dir(run: Path, point: Point, evaluator: str, r: PointResult) -> None:
-    # A folder left by an interrupted attempt (no row yet) is replaced whole.
+    # A folder left by an interrupted attempt (no row yet) is replaced whole. Every file
+    # is written atomically and durably before the point's row is appended.
     if run.exists():
         shutil.rmtree(run)
-    run.mkdir(parents=True)
-    for name, text in r.files.items():
-        (run / name).write_text(text)
     info = {"point_id": r.point_id, "evaluator": evaluator, "values": point.values,
             "status": r.status, "error": r.error}
-    (run / "point.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
+    files = {**r.files, "point.json": json.dumps(info, indent=2, default=str) + "\n"}
+    atomic_write_many(run, files)
 
 
 def _dataframe(path: Path, stats: dict[str, Any]) -> Any:

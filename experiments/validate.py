@@ -510,8 +510,8 @@ def cpu_per_iteration(sim: RunResult, real: RunResult) -> dict[str, Any] | None:
     between the sides). A process's real CPU in all (``real_ms``) is over its whole
     loop, start-up and warm-up included, as the runtime CPU model is fitted to it;
     ``real_window_ms`` is over the iterations after the warm-up only (the runtime's
-    ``window``; None where not measured), as the iteration times are (README,
-    Validation: why the model is fitted to the whole loop). ``cores_busy``: all
+    ``window``; None where not measured), as the iteration times are (docs/guides/validation.md:
+    why the model is fitted to the whole loop). ``cores_busy``: all
     processes' CPU over the run's wall time. None when either side lacks the figures (a DES without hosts, an older run, a rank
     that sent no final report, e.g. a failed worker); a rank the DES did not place on
     the host is listed with no simulated CPU and left out of both totals."""
@@ -862,40 +862,11 @@ def report_md(results: Sequence[Validation], title: str = "hetsim validate") -> 
 
 
 def scatter(results: Sequence[Validation], path: Path, title: str = "sim vs real") -> None:
-    """Simulated against real mean iteration time, one point per (config, scheduler), y = x line."""
-    import matplotlib
+    """Simulated against real mean iteration time, one point per (config, scheduler), y = x line
+    (:func:`experiments.plot_dirs.validation_figure`, also what ``hetsim plot`` draws)."""
+    from experiments import plot_dirs
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5.5, 5))
-    pts = []
-    for v in results:
-        for r in v.runs:
-            m = r.metrics["iteration_time_mean_s"]
-            if m["sim"] is None or m["real"] is None:
-                continue
-            pts.append((m["real"], m["sim"]))
-            marker = "s" if v.info.get("oversubscribed") else "o"
-            ax.scatter([m["real"]], [m["sim"]], marker=marker, s=36)
-            ax.annotate(f"{v.name}/{r.scheduler}", (m["real"], m["sim"]), fontsize=6,
-                        xytext=(3, 3), textcoords="offset points")
-    if pts:
-        lo = min(min(p) for p in pts) * 0.8
-        hi = max(max(p) for p in pts) * 1.25
-        ax.plot([lo, hi], [lo, hi], "k--", lw=0.8, label="y = x")
-        ax.fill_between([lo, hi], [lo * 0.9, hi * 0.9], [lo * 1.1, hi * 1.1], color="0.9", label="+-10%")
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlim(lo, hi)
-        ax.set_ylim(lo, hi)
-    ax.set_xlabel("real mean iteration time (s)")
-    ax.set_ylabel("simulated mean iteration time (s)")
-    ax.set_title(f"{title} (squares: more worker threads than cores)", fontsize=8)
-    ax.legend(fontsize=7, loc="upper left")
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
+    plot_dirs.validation_chart(plot_dirs.validation_points([v.to_json() for v in results]), path, title)
 
 
 def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:

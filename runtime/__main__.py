@@ -2,9 +2,8 @@
 
 Every rank leaves with ``os._exit`` once its output is flushed, as the spawned ranks
 of ``hetsim run`` do (``runtime.launch``): a PS shard's receiver thread is blocked
-inside gloo, and a normal interpreter exit tears it down with ``terminate called
-without an active exception`` (SIGABRT) in some runs (4 of 6 tries of a 3-rank
-torchrun of v1 on 2026-11-30, after the files were written).
+inside gloo, and a normal interpreter exit can tear it down with ``terminate called
+without an active exception`` (SIGABRT) after the files were written.
 """
 
 import os

@@ -12,7 +12,7 @@ rendezvous (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE).
   SIGINT (the parent owns Ctrl-C) and ask the kernel to SIGKILL them if the
   parent dies (PR_SET_PDEATHSIG), so even a killed launcher leaves nothing.
 * :func:`run_rank` is what one rank runs; under torchrun every process calls
-  it with the rank from its environment (see README, "Runtime").
+  it with the rank from its environment (see docs/guides/runtime.md).
 """
 
 from __future__ import annotations

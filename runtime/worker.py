@@ -88,11 +88,9 @@ class Sender:
     thread sends during backward, and the main thread sends only after :meth:`finish`, so
     the messages to a shard stay in order.
 
-    Packing used to happen on this thread too. With one core per worker (the validation
-    suite's emulation) it then shared the core with backward and, a part at a time, packed
-    and sent after backward had ended: in the 2-worker 8-bit mlp run the parts went out
-    for 25 ms after backward, 8.7 ms of it packing. The arithmetic is the same either way:
-    the parts are packed in the order backward makes them, with the same generator.
+    Packing happens on the main thread, not here: with one core per worker, packing on
+    this thread would share the core with backward and delay the parts past its end. The
+    parts are packed in the order backward makes them, with the same generator.
     """
 
     def __init__(self, params: list[torch.nn.Parameter], owned: list[list[int]], totals: dict[str, Any],

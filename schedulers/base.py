@@ -93,12 +93,68 @@ def register_lazy(name: str, target: str, kind: str = "training") -> None:
     _REGISTRY[name] = target
 
 
-def names(kind: str | None = "training") -> list[str]:
-    """Registered names planning problems of ``kind`` (None: every kind)."""
+#: The entry-point group through which installed distributions add schedulers:
+#: ``NAME = "module:Class"`` (registered as NAME, a training scheduler unless the class
+#: says ``kind = "dag"``) or ``NAME = "module"`` (imported; its decorators register).
+ENTRY_POINT_GROUP = "hetsim.schedulers"
+
+
+_entry_points_loaded = False
+
+
+def load_entry_points() -> None:
+    """Register the schedulers of the ``hetsim.schedulers`` entry-point group, once.
+
+    Called when the registry is first read (:func:`names`, :func:`make`), not when
+    this package is imported: a plugin imports ``hetsim``, which imports the
+    packages that import this one. An entry point whose name is registered already
+    (a built-in, or loaded before) is skipped; a broken one is a one-line error
+    naming it.
+    """
+    global _entry_points_loaded
+    if _entry_points_loaded:
+        return
+    _entry_points_loaded = True
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name in _REGISTRY:
+            continue
+        try:
+            obj = ep.load()
+        except Exception as e:  # the plugin's own import error: name the entry point
+            raise ConfigError(f"entry point {ENTRY_POINT_GROUP}:{ep.name}", ep.value,
+                              f"cannot load: {type(e).__name__}: {e}") from None
+        if inspect.isclass(obj) and ep.name not in _REGISTRY:
+            register(ep.name, getattr(obj, "kind", "training"))(obj)
+
+
+def import_plugin(module: str) -> None:
+    """Import ``module`` (``--plugin``) so that its ``@register`` decorators run: from
+    the working directory first, then the Python path; a module that cannot be
+    imported is a one-line error naming it."""
+    import os
+    import sys
+
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        importlib.import_module(module)
+    except ImportError as e:
+        raise ConfigError("<command line>", "--plugin", f"cannot import {module!r}: {e}") from None
+
+
+def names(kind: str | None = "training", plugins: bool = True) -> list[str]:
+    """Registered names planning problems of ``kind`` (None: every kind); with
+    ``plugins`` false, without loading the entry points first."""
+    if plugins:
+        load_entry_points()
     return sorted(n for n in _REGISTRY if kind is None or _KIND[n] == kind)
 
 
 def kind_of(name: str) -> str:
+    load_entry_points()
     return _KIND[name]
 
 
@@ -109,6 +165,7 @@ def make(name: str, params: dict[str, Any] | None = None, source: str = "<config
 
 def instantiate(name: str, params: dict[str, Any] | None, source: str, kind: str) -> Any:
     """Instantiate a registered scheduler of ``kind`` with ``params``; one-line ConfigError on misuse."""
+    load_entry_points()
     if name not in _REGISTRY:
         raise ConfigError(source, "scheduler.name",
                           f"unknown scheduler {name!r}; known: {', '.join(names(kind))}")

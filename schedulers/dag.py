@@ -19,7 +19,10 @@
   or minimum makespan (``objective: makespan``). For small graphs: the
   disjunctive formulation grows with the square of the task count.
 
-All three work on :class:`sim.dag.DagCosts` arrays, one power mode at a time.
+All three work on :class:`sim.dag.DagCosts` arrays, one power mode at a time, priced
+by :func:`sim.dag.planning_costs`: execution times scaled by the problem's
+``time_scale`` (the slowdowns the frames DES applies), so a plan that meets the
+deadline on paper also meets it under them.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 
 from schedulers.base import instantiate, register
-from sim.dag import DagCosts, DagPlan, DagProblem, dag_costs
+from sim.dag import DagCosts, DagPlan, DagProblem, compact_schedule, planning_costs
 from sim.scheduling import DagScheduler
 
 
@@ -159,7 +162,7 @@ class Heft:
     name: ClassVar[str]
 
     def plan(self, problem: DagProblem) -> DagPlan:
-        cands = [(heft_schedule(c), c) for c in (dag_costs(problem, m) for m in problem.allowed_modes)]
+        cands = [(heft_schedule(c), c) for c in (planning_costs(problem, m) for m in problem.allowed_modes)]
         best, _ = min(cands, key=lambda pc: (pc[0].makespan_s(pc[1]), pc[0].energy_j(pc[1])))
         return _relabel(best, self.name)
 
@@ -188,7 +191,7 @@ class EnergyAware:
         self.used_exact = False
 
     def plan(self, problem: DagProblem) -> DagPlan:
-        costs = [dag_costs(problem, m) for m in problem.allowed_modes]
+        costs = [planning_costs(problem, m) for m in problem.allowed_modes]
         self.used_exact = False
         if self.margin > 0:
             tight = [dataclasses.replace(c, deadline_s=c.deadline_s * (1.0 - self.margin)) for c in costs]
@@ -250,7 +253,7 @@ def solve_milp(c: DagCosts, objective: str = "energy", time_limit_s: float = 10.
         return None
     x = res.x
     unit = [max(range(nu), key=lambda u: x[xi[i, u]] if (i, u) in xi else -1.0) for i in range(n)]
-    plan = _compact(c, unit, [float(x[s0 + i]) for i in range(n)])
+    plan = compact_schedule(c, unit, [float(x[s0 + i]) for i in range(n)])
     return DagPlan(c.mode, plan.unit, plan.start_s, "milp", proven=bool(res.status == 0))
 
 
@@ -332,24 +335,6 @@ def _milp_model(c: DagCosts, objective: str, respect_period: bool, horizon: floa
     return args, xi, s0
 
 
-def _compact(c: DagCosts, unit: list[int], start: list[float]) -> DagPlan:
-    """The MILP's assignment and per-unit order, started as early as possible (a
-    MILP start time may idle without changing the objective)."""
-    topo_pos = {i: r for r, i in enumerate(c.topo())}
-    fin = np.zeros(len(unit))
-    st = np.zeros(len(unit))
-    free = np.zeros(len(c.units))
-    # A predecessor starts no later than its successor in the MILP (ties broken by a
-    # topological order), so this order is topological and keeps each unit's order.
-    for i in sorted(range(len(unit)), key=lambda i: (start[i], topo_pos[i])):
-        u = unit[i]
-        ready = max((fin[p] + (c.comm_s[k] if unit[p] != u else 0.0) for p, k in c.preds[i]), default=0.0)
-        st[i] = max(ready, free[u])
-        fin[i] = st[i] + c.time_s[i, u]
-        free[u] = fin[i]
-    return DagPlan(c.mode, tuple(unit), tuple(float(v) for v in st))
-
-
 @register("milp", kind="dag")
 class Milp:
     """Exact schedule per power mode by MILP; the best over modes.
@@ -370,7 +355,7 @@ class Milp:
     def plan(self, problem: DagProblem) -> DagPlan:
         cands: list[tuple[DagPlan, DagCosts]] = []
         for m in problem.allowed_modes:
-            c = dag_costs(problem, m)
+            c = planning_costs(problem, m)
             p = solve_milp(c, self.objective, self.time_limit_s, respect_period=self.objective == "energy")
             if p is not None:
                 cands.append((p, c))
@@ -378,7 +363,7 @@ class Milp:
             # No schedule meets deadline and period in any mode: the shortest frame
             # there is (exact too), which shows by how much the deadline is out of reach.
             for m in problem.allowed_modes:
-                c = dag_costs(problem, m)
+                c = planning_costs(problem, m)
                 p = solve_milp(c, "makespan", self.time_limit_s, respect_period=False)
                 if p is not None:
                     cands.append((p, c))

@@ -88,7 +88,7 @@ class HPS:
         self.model, self.dtype = job.model, job.dtype
         base = self.proportional.plan(problem)
         devs = [problem.cluster.device(r.device) for r in base.replicas]
-        rates = [r.batch / iteration_compute_s(job.model, d.type, job.dtype, r.batch)
+        rates = [r.batch / iteration_compute_s(job.model, d.type, job.dtype, r.batch, job.memory_format)
                  for r, d in zip(base.replicas, devs)]
         free_now = initial_free_memory_bytes(problem)
         free = [free_now[d.id] for d in devs]

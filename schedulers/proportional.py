@@ -30,7 +30,7 @@ class Proportional:
         B = job.global_batch
         shares = [max(1, B // len(devs))] * len(devs)
         for _ in range(self.rounds):
-            rates = [max(b, 1) / iteration_compute_s(job.model, d.type, job.dtype, max(b, 1))
+            rates = [max(b, 1) / iteration_compute_s(job.model, d.type, job.dtype, max(b, 1), job.memory_format)
                      for d, b in zip(devs, shares)]
             shares = largest_remainder(rates, B)
         return data_parallel_plan(problem, shares, "proportional")

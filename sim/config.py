@@ -25,6 +25,7 @@ from pydantic import (
 )
 
 from hardware_profiles.errors import ConfigError
+from sim import overrides
 from sim.quantization import Adaptive
 
 
@@ -460,12 +461,13 @@ def config_from_dict(data: Any, source: str) -> Config:
 
 
 def read_yaml(path: str | Path) -> Any:
-    """Parse a YAML file; missing or malformed files become one-line ConfigErrors."""
+    """Parse a YAML file; missing or malformed files become one-line ConfigErrors.
+    The ``--set`` overrides registered for the file (:mod:`sim.overrides`) are applied."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(str(p), "", "file not found")
     try:
-        return yaml.safe_load(p.read_text(encoding="utf-8"))
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
     except UnicodeDecodeError as e:
         raise ConfigError(str(p), "", f"not UTF-8 text ({e.reason} at byte {e.start})") from None
     except OSError as e:
@@ -474,6 +476,8 @@ def read_yaml(path: str | Path) -> Any:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark is not None else ""
         raise ConfigError(str(p), where, f"malformed YAML: {getattr(e, 'problem', None) or e}") from None
+    ov = overrides.registered(p)  # the command line's --set for this file
+    return overrides.apply(data, ov) if ov else data
 
 
 def load_config(path: str | Path) -> Config:

@@ -326,10 +326,8 @@ def pool_ops(layer: Layer) -> float:
     ``(window + 2)`` times the output elements.
 
     Torch's FLOP counter counts none for pooling, but a CPU max pool's time follows
-    this count, not its bytes: ResNet's 3x3 and VGG's 2x2 pools (outputs a quarter
-    of their inputs, so equal bytes per output) took 27 and 14-18 ns per output
-    element here (Xeon rounds profile, 0.1-12.8 MB), 2.5 and 2.3-3.0 ns per
-    operation so counted. Priced by the elementwise class's compute curve where a
+    this count, not its bytes (pools whose outputs have equal bytes but different
+    windows take time in proportion to the window). Priced by the elementwise class's compute curve where a
     profile has one (calibration fits it to pools, the class's only passes with
     operations), by its bytes otherwise.
     """
@@ -557,6 +555,36 @@ class PlanCosts:
         return int(self.chunk_shard.shape[0])
 
 
+def _distinct_layer_times(model: Model, dtype: str, workers: list[tuple[DeviceProfile, int]],
+                          memory_format: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-layer forward and backward times once per distinct (device type, batch), cheap
+    for 1e5 workers: each worker's index into the distinct rows, and the (distinct, L)
+    forward and backward tables (indexed per worker only at the end)."""
+    keys: dict[tuple[str, int], int] = {}
+    uniq: list[tuple[np.ndarray, np.ndarray]] = []
+    kidx_list = []
+    for dt, b in workers:
+        k = (dt.name, b)
+        i = keys.get(k)
+        if i is None:
+            i = keys[k] = len(uniq)
+            uniq.append(layer_times(model, dt, dtype, b, memory_format))
+        kidx_list.append(i)
+    return np.asarray(kidx_list), np.stack([u[0] for u in uniq]), np.stack([u[1] for u in uniq])
+
+
+def _quant_times(fp32: np.ndarray, bits: int, worker_types: list[DeviceProfile],
+                 shard_types: list[DeviceProfile], shard_mbw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Seconds each worker spends packing its chunks to ``bits`` and each chunk's shard
+    spends unpacking them, (workers, chunks) each (zeros at 32 bits)."""
+    worker_mbw = np.array([t.mem_bw_Bps for t in worker_types], dtype=float)
+    worker_pv = np.array([_per_value(t, bits, "pack") for t in worker_types], dtype=float)
+    shard_pv = np.array([_per_value(t, bits, "unpack") for t in shard_types], dtype=float)
+    quant = _pass_time(fp32, bits, worker_mbw[:, None], worker_pv[:, None])
+    dequant = _pass_time(fp32, bits, shard_mbw[None, :], shard_pv[None, :])
+    return quant, dequant
+
+
 def plan_costs(problem: Problem, plan: Plan) -> PlanCosts:
     """Build the :class:`PlanCosts` of a single-stage (data-parallel) plan."""
     if len(plan.stages) != 1:
@@ -569,21 +597,8 @@ def plan_costs(problem: Problem, plan: Plan) -> PlanCosts:
     devs = [cl.device(r.device) for r in reps]
     batch = np.array([r.batch for r in reps], dtype=float)
 
-    # Per-layer times once per distinct (device type, batch): cheap for 1e5 workers.
-    keys: dict[tuple[str, int], int] = {}
-    uniq: list[tuple[np.ndarray, np.ndarray]] = []
-    kidx_list = []
-    for r, d in zip(reps, devs):
-        k = (d.type.name, r.batch)
-        i = keys.get(k)
-        if i is None:
-            i = keys[k] = len(uniq)
-            uniq.append(layer_times(model, d.type, job.dtype, r.batch))
-        kidx_list.append(i)
-    kidx = np.asarray(kidx_list)
-    fwd_u = np.stack([u[0] for u in uniq])  # (distinct, L); indexed per worker only at the end
-    bwd_u = np.stack([u[1] for u in uniq])
-
+    kidx, fwd_u, bwd_u = _distinct_layer_times(model, job.dtype, [(d.type, r.batch) for r, d in zip(reps, devs)],
+                                                 job.memory_format)
     frac = shard_partition(model, S)  # (S, L)
     dense = np.array([0.0 if ly.sparse else ly.param_bytes for ly in model.layers])
     sparse_cols = [j for j, ly in enumerate(model.layers) if ly.sparse is not None]
@@ -623,11 +638,8 @@ def plan_costs(problem: Problem, plan: Plan) -> PlanCosts:
     push = fp32 if bits >= 32 else packed_bytes_array(fp32, bits)
     shard_mbw = np.array([shards[s].type.mem_bw_Bps for s in chunk_shard]) if len(chunk_shard) else np.zeros(0)
     agg = AGG_PASSES * fp32 / shard_mbw[None, :] if fp32.size else fp32
-    worker_mbw = np.array([d.type.mem_bw_Bps for d in devs], dtype=float)
-    worker_pv = np.array([_per_value(d.type, bits, "pack") for d in devs], dtype=float)
-    shard_pv = np.array([_per_value(shards[s].type, bits, "unpack") for s in chunk_shard], dtype=float)
-    quant = _pass_time(fp32, bits, worker_mbw[:, None], worker_pv[:, None])
-    dequant = _pass_time(fp32, bits, shard_mbw[None, :], shard_pv[None, :])
+    quant, dequant = _quant_times(fp32, bits, [d.type for d in devs], [shards[s].type for s in chunk_shard],
+                                  shard_mbw)
     if bits < 32 and fp32.size:
         # the sender's pack pass joins the backward of the group producing the chunk
         onehot = np.zeros((len(chunk_group), bwd_s.shape[1]))

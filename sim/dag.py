@@ -19,6 +19,7 @@ unit when busy. Schedulers return a :class:`DagPlan`; its energy per frame is
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 from collections.abc import Sequence
@@ -159,6 +160,11 @@ class DagProblem:
         deadline_s: each frame must finish within this of its release.
         modes: power modes the scheduler may choose from (empty: all of the board's).
         dtype: precision of the work (DLAs run fp16/int8 only; their fp32 entry says so).
+        time_scale: [board unit] the factor a scheduler prices execution times at, for
+            the slowdowns the frames DES applies (load, jitter;
+            :func:`sim.des.frames.planning_scale`); empty: 1 on every unit. Only
+            :func:`planning_costs` applies it: the DES and a plan's own figures use
+            the nominal times (:func:`dag_costs`).
     """
 
     graph: TaskGraph
@@ -167,10 +173,14 @@ class DagProblem:
     deadline_s: float
     modes: tuple[str, ...] = ()
     dtype: str = "fp32"
+    time_scale: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.period_s > 0 or not self.deadline_s > 0:
             raise ValueError("period_s and deadline_s must be > 0")
+        if self.time_scale and (len(self.time_scale) != len(self.board.units)
+                                or not all(math.isfinite(f) and f >= 1.0 for f in self.time_scale)):
+            raise ValueError("time_scale needs one finite factor >= 1 per board unit")
         for m in self.modes:
             if m not in self.board.power_modes:
                 raise ValueError(f"unknown power mode {m!r} of board {self.board.name!r}")
@@ -246,8 +256,36 @@ class DagCosts:
         return topological_order([[j for j, _ in s] for s in self.succs])
 
 
+def planning_costs(problem: DagProblem, mode: str) -> DagCosts:
+    """What a scheduler plans with: :func:`dag_costs` with each unit's execution times
+    scaled by ``problem.time_scale`` (the slowdowns the DES will apply)."""
+    c = dag_costs(problem, mode)
+    if not problem.time_scale:
+        return c
+    return dataclasses.replace(c, time_s=c.time_s * np.asarray(problem.time_scale, dtype=float))
+
+
+def compact_schedule(c: DagCosts, unit: Sequence[int], start: Sequence[float]) -> DagPlan:
+    """``unit``'s assignment and each unit's order of tasks (by ``start``, ties in a
+    topological order), every task started as early as ``c``'s times allow."""
+    topo_pos = {i: r for r, i in enumerate(c.topo())}
+    fin = np.zeros(len(unit))
+    st = np.zeros(len(unit))
+    free = np.zeros(len(c.units))
+    # A predecessor starts no later than its successor (ties broken by a topological
+    # order), so this order is topological and keeps each unit's order.
+    for i in sorted(range(len(unit)), key=lambda i: (start[i], topo_pos[i])):
+        u = unit[i]
+        ready = max((fin[p] + (c.comm_s[k] if unit[p] != u else 0.0) for p, k in c.preds[i]), default=0.0)
+        st[i] = max(ready, free[u])
+        fin[i] = st[i] + c.time_s[i, u]
+        free[u] = fin[i]
+    return DagPlan(c.mode, tuple(unit), tuple(float(v) for v in st))
+
+
 def dag_costs(problem: DagProblem, mode: str) -> DagCosts:
-    """Price ``problem`` in power ``mode`` of its board."""
+    """Price ``problem`` in power ``mode`` of its board (nominal times: ``time_scale``
+    is :func:`planning_costs`'s)."""
     board, g = problem.board, problem.graph
     units = tuple(board.units)
     t = np.full((len(g), len(units)), math.inf)

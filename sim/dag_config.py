@@ -11,6 +11,8 @@ Example (experiments/configs/robotics/orin_slam.yaml)::
     frame_rate_hz: 30
     deadline_ms: 25                 # default: one period
     modes: [40w, 30w]               # power modes allowed (default: all)
+    miss_tolerance: 0.01            # share of frames the DES may miss (default 0.01)
+    plan_with_des_effects: true     # schedulers price the DES's load and jitter (default)
     scheduler: {name: energy, params: {margin: 0.1}}
     des:                            # the frames DES (sim/des/frames.py)
       frames: 1000
@@ -52,7 +54,7 @@ from sim.config import (
 )
 from sim.config import validation_error as _validation_error
 from sim.dag import DagProblem, Edge, Task, TaskGraph
-from sim.des.frames import FrameOptions
+from sim.des.frames import FrameOptions, planning_scale
 from sim.robotics.pipelines import PIPELINES
 
 
@@ -79,6 +81,10 @@ class DagConfig(_Strict):
     frame_rate_hz: float = Field(gt=0, description="frames released per second")
     deadline_ms: float | None = Field(None, gt=0, description="end-to-end deadline (default: one period)")
     modes: list[str] = Field(default_factory=list, description="power modes allowed (default: all)")
+    miss_tolerance: float = Field(0.01, gt=0, lt=1, description="share of frames the DES may miss; "
+                                  "hetsim dag flags a plan that misses more")
+    plan_with_des_effects: bool = Field(True, description="schedulers price execution times scaled by the "
+                                        "DES's load and jitter (sim.des.frames.planning_scale)")
     scheduler: SchedulerConfig = Field(default_factory=lambda: SchedulerConfig(name="energy"))
     des: DesConfig = Field(default_factory=DesConfig)
 
@@ -142,15 +148,17 @@ def dag_config_from_dict(data: Any, base: Path, source: str) -> tuple[DagConfig,
         if m not in board.power_modes:
             raise ConfigError(source, f"modes[{i}]", f"board {board.name!r} has no power mode {m!r} "
                               f"(it has {', '.join(board.power_modes)})")
+    d = cfg.des
+    opts = FrameOptions(frames=d.frames, jitter_cv=d.jitter_cv, release_jitter_s=d.release_jitter_ms / 1e3,
+                        load=tuple(d.load), memory_contention=d.memory_contention, seed=cfg.seed,
+                        miss_tolerance=cfg.miss_tolerance)
+    scale = planning_scale(opts, len(board.units), period) if cfg.plan_with_des_effects else ()
     problem = DagProblem(graph, board, period, (cfg.deadline_ms / 1e3) if cfg.deadline_ms else period,
-                         tuple(cfg.modes))
+                         tuple(cfg.modes), time_scale=scale if any(f != 1.0 for f in scale) else ())
     for t in graph.tasks:
         if not any(board.supports(u, t.op) for u in board.units):
             raise ConfigError(source, "pipeline", f"no unit of {board.name!r} runs op class {t.op!r} "
                               f"(task {t.name!r})")
-    d = cfg.des
-    opts = FrameOptions(frames=d.frames, jitter_cv=d.jitter_cv, release_jitter_s=d.release_jitter_ms / 1e3,
-                        load=tuple(d.load), memory_contention=d.memory_contention, seed=cfg.seed)
     return cfg, problem, opts
 
 

@@ -37,10 +37,19 @@ power only: aggregation and update work are not modelled). So
 ``RunResult.cost_usd`` and ``energy_j`` are PlacementSpace's formulas over
 the run's elapsed time, which includes the fill; ``extra["placement"]`` holds
 the steady-state figures over ``samples / T`` as PlacementSpace reports them.
+
+The steady state needs iterations in flight: each stage holds
+:func:`default_in_flight` of them and pulls parameters with a lag of
+:func:`staleness_bound` iterations (the pipeline DES, sim/des/pipeline.py, runs
+plans so). Both evaluators report them (``extra["in_flight"]``,
+``extra["staleness_bound"]``): a placement plan trains with stale parameters
+whatever ``job.sync`` says.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -50,7 +59,7 @@ from sim.costmodel import _ACT_SCALE, layer_times, sparse_touched_bytes
 from sim.placement import replica_traffic
 from sim.plan import Plan
 from sim.problem import Problem
-from sim.result import DeviceUsage, RunResult
+from sim.result import DeviceUsage, ModelSteadyState, RunResult
 
 
 @dataclass(frozen=True)
@@ -158,7 +167,7 @@ def pipeline_model(problem: Problem, plan: Plan, largest_share: bool = False) ->
             dev = cluster.device(r.device)
             b = b_max if largest_share else r.batch
             nic = type_nic.get(dev.type.name, dev.nic_bw_Bps) if largest_share else dev.nic_bw_Bps
-            f, w = layer_times(model, dev.type, job.dtype, b)
+            f, w = layer_times(model, dev.type, job.dtype, b, job.memory_format)
             fwd, bwd = float(f[j:i].sum()), float(w[j:i].sum())
             touched = sum(sparse_touched_bytes(ly, b) for ly in layers)
             pull, push, sync, wire = (float(x) for x in replica_traffic(
@@ -179,6 +188,52 @@ def pipeline_model(problem: Problem, plan: Plan, largest_share: bool = False) ->
     period = B / T if np.isfinite(T) and T > 0 else 0.0
     m = PipelineModel(tuple(stages), B, ps_bytes, cap, lat, job.pipeline, T, period, bottleneck, 0.0)
     return _with_fill(m)
+
+
+def default_in_flight(m: PipelineModel) -> list[int]:
+    """Iterations each stage holds (``w_s``): enough that an iteration's round
+    trip below a stage never stalls it at the steady period ``d``.
+
+    The last stage needs one. Stage s needs ``w_{s+1}`` plus the periods
+    spanned by the boundary transfers both ways (uncontended, with latency) and
+    the next stage's compute and sync, plus two periods of slack for queueing
+    on the links.
+    """
+    S, d, lat = len(m.stages), m.period_s, m.latency_s
+    w = [1] * S
+    for s in range(S - 2, -1, -1):
+        a, b = m.stages[s], m.stages[s + 1]
+        x = max(max(r.batch * a.act_out / r.nic_Bps for r in a.replicas),
+                max(r.batch * b.act_in / r.nic_Bps for r in b.replicas))
+        work = max(r.compute_s + r.sync_s for r in b.replicas)
+        span = 2 * (x + lat) + work
+        w[s] = w[s + 1] + (math.ceil(span / d) if d > 0 else 1) + 2
+    return w
+
+
+def staleness_bound(m: PipelineModel, in_flight: Sequence[int]) -> list[int]:
+    """Per stage: the pull for iteration k waits for the update of k minus this.
+
+    Iteration k - w_s ends its backward on the stage just before forward k
+    starts; the push of an older iteration, its update and the pull must fit
+    in the periods in between: ``max(w_s, w_{s-1})`` plus the periods a push
+    and a pull take (uncontended, with latency), plus twice the periods the
+    PS pool needs for an iteration's traffic (both may queue there), plus one
+    of slack.
+    """
+    d, lat = m.period_s, m.latency_s
+    # periods the shared PS pool needs for one iteration's traffic (1 when it is the
+    # bottleneck): a push and a pull may each wait that long behind the others'
+    pool = math.ceil(m.ps_bytes / m.ps_capacity_Bps / d) if d > 0 and m.ps_capacity_Bps > 0 else 1
+    out = []
+    for s, st in enumerate(m.stages):
+        x = max((r.pull_bytes + r.push_bytes) / r.nic_Bps for r in st.replicas) + 2 * lat
+        # the upstream stage sends the activations of iteration k + 1 about w_{s-1}
+        # iterations after this stage's backward of k + 1 - w_{s-1}: a pull issued
+        # earlier than that is not queued behind them
+        w = max(in_flight[s], in_flight[s - 1] if s > 0 else 0)
+        out.append(w + (math.ceil(x / d) if d > 0 else 1) + 2 * pool + 1)
+    return out
 
 
 def _with_fill(m: PipelineModel) -> PipelineModel:
@@ -277,9 +332,12 @@ def evaluate_analytic(problem: Problem, plan: Plan) -> RunResult:
     """Evaluate a multi-stage plan with the steady-state model; RunResult as every evaluator.
 
     Iteration 0 ends at the pipeline fill, every later one a period ``B / T``
-    after the previous. ``extra["placement"]`` carries the steady-state
+    after the previous; throughput and iteration times leave out the fill (a
+    1-iteration run, the fill alone, reports the model's steady state). ``extra["placement"]`` carries the steady-state
     throughput, price, cost, energy and bottleneck (PlacementSpace's figures
-    for the plan's replicas), ``extra["note"]`` what is not modelled.
+    for the plan's replicas), ``extra["in_flight"]`` and
+    ``extra["staleness_bound"]`` the pipeline's depth and staleness per stage,
+    ``extra["note"]`` what is not modelled.
     """
     job = problem.job
     m = pipeline_model(problem, plan)
@@ -290,13 +348,19 @@ def evaluate_analytic(problem: Problem, plan: Plan) -> RunResult:
     E = ends[-1]
     compute = {r.device: r.compute_s * n for st in m.stages for r in st.replicas}
     comm = {r.device: r.sync_s * n for st in m.stages for r in st.replicas}
-    extra: dict[str, object] = {"placement": steady_figures(problem, plan, m)}
+    w = default_in_flight(m)
+    extra: dict[str, object] = {"placement": steady_figures(problem, plan, m), "in_flight": w,
+                                "staleness_bound": staleness_bound(m, w)}
     note = unsupported_note(problem)
     if note:
         extra["note"] = note
+    # one iteration is the fill alone: the steady state is the model's, not the run's
+    model = None if n > 1 else ModelSteadyState(
+        m.throughput_sps, m.period_s, 2, f"{plan.scheduler}: a 1-iteration run is the pipeline's fill "
+        "alone: throughput is the steady-state model's")
     return RunResult(
         name=problem.name, evaluator="analytic", scheduler=plan.scheduler, seed=problem.seed,
         iter_end_s=ends, iter_samples=[job.global_batch] * n,
         devices=devices_of(problem, plan, compute, comm, E),
-        warmup=min(max(job.warmup_iterations, 1), max(n - 1, 0)), extra=extra,
+        warmup=min(max(job.warmup_iterations, 1), max(n - 1, 0)), model_steady=model, extra=extra,
     )

@@ -162,7 +162,7 @@ class PlacementSpace:
         for k, name in enumerate(self.type_names):
             dev = types[name]
             for m, bm in enumerate(b):
-                f, w = layer_times(model, dev, job.dtype, int(bm))
+                f, w = layer_times(model, dev, job.dtype, int(bm), job.memory_format)
                 c = cum(f + w)
                 compute[:, k, m] = c[ii] - c[jj]
         # PS traffic per replica and iteration: pull fp32, push quantized

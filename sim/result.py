@@ -2,7 +2,11 @@
 plan kind (:class:`sim.plan.PlanKind`).
 
 Headline metrics are derived from recorded facts (iteration boundaries, busy
-times, provisioned devices), never stored twice. ``summary_json``,
+times, provisioned devices), never stored twice. Throughput and iteration-time
+statistics cover the run's *throughput window*: the iterations after its
+fill (``warmup``) and before its drain (``drain``), or, where an evaluator
+found the run too short to have such a window, the model's steady state
+(``model_steady``). ``summary.json`` says which (``throughput_window``). ``summary_json``,
 ``iterations_csv`` and ``trace_json`` give the file contents
 (experiments/runner.py writes them). A DAG plan's frames run is a
 :class:`FrameResult`: a RunResult whose iterations are frames, plus the frame facts.
@@ -19,6 +23,9 @@ from typing import Any
 import numpy as np
 
 SUMMARY_SCHEMA = 1
+#: ``throughput_window.kind``: iterations with fill and/or drain left out; the model's steady
+#: state (the run had no steady window); every iteration (nothing to leave out).
+WINDOW_KINDS = ("steady", "model_steady_state", "whole_run")
 HEADLINE_KEYS = (
     "throughput_sps", "iteration_time_mean_s", "iteration_time_p50_s", "iteration_time_p95_s",
     "iterations", "elapsed_s", "time_to_target_s", "cost_usd", "energy_j",
@@ -50,6 +57,24 @@ class DeviceUsage:
     wait_s: float = 0.0
 
 
+@dataclass(frozen=True)
+class ModelSteadyState:
+    """A model's steady state, reported in place of a run's own figures when the run
+    is too short to have a steady window.
+
+    Attributes:
+        throughput_sps: samples per second in steady state.
+        iteration_time_s: time per iteration in steady state.
+        min_iterations: the shortest run that has a steady window.
+        note: one line saying why (printed as a warning by the CLI).
+    """
+
+    throughput_sps: float
+    iteration_time_s: float
+    min_iterations: int
+    note: str
+
+
 @dataclass
 class RunResult:
     """What one evaluation of a plan produced.
@@ -58,7 +83,11 @@ class RunResult:
         iter_end_s: end time of each (global) iteration; iteration i spans
             (iter_end_s[i-1], iter_end_s[i]], the first starts at 0.
         iter_samples: samples whose updates each iteration applied.
-        warmup: leading iterations excluded from throughput and iteration-time stats.
+        warmup: leading iterations excluded from throughput and iteration-time stats
+            (the fill).
+        drain: trailing iterations excluded likewise (a pipeline's drain).
+        model_steady: set where the run is too short for a steady window: throughput
+            and iteration-time stats are then this model's steady state.
         iter_loss: the modelled training loss at the end of each iteration (None
             without a convergence model; adds a ``loss`` column to iterations.csv).
     """
@@ -71,6 +100,8 @@ class RunResult:
     iter_samples: list[int]
     devices: list[DeviceUsage]
     warmup: int = 1
+    drain: int = 0
+    model_steady: ModelSteadyState | None = None
     time_to_target_s: float | None = None
     failures: list[dict[str, Any]] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
@@ -87,19 +118,36 @@ class RunResult:
         return np.diff(np.concatenate([[0.0], ends]))
 
     def _measured(self) -> slice:
+        """The throughput window: after the warm-up, before the drain (each dropped
+        where it would leave no iteration)."""
         n = len(self.iter_end_s)
         w = self.warmup if n > self.warmup else 0
-        return slice(w, n)
+        d = self.drain if n - w > self.drain else 0
+        return slice(w, n - d)
+
+    def throughput_window(self) -> dict[str, Any]:
+        """summary.json's ``throughput_window``: its ``kind`` (:data:`WINDOW_KINDS`) and
+        the first and last iteration it covers (both included; None for the model's
+        steady state, which covers none)."""
+        if self.model_steady is not None:
+            return {"kind": "model_steady_state", "from_iteration": None, "to_iteration": None,
+                    "min_iterations": self.model_steady.min_iterations, "note": self.model_steady.note}
+        sl = self._measured()
+        whole = sl.start == 0 and sl.stop == len(self.iter_end_s)
+        return {"kind": "whole_run" if whole else "steady", "from_iteration": sl.start,
+                "to_iteration": sl.stop - 1}
 
     @property
     def throughput_sps(self) -> float:
-        """Samples per second over the iterations after warm-up."""
+        """Samples per second over the throughput window (or the model's steady state)."""
+        if self.model_steady is not None:
+            return self.model_steady.throughput_sps
         sl = self._measured()
         ends = np.asarray(self.iter_end_s, dtype=float)
         if len(ends) == 0:
             return 0.0
         t0 = ends[sl.start - 1] if sl.start > 0 else 0.0
-        span = ends[-1] - t0
+        span = ends[sl.stop - 1] - t0
         samples = float(np.sum(np.asarray(self.iter_samples, dtype=float)[sl]))
         return samples / span if span > 0 else 0.0
 
@@ -121,6 +169,8 @@ class RunResult:
     def summary(self) -> dict[str, Any]:
         """summary.json: the headline metrics (schema 1), then per-worker detail."""
         it = self.iteration_times()[self._measured()]
+        if self.model_steady is not None:
+            it = np.array([self.model_steady.iteration_time_s])
         stats = {
             "mean": float(it.mean()) if it.size else 0.0,
             "p50": float(np.percentile(it, 50)) if it.size else 0.0,
@@ -133,6 +183,7 @@ class RunResult:
             "scheduler": self.scheduler,
             "seed": self.seed,
             "throughput_sps": self.throughput_sps,
+            "throughput_window": self.throughput_window(),
             "iteration_time_s": stats,
             "iterations": len(self.iter_end_s),
             "elapsed_s": self.elapsed_s,

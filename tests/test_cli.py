@@ -29,7 +29,8 @@ from sim.result import HEADLINE_KEYS
 HETSIM = Path(sys.executable).with_name("hetsim")
 RUN_FILES = {"summary.json", "iterations.csv", "trace.json", "plan.json", "config.json"}
 SUMMARY_KEYS = {
-    "schema", "name", "evaluator", "scheduler", "seed", "throughput_sps", "iteration_time_s",
+    "schema", "name", "evaluator", "scheduler", "seed", "throughput_sps", "throughput_window",
+    "iteration_time_s",
     "iterations", "elapsed_s", "time_to_target_s", "cost_usd", "energy_j", "utilization",
     # documented extras: per-worker time split and the failures that happened
     "workers", "failures",
@@ -317,7 +318,8 @@ def test_simulate_with_a_hand_written_plan(tmp_path: Path, capsys: pytest.Captur
 # simulate: the five files, the summary schema, the resolved config, determinism
 # ----------------------------------------------------------------------------------------
 def _check_run_folder(d: Path, evaluator: str, batch: int, iterations: int) -> dict[str, Any]:
-    assert files_in(d) == RUN_FILES
+    # the analytic evaluator has no timeline to show: no trace.json
+    assert files_in(d) == (RUN_FILES if evaluator == "des" else RUN_FILES - {"trace.json"})
     s = json.loads((d / "summary.json").read_text())
     assert set(s) == SUMMARY_KEYS
     assert s["schema"] == 1 and s["evaluator"] == evaluator
@@ -333,9 +335,8 @@ def _check_run_folder(d: Path, evaluator: str, batch: int, iterations: int) -> d
     assert len(rows) == iterations
     assert all(int(r["samples"]) == batch for r in rows)
     assert float(rows[-1]["end_s"]) == pytest.approx(s["elapsed_s"])
-    trace = json.loads((d / "trace.json").read_text())
-    assert isinstance(trace["traceEvents"], list)
-    if evaluator == "des":  # the analytic evaluator has no timeline to show
+    if evaluator == "des":
+        trace = json.loads((d / "trace.json").read_text())
         spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
         assert spans and all({"name", "pid", "tid", "ts", "dur"} <= set(e) for e in spans)
     plan = json.loads((d / "plan.json").read_text())
@@ -355,6 +356,9 @@ def test_simulate_writes_the_five_files(evaluator: str, tmp_path: Path, capsys: 
     assert s["name"] == "small" and s["scheduler"] == "proportional" and s["seed"] == 0
     assert set(s["workers"]) <= {"t4:0", "cpu-8c:0", "cpu-8c:1"} and s["workers"]
     assert s["failures"] == []
+    # the files said written are those there: no trace.json without a timeline (analytic)
+    trace = "trace.json, " if evaluator == "des" else ""
+    assert out.splitlines()[-1] == f"wrote {tmp_path / 'o'}/ (summary.json, iterations.csv, {trace}plan.json, config.json)"
 
     # config.json: the resolved config, every default filled in
     c = json.loads((tmp_path / "o" / "config.json").read_text())
@@ -388,6 +392,15 @@ def test_same_config_twice_is_byte_identical(evaluator: str, tmp_path: Path,
         assert rc == 0, err
     for name in ("summary.json", "iterations.csv"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+
+
+def test_an_analytic_run_over_a_des_run_leaves_no_stale_trace(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = write_config(tmp_path / "c.yaml")
+    assert cli(capsys, "simulate", str(cfg), "--evaluator", "des", "--out", str(tmp_path / "o"))[0] == 0
+    assert (tmp_path / "o" / "trace.json").is_file()
+    assert cli(capsys, "simulate", str(cfg), "--evaluator", "analytic", "--out", str(tmp_path / "o"))[0] == 0
+    assert files_in(tmp_path / "o") == RUN_FILES - {"trace.json"}
 
 
 def test_scheduler_override_on_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -267,8 +267,8 @@ def test_simulate_with_each_pattern(pattern: str, tmp_path: Path, capsys: pytest
 
 
 def test_readme_dynamics_example_is_valid() -> None:
-    """The README's `dynamics:` block validates and expands (on three workers)."""
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    """The documented `dynamics:` block (docs/reference/files.md) validates and expands (on three workers)."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "reference" / "files.md").read_text()
     block = text.split("```yaml\ndynamics:\n", 1)[1].split("```", 1)[0]
     dynamics = yaml.safe_load("dynamics:\n" + block)["dynamics"]
     assert [e.get("pattern", "event") for e in dynamics] == ["event"] * 3 + ["steps", "random_walk", "periodic"]

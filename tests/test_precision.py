@@ -125,3 +125,28 @@ def test_job_fields_are_validated() -> None:
             Config.model_validate(bad)
     ok = Config.model_validate({**base, "job": {**base["job"], "dtype": "tf32", "memory_format": "channels_last"}})
     assert (ok.job.dtype, ok.job.memory_format) == ("tf32", "channels_last")
+
+
+def test_job_memory_format_reaches_every_pricing(tmp_path: Path) -> None:
+    """``job.memory_format`` prices a data-parallel plan: under fp16 the fitted A100's
+    convolutions in contiguous layout pay the layout transposes, in channels_last they do
+    not, and the plan's per-worker forward is exactly the layer tables' sum in that layout."""
+    import dataclasses
+
+    import schedulers
+    from sim.costmodel import layer_times, plan_costs
+
+    cfg = Config.model_validate({"name": "m", "cluster": {"devices": [{"type": "a100", "count": 2}],
+                                                          "ps": {"shards": 1, "type": "cpu-8c"}},
+                                 "job": {"model": "resnet50", "global_batch": 128, "dtype": "fp16",
+                                         "memory_format": "channels_last"}})
+    last = build_problem(cfg, tmp_path, "m.yaml")
+    first = dataclasses.replace(last, job=dataclasses.replace(last.job, memory_format="contiguous"))
+    fwd = {}
+    for p in (first, last):
+        plan = schedulers.make("equal").plan(p)
+        dev = p.cluster.device(plan.stages[0].replicas[0].device).type
+        fwd[p.job.memory_format] = float(plan_costs(p, plan).fwd_s[0].sum())
+        assert fwd[p.job.memory_format] == float(layer_times(p.job.model, dev, "fp16", 64,
+                                                             p.job.memory_format)[0].sum())
+    assert fwd["channels_last"] < fwd["contiguous"]

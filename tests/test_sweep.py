@@ -7,6 +7,7 @@ that a test can stop the whole process group; every output lives under
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import logging
@@ -226,10 +227,13 @@ def test_invalid_point_is_an_error_row_and_the_rest_succeed(tmp_path: Path, caps
     path = write_sweep(tmp_path / "bw.yaml", {
         "base": str(DEMO), "grid": {"cluster.network.bandwidth_gbps": [0, 10], "scheduler.name": ["equal", "nope"]}})
     rc = main(["sweep", str(path), "--jobs", "1", "--quiet"])
-    out = capsys.readouterr().out
-    assert rc == 0
-    assert "4 points: 1 ok, 3 error, 0 skipped" in out
+    out, err = capsys.readouterr()
     csv_path = tmp_path / "results" / "sweeps" / "bw" / "results.csv"
+    # every row is written, then the failed points make the exit status 1, said in one line
+    assert rc == 1
+    assert err == (f"hetsim: 3 of 4 points failed: status error in {Path('results/sweeps/bw/results.csv')}, "
+                   "the reason in its error column; exit status 1 (--allow-failures: 0)\n")
+    assert "4 points: 1 ok, 3 error, 0 skipped" in out
     assert f"wrote {Path('results/sweeps/bw/results.csv')} (4 rows)" in out
     rows = rows_by_id(csv_path)
     with csv_path.open() as f:
@@ -384,3 +388,226 @@ def test_example_sweeps_expand_to_valid_points() -> None:
         assert len(pts) == n
         for p in pts:
             runner.problem_of(runner.from_dict(p.config, sw.base_dir, sw.source))  # profiles resolve
+
+
+# ---------------------------------------------------------------- exit status
+def test_failed_points_exit_1_after_every_row_and_allow_failures_exits_0(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write_sweep(tmp_path / "f.yaml", {"base": str(DEMO), "grid": {"scheduler.name": ["equal", "nope"]}})
+    out = tmp_path / "o"
+    assert main(["sweep", str(path), "--jobs", "1", "--quiet", "--out", str(out), "--allow-failures"]) == 0
+    assert "2 points: 1 ok, 1 error" in capsys.readouterr().out
+    assert [r["status"] for r in rows_by_id(out / "results.csv").values()] == ["ok", "error"]
+    # resumed: nothing left to run, and the failure from the earlier run still counts
+    assert main(["sweep", str(path), "--jobs", "1", "--quiet", "--out", str(out)]) == 1
+    o, err = capsys.readouterr()
+    assert "0 ok, 0 error, 2 skipped" in o
+    assert err.startswith("hetsim: 1 of 2 points failed (1 in an earlier run): status error in ")
+    assert len(err.splitlines()) == 1
+    # the library reports the failed points of this sweep, wherever they came from
+    df = run_sweep(load_sweep(path), out, progress=False)
+    assert df.attrs["failed"] == [p.point_id for p in load_sweep(path).points()
+                                  if p.values["scheduler.name"] == "nope"]
+    ok = write_sweep(tmp_path / "ok.yaml", {"base": str(DEMO), "grid": {"scheduler.name": ["equal"]}})
+    assert main(["sweep", str(ok), "--jobs", "1", "--quiet", "--out", str(tmp_path / "ok")]) == 0
+
+
+# ---------------------------------------------------------------- size bounds
+@pytest.mark.parametrize("part,field,message", [
+    ({"random": {"samples": 10**9, "axes": {"job.global_batch": {"low": 8, "high": 1024, "int": True}}}},
+     "random.samples", "1,000,000,000 points, over the limit of 50,000 points per sweep"),
+    ({"grid": {"job.global_batch": list(range(1, 10_001)), "seed": list(range(10_000))}},
+     "grid", "10,000 x 10,000 = 100,000,000 points, over the limit of 50,000 points per sweep"),
+    ({"grid": {"seed": list(range(300))}, "zip": {"job.global_batch": list(range(1, 301))},
+      "random": {"samples": 1000, "axes": {"job.sync": {"choices": ["bsp", "asp"]}}}},
+     "random.samples", "300 x 300 zip rows x 1,000 samples = 90,000,000 points"),
+])
+def test_too_many_points_are_refused_up_front_unless_forced(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], part: dict[str, Any], field: str, message: str) -> None:
+    path = write_sweep(tmp_path / "big.yaml", {"base": str(DEMO), **part})
+    t0 = time.monotonic()
+    rc = main(["sweep", str(path), "--out", str(tmp_path / "o"), "--quiet"])
+    err = capsys.readouterr().err
+    assert time.monotonic() - t0 < 5  # counted, not made
+    assert rc == 2 and len(err.splitlines()) == 1
+    assert err.startswith(f"hetsim: error: {path}: {field}: {message}")
+    assert "pass --force" in err and "before the first one runs" in err
+    assert not (tmp_path / "o").exists()  # nothing written
+    with pytest.raises(ConfigError) as e:
+        run_sweep(load_sweep(path), tmp_path / "o2", progress=False)
+    assert e.value.field == field and not (tmp_path / "o2").exists()
+
+
+def test_force_lifts_the_limit_and_the_limit_counts_before_duplicates(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from experiments import sweep as sweep_mod
+
+    sw = sweep_of(grid={"seed": [0, 1, 2]}, zip={"job.global_batch": [64, 64]})
+    assert sw.size() == 6 and len(sw.points()) == 3  # 6 made, 3 distinct
+    with pytest.raises(ConfigError, match="6 points, over the limit of 5"):
+        sw.points(limit=5)
+    assert len(sw.points(limit=None)) == 3
+    small = sweep_of(grid={"seed": [0, 1]})
+    monkeypatch.setattr(sweep_mod, "MAX_POINTS", 1)
+    with pytest.raises(ConfigError, match="over the limit of 1 points per sweep"):
+        run_sweep(small, tmp_path / "o", progress=False)
+    assert run_sweep(small, tmp_path / "o", progress=False, force=True).attrs["sweep"]["ok"] == 2
+
+
+# ---------------------------------------------------------------- kill -9, worker lifetime, the lock
+def _gone(pids: list[psutil.Process], timeout_s: float = 10) -> list[psutil.Process]:
+    """Wait until none of ``pids`` runs (exited; a zombie counts as exited); those still running."""
+    end = time.monotonic() + timeout_s
+    while True:
+        alive = []
+        for p in pids:
+            try:
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(p)
+            except psutil.NoSuchProcess:
+                pass
+        if not alive or time.monotonic() > end:
+            return alive
+        time.sleep(0.05)
+
+
+def test_kill_9_of_the_sweep_alone_takes_its_workers_and_the_same_command_resumes(tmp_path: Path) -> None:
+    path = write_sweep(tmp_path / "slow.yaml", SLOW)
+    n = len(load_sweep(path).points())
+    out = tmp_path / "killed"
+    proc = _start(path, out, jobs=2)
+    workers: list[psutil.Process] = []
+    try:
+        seen = _wait_rows(out / "results.csv", 3, proc)
+        workers = psutil.Process(proc.pid).children(recursive=True)
+        assert len(workers) == 2
+        os.kill(proc.pid, signal.SIGKILL)  # the sweep only, not its process group
+        proc.wait(timeout=10)  # (not communicate: a surviving worker would hold the pipes open)
+        # no worker outlives its sweep (by PID): the kernel kills them with their parent
+        assert not _gone(workers), "workers outlived their sweep"
+    finally:
+        for w in [proc.pid, *(w.pid for w in workers)]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(w, signal.SIGKILL)
+        proc.communicate()
+    assert seen < n
+    assert (out / ".sweep.lock").read_text().split()[0] == str(proc.pid)  # the dead owner, recorded
+    done = subprocess.run([str(HETSIM), "sweep", str(path), "--jobs", "2", "--out", str(out), "--quiet"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""  # the lock was free: no note, no refusal
+    assert_whole_lines(out / "results.csv")
+    resumed = rows_by_id(out / "results.csv")  # (asserts every point_id appears once)
+    skipped = int(done.stdout.split(" skipped")[0].rsplit(" ", 1)[1])
+    assert skipped >= seen and len(resumed) == n
+    clean = run_sweep(load_sweep(path), tmp_path / "clean", jobs=2, progress=False)
+    assert len(clean) == n
+    assert resumed == rows_by_id(tmp_path / "clean" / "results.csv")
+    assert {d.name for d in (out / "runs").iterdir()} == set(resumed)
+    assert not [p for p in out.rglob("*") if p.name.endswith(".tmp")]
+
+
+_HOLD_LOCK = """
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+fcntl.flock(fd, fcntl.LOCK_EX)
+os.ftruncate(fd, 0)
+os.write(fd, sys.argv[2].encode())
+print("held", flush=True)
+time.sleep(120)
+"""
+
+
+def _hold_lock(lock: Path, owner: str) -> subprocess.Popen[str]:
+    """A process that holds ``lock`` (flock) with ``owner`` written in it, as processes a
+    killed sweep left behind would."""
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    p = subprocess.Popen([sys.executable, "-c", _HOLD_LOCK, str(lock), owner], stdout=subprocess.PIPE, text=True)
+    assert p.stdout is not None and p.stdout.readline() == "held\n"
+    return p
+
+
+def test_a_lock_held_for_a_dead_owner_is_taken_over_with_a_note(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import socket
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
+    dead_pid = int(dead.stdout)
+    out = tmp_path / "o"
+    holder = _hold_lock(out / ".sweep.lock", f"{dead_pid} {socket.gethostname()}\n")
+    try:
+        df = run_sweep(sweep_of(grid={"seed": [0, 1]}), out, progress=False)
+        assert df.attrs["sweep"]["ok"] == 2
+        err = capsys.readouterr().err
+        assert err == (f"hetsim: note: {out / '.sweep.lock'} was held for PID {dead_pid}, which is no longer "
+                       "running (processes a killed sweep left behind?); taken over\n")
+        # the new lock file names its (finished) owner, and no temporary is left
+        assert (out / ".sweep.lock").read_text() == f"{os.getpid()} {socket.gethostname()}\n"
+        assert sorted(p.name for p in out.iterdir()) == [".sweep.lock", ".sweep.lock.takeover",
+                                                         "results.csv", "runs"]
+    finally:
+        holder.kill()
+        holder.communicate()
+
+
+def test_a_lock_held_by_a_live_sweep_is_refused_naming_its_pid(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    import socket
+
+    out = tmp_path / "o"
+    holder = _hold_lock(out / ".sweep.lock", "")  # an owner that is alive: the holder itself
+    try:
+        (out / ".sweep.lock").write_text(f"{holder.pid} {socket.gethostname()}\n")
+        path = write_sweep(tmp_path / "s.yaml", {"base": str(DEMO), "grid": {"seed": [0]}})
+        rc = main(["sweep", str(path), "--out", str(out), "--quiet"])
+        err = capsys.readouterr().err
+        assert rc == 2
+        assert err == (f"hetsim: error: {out}: --out: another hetsim sweep (PID {holder.pid}) "
+                       "is writing this folder\n")
+        # a lock whose owner is not recorded (or on another host) is never taken over
+        (out / ".sweep.lock").write_text("")
+        with pytest.raises(ConfigError) as e:
+            run_sweep(sweep_of(grid={"seed": [0]}), out, progress=False)
+        assert e.value.message == "another hetsim sweep is writing this folder"
+        (out / ".sweep.lock").write_text("1 some-other-host\n")
+        with pytest.raises(ConfigError) as e:
+            run_sweep(sweep_of(grid={"seed": [0]}), out, progress=False)
+        assert e.value.message == "another hetsim sweep (PID 1 on some-other-host) is writing this folder"
+    finally:
+        holder.kill()
+        holder.communicate()
+    assert not (out / "results.csv").exists()
+
+
+_ORPHAN = """
+import os, sys, time
+from experiments.sweep_pool import die_with_parent
+pid = os.fork()
+if pid == 0:
+    die_with_parent(os.getppid(), use_signal=sys.argv[1] == "signal", interval_s=0.05)
+    time.sleep(120)
+    os._exit(0)
+print(pid, flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize("how", ["signal", "watch"])
+def test_a_process_dies_with_its_parent(how: str) -> None:
+    # Linux's parent-death signal, and the portable fallback (a thread watching getppid)
+    if how == "signal" and not sys.platform.startswith("linux"):
+        pytest.skip("PR_SET_PDEATHSIG is Linux only")
+    parent = subprocess.Popen([sys.executable, "-c", _ORPHAN, how], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert parent.stdout is not None
+    child = psutil.Process(int(parent.stdout.readline()))
+    try:
+        time.sleep(0.3)
+        assert _gone([child], timeout_s=0) == [child]  # alive while its parent is
+        parent.kill()
+        parent.communicate()
+        assert not _gone([child], timeout_s=5)
+    finally:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.kill()

@@ -224,9 +224,8 @@ def training_loss(output: Any) -> Any:
     output that needs a gradient, against zeros, summed over the outputs. Its
     gradient reaches the model's last layer as a contiguous tensor, as a real
     loss's does. A plain ``sum()``'s gradient is a
-    stride-0 expanded view, which made the last layer's backward slower than in
-    training (a 1024 -> 10 or 256 -> 1 Linear at batch 16-512, one thread on the
-    AMD EPYC: 11-61 us more per backward, 9-25% of forward plus backward).
+    stride-0 expanded view, which makes the last layer's backward slower than in
+    training.
     """
     import torch
 

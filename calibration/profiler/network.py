@@ -399,11 +399,8 @@ def wire_bench(sizes: Sequence[int] = (4 << 20, 16 << 20, 48 << 20), reps: int =
       receives and loads; the shard receives, unpacks and sends (every thread of each
       process, ``time.process_time``); ``wire_cpu_s_per_B`` has the four.
 
-    Measured on the 2-core validation machine (2026-11-30): pulls 4.3 GB/s, pushes
-    2.4 GB/s, the ends 3.5 (worker pushing: pack and concatenation copy the gradient
-    before the socket does) to 6.6 GB/s (worker pulling), 4.8 GB/s on the mean,
-    where the profile's gloo point-to-point figure (``network_bench``: round trips of
-    one buffer, 1 and 16 MB) was 1.64 GB/s.
+    Wire rates are several times the gloo point-to-point figure of ``network_bench``
+    (round trips of one buffer), which is why they are measured separately.
     """
     import multiprocessing as mp
 

@@ -73,10 +73,8 @@ _ALL_MICRO = (
 #: Single-layer benchmarks measured only on request (``hetsim profile --add-micro``),
 #: not by a profile run nor by ``--add-micro missing``: the grid's four GEMM shapes at
 #: batches 16 and 32 (suffix _b16). At one intensity their efficiencies differ by
-#: shape (on the AMD EPYC, 16 rows backward: 0.40-0.60 of peak, 1024x1024 the
-#: fastest at every row count), which a curve over one variable cannot price; fitted
-#: with the grid they made the leave-one-model-out bench worse, not better
-#: (README, "Two probes: the reweighting, and 16-row benchmarks").
+#: shape, which a curve over one variable cannot price; fitted with the grid they
+#: made the leave-one-model-out bench worse (docs/notes/2026-12-06-two-probes.md).
 _EXTRA_MICRO = (
     "linear_256x256_b16", "linear_1024x1024_b16", "linear_4096x1024_b16", "linear_512x4096_b16",
 )
@@ -84,8 +82,8 @@ _EXTRA_MICRO = (
 
 def spec_for(quick: bool) -> ProfileSpec:
     """The sizes of a ``--quick`` run (within 3 minutes on 2 CPU cores: fewer repeats,
-    vgg16 at batch 1 alone, shorter network extras; 2 min 13 s on the AMD EPYC,
-    2026-12-06) or a full one (about 10 minutes there)."""
+    vgg16 at batch 1 alone, shorter network extras) or a full one (about 10 minutes
+    on 2 cores)."""
     if quick:
         return ProfileSpec(
             gemm=((64, 64, 64), (256, 256, 256), (1024, 1024, 1024), (32, 1024, 1024),

@@ -23,7 +23,7 @@ from hardware_profiles.errors import ConfigError
 from schedulers.dag import best_plan
 from schedulers.rl.dag_env import DagEpisode, DagInstance
 from schedulers.rl.scheduler import load_policy, run_episodes
-from sim.dag import DagCosts, DagPlan, DagProblem, dag_costs
+from sim.dag import DagCosts, DagPlan, DagProblem, planning_costs
 
 DEFAULT_DAG_POLICY = Path(__file__).with_name("dag_default_policy.zip")
 
@@ -93,7 +93,7 @@ class RLDag:
         cands: list[tuple[DagPlan, DagCosts]] = []
         with one_torch_thread():
             for m in problem.allowed_modes:
-                c = dag_costs(problem, m)
+                c = planning_costs(problem, m)
                 inst = DagInstance(c, int(model.action_space.n))
                 cands += [(p, c) for p in dag_rollout(model, inst, self.samples, self.seed)]
         best, _ = best_plan(cands)

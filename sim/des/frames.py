@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 from collections.abc import Generator
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
@@ -59,6 +60,8 @@ class FrameOptions:
             than the board's bandwidth; needs ``c.mem_s``, ``c.nbytes`` and ``c.mem_bw_Bps``.
         seed: root seed.
         trace_frames: record the first this many frames as Chrome-trace events.
+        miss_tolerance: the share of frames a plan may miss (``hetsim dag`` flags a plan
+            whose DES misses more; :func:`planning_scale` covers all but this share).
     """
 
     frames: int = 100
@@ -68,6 +71,7 @@ class FrameOptions:
     memory_contention: bool = False
     seed: int = 0
     trace_frames: int = 0
+    miss_tolerance: float = 0.01
 
 
 def simulate_frames(c: DagCosts, plan: DagPlan, opts: FrameOptions = FrameOptions(), name: str = "") -> FrameResult:
@@ -150,6 +154,37 @@ def simulate_frames(c: DagCosts, plan: DagPlan, opts: FrameOptions = FrameOption
                        iter_end_s=finish.tolist(), iter_samples=[1] * F, devices=units, trace=trace.events,
                        release_s=release, deadline_s=c.deadline_s, makespan_s=plan.makespan_s(c),
                        duration_s=max(float(finish.max()), F * c.period_s), board_idle_w=c.idle_w)
+
+
+def planning_scale(opts: FrameOptions, n_units: int, period_s: float) -> tuple[float, ...]:
+    """Per unit: the factor on execution times that covers the DES's slowdowns in all
+    but ``opts.miss_tolerance`` of executions, for schedulers to plan with
+    (:attr:`sim.dag.DagProblem.time_scale`).
+
+    It is the unit's background-load slowdown that is exceeded for at most that
+    share of the run's time (``frames * period_s``), times the ``1 - miss_tolerance``
+    quantile of the execution-time jitter. Each task is covered on its own, so a
+    frame of several tasks is covered with more to spare. Memory contention and
+    release jitter are not in it: the DES run checks them. All 1 without jitter and load.
+    """
+    jitter = 1.0
+    if opts.jitter_cv > 0:
+        sigma = math.sqrt(math.log1p(opts.jitter_cv ** 2))
+        z = NormalDist().inv_cdf(1.0 - opts.miss_tolerance)
+        jitter = math.exp(-0.5 * sigma * sigma + z * sigma)
+    horizon = opts.frames * period_s
+    out = []
+    for tr in _load_traces(opts, n_units, horizon):
+        load = 1.0
+        if tr is not None:
+            times, slow = tr
+            held = np.diff(np.append(np.clip(times, 0.0, horizon), horizon))  # seconds each step holds
+            worst = np.argsort(-slow, kind="stable")
+            above = np.cumsum(held[worst]) / horizon  # share of time at or above each slowdown
+            k = min(int(np.searchsorted(above, opts.miss_tolerance * (1 + 1e-9), side="right")), len(worst) - 1)
+            load = max(1.0, float(slow[worst[k]]))
+        out.append(load * jitter)
+    return tuple(out)
 
 
 def _streams(c: DagCosts, opts: FrameOptions, n_units: int) -> tuple[list[np.random.Generator], np.ndarray]:

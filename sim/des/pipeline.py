@@ -8,7 +8,7 @@ every replica's compute and message sizes; this DES executes them:
   A replica runs one forward and one backward per iteration in the 1F1B
   order: ``w_s`` forwards, then alternately the backward of the oldest
   iteration and the next forward, so stage s holds at most ``w_s``
-  iterations (``in_flight``; :func:`default_in_flight`). A fixed order keeps
+  iterations (``in_flight``; :func:`sim.multistage.default_in_flight`). A fixed order keeps
   the traffic each stage generates smooth, which is what lets every
   resource run at the rate the steady-state model assumes (a greedy
   backward-first engine bunches forwards and backwards and idles the links
@@ -47,7 +47,7 @@ every replica's compute and message sizes; this DES executes them:
   iteration k is applied when all its replicas' pushes have arrived. The pull
   for iteration k waits for the update of iteration k - lag_s (bounded
   staleness, as in any pipeline with iterations in flight;
-  :func:`staleness_bound` makes it long enough for the push, the update and
+  :func:`sim.multistage.staleness_bound` makes it long enough for the push, the update and
   the pull to overlap the iterations in between, and issues the pull before
   the activations of the next iteration queue on the link). With
   ``job.pipeline`` pulls are prefetched and pushes sent in the background,
@@ -77,62 +77,32 @@ from typing import Any
 import numpy as np
 import simpy
 
-from sim.multistage import PipelineModel, devices_of, pipeline_model, unsupported_note
+from sim.multistage import (
+    default_in_flight,
+    devices_of,
+    pipeline_model,
+    staleness_bound,
+    unsupported_note,
+)
 from sim.plan import Plan
 from sim.problem import Problem
-from sim.result import RunResult, Trace
+from sim.result import ModelSteadyState, RunResult, Trace
+
+#: A run's throughput window holds at least this many times the fill's length in steady
+#: periods. After the fill a pipeline runs off its steady rate for a while: the
+#: bottleneck did work for later iterations during the fill (such as the parameters
+#: prefetched for the first ``staleness_bound`` iterations), and queues the fill left on
+#: near-saturated links drain. What the fill banked is at most about its length, so its
+#: share of a window this long stays within about 1% of the window: a window this long
+#: agrees with the steady-state model within 1% (tests/test_reports.py checks the random
+#: plans of tests/test_multistage.py that stray most).
+WINDOW_FILLS = 16
 
 #: Priorities on a replica's links: a non-pipelined job's PS messages pre-empt boundary
 #: traffic. (On the PS pool the priority is the iteration, oldest first, with
 #: ``job.pipeline``, else the message's size, smallest first.)
 _SYNC, _BULK = 0, 1
 _EPS_BYTES = 1e-6
-
-
-def default_in_flight(m: PipelineModel) -> list[int]:
-    """Iterations each stage holds (``w_s``): enough that an iteration's round
-    trip below a stage never stalls it at the steady period ``d``.
-
-    The last stage needs one. Stage s needs ``w_{s+1}`` plus the periods
-    spanned by the boundary transfers both ways (uncontended, with latency) and
-    the next stage's compute and sync, plus two periods of slack for queueing
-    on the links.
-    """
-    S, d, lat = len(m.stages), m.period_s, m.latency_s
-    w = [1] * S
-    for s in range(S - 2, -1, -1):
-        a, b = m.stages[s], m.stages[s + 1]
-        x = max(max(r.batch * a.act_out / r.nic_Bps for r in a.replicas),
-                max(r.batch * b.act_in / r.nic_Bps for r in b.replicas))
-        work = max(r.compute_s + r.sync_s for r in b.replicas)
-        span = 2 * (x + lat) + work
-        w[s] = w[s + 1] + (math.ceil(span / d) if d > 0 else 1) + 2
-    return w
-
-
-def staleness_bound(m: PipelineModel, in_flight: Sequence[int]) -> list[int]:
-    """Per stage: the pull for iteration k waits for the update of k minus this.
-
-    Iteration k - w_s ends its backward on the stage just before forward k
-    starts; the push of an older iteration, its update and the pull must fit
-    in the periods in between: ``max(w_s, w_{s-1})`` plus the periods a push
-    and a pull take (uncontended, with latency), plus twice the periods the
-    PS pool needs for an iteration's traffic (both may queue there), plus one
-    of slack.
-    """
-    d, lat = m.period_s, m.latency_s
-    # periods the shared PS pool needs for one iteration's traffic (1 when it is the
-    # bottleneck): a push and a pull may each wait that long behind the others'
-    pool = math.ceil(m.ps_bytes / m.ps_capacity_Bps / d) if d > 0 and m.ps_capacity_Bps > 0 else 1
-    out = []
-    for s, st in enumerate(m.stages):
-        x = max((r.pull_bytes + r.push_bytes) / r.nic_Bps for r in st.replicas) + 2 * lat
-        # the upstream stage sends the activations of iteration k + 1 about w_{s-1}
-        # iterations after this stage's backward of k + 1 - w_{s-1}: a pull issued
-        # earlier than that is not queued behind them
-        w = max(in_flight[s], in_flight[s - 1] if s > 0 else 0)
-        out.append(w + (math.ceil(x / d) if d > 0 else 1) + 2 * pool + 1)
-    return out
 
 
 class Link:
@@ -432,13 +402,53 @@ class PipelineSim:
         if self.trace is not None and self.trace.dropped:
             extra["trace_events_dropped"] = self.trace.dropped
         n = len(self.iter_end)
+        fills = self.iter_end[0] / self.m.period_s if n and self.m.period_s > 0 else 1.0
+        win = steady_window(n, self.w, self.lag, fills, job.warmup_iterations)
+        model = None
+        if win is None:
+            need = min_steady_iterations(self.w, self.lag, fills, job.warmup_iterations)
+            model = ModelSteadyState(
+                self.m.throughput_sps, self.m.period_s, need,
+                f"{self.plan.scheduler}: {n} iterations are too few to measure this pipeline's "
+                f"steady state (its fill takes {fills:.3g} steady periods, {max(self.w)} iterations in flight); "
+                f"throughput is the steady-state model's; run at least {need} iterations to measure it")
+        first, last = win if win is not None else (min(self.w[0], max(n - 1, 0)), n)
         return RunResult(
             name=self.problem.name, evaluator="des", scheduler=self.plan.scheduler, seed=self.problem.seed,
             iter_end_s=list(self.iter_end), iter_samples=[job.global_batch] * n,
             devices=devices_of(self.problem, self.plan, compute, comm, end),
-            warmup=min(max(job.warmup_iterations, self.w[0]), max(n - 1, 0)), extra=extra,
+            warmup=first, drain=n - last, model_steady=model, extra=extra,
             trace=self.trace.events if self.trace is not None else [],
         )
+
+
+def steady_window(n: int, in_flight: Sequence[int], lag: Sequence[int], fill_periods: float,
+                  warmup: int = 0) -> tuple[int, int] | None:
+    """The throughput window ``[first, stop)`` of an ``n``-iteration run, or None when
+    the run is too short to have one.
+
+    The drain is the last ``max(in_flight)`` iterations: stage s runs no forward for
+    its last ``in_flight[s]`` iterations, so they end faster than the steady period.
+    The window starts in the second half of the run, after every stage's first pull
+    that waits for an update (iteration ``max(lag)``) and after the job's warm-up,
+    and holds at least ``WINDOW_FILLS`` times the fill (``fill_periods``: the first
+    iteration's time over the steady period).
+    """
+    depth = max(in_flight)
+    first = max(max(lag) + 1, n // 2, warmup)
+    stop = n - depth
+    return (first, stop) if stop - first >= _window_length(fill_periods) else None
+
+
+def min_steady_iterations(in_flight: Sequence[int], lag: Sequence[int], fill_periods: float,
+                          warmup: int = 0) -> int:
+    """The shortest run that has a throughput window (:func:`steady_window`)."""
+    need = _window_length(fill_periods) + max(in_flight)  # iterations from the window's first on
+    return max(2 * need - 1, need + max(max(lag) + 1, warmup))
+
+
+def _window_length(fill_periods: float) -> int:
+    return max(math.ceil(WINDOW_FILLS * fill_periods - 1e-9), 1)
 
 
 def steady_throughput(iter_end_s: list[float], batch: int, skip: int) -> float:
@@ -469,8 +479,11 @@ def simulate_pipeline(problem: Problem, plan: Plan, trace: bool = True,
         in_flight: iterations each stage holds at once (default
             :func:`default_in_flight`); with one more, the PS staleness bound.
 
-    The result's warm-up covers the fill (the first stage's ``in_flight``);
-    ``extra["steady_throughput_sps"]`` leaves out the fill and the drain
+    The result's throughput covers :func:`steady_window`, which leaves out the fill
+    and the drain; a run too short to have that window reports the steady-state
+    model's throughput (:func:`sim.multistage.pipeline_model`) and says so
+    (``throughput_window`` in the summary, with the iterations it would need).
+    ``extra["steady_throughput_sps"]`` is the run's own least-squares estimate
     (:func:`steady_throughput`).
     """
     return PipelineSim(problem, plan, trace=trace, on_iteration=on_iteration, in_flight=in_flight).run()

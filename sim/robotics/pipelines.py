@@ -21,8 +21,8 @@ in/out bytes. With ``calibration`` (a measured robotics profile, ``hetsim profil
 --suite robotics``), each kernel task's time on CPU units is scaled by the
 measured/predicted ratio on the measured CPU at that size (interpolated in
 log size): the roofline misses the same per-call overheads of eager torch on
-every CPU. GPU and DLA times stay the datasheet roofline's: nothing here was
-measured on one.
+every CPU. GPU and DLA times stay the datasheet roofline's (no measured robotics
+profile of a GPU or DLA ships).
 """
 
 from __future__ import annotations
