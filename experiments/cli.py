@@ -479,8 +479,13 @@ def cmd_train_rl(a: argparse.Namespace) -> int:
                           "--random (train on random instances)")
     if a.fine_tune and a.random:
         raise ConfigError("<command line>", "--fine-tune", "fine-tuning needs a CONFIG, not --random")
+    if not 0.0 <= a.real_share <= 1.0:
+        raise ConfigError("<command line>", "--real-share", f"must lie in [0, 1], got {a.real_share:g}")
+    if a.dagger_rounds < 0:
+        raise ConfigError("<command line>", "--dagger-rounds", f"must be >= 0, got {a.dagger_rounds}")
     cfg = rl_train.TrainConfig(timesteps=a.timesteps, seed=a.seed, n_envs=a.n_envs, pool_size=a.pool_size,
-                               bc_instances=a.bc_instances, max_wall_s=a.max_wall_s)
+                               bc_instances=a.bc_instances, max_wall_s=a.max_wall_s, real_share=a.real_share,
+                               dagger_rounds=a.dagger_rounds)
     problem = None
     if a.config is not None:
         from experiments import runner
@@ -689,6 +694,12 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--bc-instances", type=int, default=6000,
                     help="warm start: imitate the exact optimum on this many instances before PPO "
                     "(0: pure PPO; default 6000; not with --fine-tune)")
+    tr.add_argument("--real-share", type=float, default=0.0,
+                    help="share of the --random pool that is real-model instances (zoo models and "
+                    "generated families at real depth, schedulers/rl/workloads.py; default 0)")
+    tr.add_argument("--dagger-rounds", type=int, default=0,
+                    help="after the warm start, rounds of DAgger: the exact solver labels states the "
+                    "policy reaches (default 0)")
     tr.add_argument("--max-wall-s", type=float, help="stop PPO once the run has taken this many seconds")
     _quiet(tr)
     _config_options(tr, plans=False)

@@ -11,6 +11,7 @@ schedulers/exact.py, the RL policy in schedulers/rl/.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from typing import ClassVar
 
 import numpy as np
@@ -91,11 +92,12 @@ def merge_moves(a: np.ndarray, space: PlacementSpace) -> np.ndarray:
     return np.array(out, dtype=int).reshape(-1, space.L)
 
 
-def merge_descent(space: PlacementSpace, a: np.ndarray, minimize: str) -> np.ndarray:
-    """Recolour a stage with a neighbour's type while the best such move improves the score."""
+def descent(space: PlacementSpace, a: np.ndarray, minimize: str,
+            neighbours: Callable[[np.ndarray, PlacementSpace], np.ndarray]) -> np.ndarray:
+    """Take the best of ``neighbours(a, space)`` while it improves the score."""
     cur = score(space.evaluate(a[None, :]), minimize)[0]
     while True:
-        moves = merge_moves(a, space)
+        moves = neighbours(a, space)
         if moves.size == 0:
             return a
         s = score(space.evaluate(moves), minimize)
@@ -103,6 +105,45 @@ def merge_descent(space: PlacementSpace, a: np.ndarray, minimize: str) -> np.nda
         if not s[best] < cur:
             return a
         a, cur = moves[best], s[best]
+
+
+def merge_descent(space: PlacementSpace, a: np.ndarray, minimize: str) -> np.ndarray:
+    """Recolour a stage with a neighbour's type while the best such move improves the score."""
+    return descent(space, a, minimize, merge_moves)
+
+
+def merge_repair(space: PlacementSpace, a: np.ndarray, minimize: str) -> np.ndarray | None:
+    """While ``a`` is infeasible, take the best merge of a stage into a neighbour (feasible
+    first, then the objective, then throughput); None if it runs out of stages first."""
+    cur = score(space.evaluate(a[None, :]), minimize)[0]
+    while not np.isfinite(cur):
+        moves = merge_moves(a, space)
+        if moves.size == 0:
+            return None
+        ev = space.evaluate(moves)
+        s = score(ev, minimize)
+        best = int(np.lexsort((-ev.throughput_sps, s))[0])
+        a, cur = moves[best], s[best]
+    return a
+
+
+def shift_moves(a: np.ndarray, space: PlacementSpace) -> np.ndarray:
+    """Every assignment that moves one boundary between two stages to another layer of
+    theirs (to either end too, which removes one of the two stages)."""
+    out = []
+    stages = space.stages_of(a)
+    for (j, m, k1), (_, i, k2) in zip(stages, stages[1:]):
+        p = np.array([q for q in range(j, i + 1) if q != m])
+        b = np.repeat(a[None, :], p.size, axis=0)
+        pos = np.arange(j, i)[None, :]
+        b[:, j:i] = np.where(pos < p[:, None], k1, k2)
+        out.append(b)
+    return np.concatenate(out) if out else np.zeros((0, space.L), dtype=int)
+
+
+def shift_descent(space: PlacementSpace, a: np.ndarray, minimize: str) -> np.ndarray:
+    """Move a stage boundary (:func:`shift_moves`) while the best such move improves the score."""
+    return descent(space, a, minimize, shift_moves)
 
 
 @register("greedy")
@@ -123,16 +164,9 @@ class Greedy(PlacementScheduler):
             per_sample = np.where(space.n[single] > 0, space.rate[single] / space.tput[single], np.inf)
         if minimize == "time":
             per_sample = np.where(space.n[single] > 0, -space.tput[single], np.inf)
-        a = np.argmin(per_sample, axis=1)
-        cur = score(space.evaluate(a[None, :]), minimize)[0]
-        while not np.isfinite(cur):          # repair: the best merge, feasible first
-            moves = merge_moves(a, space)
-            if moves.size == 0:
-                return single_type(space, minimize)
-            ev = space.evaluate(moves)
-            s = score(ev, minimize)
-            best = int(np.lexsort((-ev.throughput_sps, s))[0])
-            a, cur = moves[best], s[best]
+        a = merge_repair(space, np.argmin(per_sample, axis=1), minimize)
+        if a is None:
+            return single_type(space, minimize)
         return merge_descent(space, a, minimize)
 
 

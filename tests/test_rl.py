@@ -191,7 +191,7 @@ def test_scheduler_falls_back_honestly(monkeypatch):
     prob = two_layer_problem(2000.0)
     slow = Instance(prob).space.type_names.index("slow")
     # a policy that puts everything on `slow`, which cannot carry L0: greedy's plan, recorded
-    monkeypatch.setattr(mod, "rollout", lambda model, inst, samples, seed=0: np.full((1 + samples, 2), slow))
+    monkeypatch.setattr(mod, "rollout", lambda model, inst, samples, seed=0, temperature=1.0: np.full((1 + samples, 2), slow))
     plan = RL(samples=2).plan(prob)
     check_plan(plan, prob)
     assert plan.options["rl"]["fallback"] == "greedy"

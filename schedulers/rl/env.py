@@ -19,10 +19,12 @@ import numpy as np
 
 from hardware_profiles.errors import HetsimError
 from schedulers.placement import Genetic, Greedy, single_type
+from schedulers.rl.grouping import MAX_GROUPS, CoarseSpace, grouped
 from schedulers.rl.masked_env import MaskedSlotEnv, log_ratio, observation_vector, padded_mask
 from sim.instances import random_problem
 from sim.placement import PlacementSpace
 from sim.problem import Problem
+from sim.workload import Layer
 
 #: Device-type slots of the observation and the action space; instances with more types are refused.
 MAX_TYPES = 8
@@ -32,9 +34,9 @@ COST_CLIP = 3.0
 
 _OPS = ("gemm", "conv", "embedding", "elementwise", "attention")
 _KINDS = ("cpu", "gpu", "accel")
-LAYER_FEATURES = 5 + len(_OPS) + 1          # current and next layer
-SUMMARY_FEATURES = 7                        # layers after the current one
-GLOBAL_FEATURES = 11
+LAYER_FEATURES = 5 + len(_OPS) + 2          # current and next unit
+SUMMARY_FEATURES = 7                        # units after the current one
+GLOBAL_FEATURES = 12
 TYPE_FEATURES = 27
 
 
@@ -89,17 +91,51 @@ class Reference:
         return cls(float(ev.cost_usd[best]), float(ev.rate_usd_h[best]), np.array(cands[best]))
 
 
+def unit_features(layers: Sequence[Layer], bounds: np.ndarray) -> np.ndarray:
+    """Per unit (the layer group ``[bounds[u], bounds[u + 1])``), plus a zero row after the last:
+    FLOPs forward and backward, parameter bytes, the activation bytes leaving it (its last
+    layer's), sparse bytes touched per sample (sums over its layers, log-scaled), its op mix
+    (each op's share of its layers, FLOPs-weighted), whether it holds a sparse layer, and its
+    size in layers (log-scaled). A single layer's op mix is its op's one-hot."""
+    G = bounds.size - 1
+    feats = np.zeros((G + 1, LAYER_FEATURES))
+    for u in range(G):
+        grp = layers[bounds[u]:bounds[u + 1]]
+        fl = sum(ly.fwd_flops for ly in grp)
+        bw = sum(ly.bwd_flops for ly in grp)
+        pb = sum(ly.param_bytes for ly in grp)
+        sparse_b = sum(ly.sparse.rows_per_sample * ly.sparse.row_bytes for ly in grp if ly.sparse)
+        feats[u, :5] = [_lg(fl, 5, 5), _lg(bw, 5, 5), _lg(pb, 5, 5), _lg(grp[-1].activation_bytes, 3, 3),
+                        _lg(sparse_b, 3, 0)]
+        w = np.array([ly.fwd_flops + ly.bwd_flops + 1.0 for ly in grp])
+        for ly, wt in zip(grp, w / w.sum()):
+            feats[u, 5 + _OPS.index(ly.op)] += wt
+        feats[u, 5 + len(_OPS)] = 1.0 if any(ly.sparse for ly in grp) else 0.0
+        feats[u, -1] = _lg(len(grp) - 1, 1.5)
+    return feats
+
+
 class Instance:
-    """The per-problem facts an Episode reads: the space, the reference and static features."""
+    """The per-problem facts an Episode reads: the grouped space, the reference and static features.
+
+    ``full`` is the problem's PlacementSpace (``space`` when given); ``space``
+    the one episodes act on: ``full`` grouped into at most ``groups`` units
+    (:func:`schedulers.rl.grouping.grouped`; ``full`` itself for a model of at
+    most ``groups`` layers). An episode's assignment is per unit;
+    :meth:`expand` gives the per-layer one.
+    """
 
     def __init__(self, problem: Problem, max_types: int = MAX_TYPES, space: PlacementSpace | None = None,
-                 search: bool = True) -> None:
+                 search: bool = True, groups: int = MAX_GROUPS) -> None:
         self.problem = problem
-        self.space = sp = space if space is not None else PlacementSpace(problem)
+        self.full = space if space is not None else PlacementSpace(problem)
+        self.space = sp = grouped(self.full, groups)
         if sp.K > max_types:
             raise HetsimError(f"rl: the cluster has {sp.K} device types; the policy handles at most "
                               f"{max_types} (train one with a larger max_types)")
         self.max_types = max_types
+        self.groups = groups
+        self.bounds = sp.bounds if isinstance(sp, CoarseSpace) else np.arange(sp.L + 1)
         self.ref = Reference.of(sp, search)
         L, K = sp.L, sp.K
         # rates are normalised by the price per hour of the reference plan (found without
@@ -112,10 +148,9 @@ class Instance:
         self.rate_ref = max(rr, 1e-9)
         self.tgt = max(sp.throughput_min, 1e-9)
         job = problem.job
-        layers = job.model.layers
         self.single = sp.seg_index[np.arange(L), np.arange(1, L + 1)]
         self.rest = sp.seg_index[np.arange(L), np.full(L, L)]
-        # each layer alone: price per hour per type; suffix sums over the layers after i
+        # each unit alone: price per hour per type; suffix sums over the units after i
         alone = sp.rate[self.single]                               # (L, K), inf where none
         fin = np.where(np.isfinite(alone), alone, np.nan)
         best = np.nan_to_num(np.nanmin(np.where(np.isfinite(fin).any(axis=1, keepdims=True), fin, 0.0), axis=1))
@@ -123,20 +158,15 @@ class Instance:
         self.after_best = np.concatenate([np.cumsum(best[::-1])[::-1][1:], [0.0, 0.0]])   # (L+1,)
         after_k = np.cumsum(alone[::-1], axis=0)[::-1]
         self.after_k = np.concatenate([after_k[1:], np.zeros((2, K))])                     # (L+1, K)
-        feats = np.zeros((L + 1, LAYER_FEATURES))
-        for i, ly in enumerate(layers):
-            sparse_b = ly.sparse.rows_per_sample * ly.sparse.row_bytes if ly.sparse else 0.0
-            feats[i, :5] = [_lg(ly.fwd_flops, 5, 5), _lg(ly.bwd_flops, 5, 5), _lg(ly.param_bytes, 5, 5),
-                            _lg(ly.activation_bytes, 3, 3), _lg(sparse_b, 3, 0)]
-            feats[i, 5 + _OPS.index(ly.op)] = 1.0
-            feats[i, -1] = 1.0 if ly.sparse else 0.0
-        self.layer_feats = feats                  # row L: zeros (no next layer)
-        fl = np.array([ly.fwd_flops + ly.bwd_flops for ly in layers])
-        pb = np.array([ly.param_bytes for ly in layers])
-        ab = np.array([ly.activation_bytes for ly in layers])
-        sp_ = np.array([1.0 if ly.sparse else 0.0 for ly in layers])
+        layers = job.model.layers
+        self.layer_feats = unit_features(layers, self.bounds)   # row L: zeros (no next unit)
+        b = self.bounds
+        fl = np.array([sum(ly.fwd_flops + ly.bwd_flops for ly in layers[b[u]:b[u + 1]]) for u in range(L)])
+        pb = np.array([sum(ly.param_bytes for ly in layers[b[u]:b[u + 1]]) for u in range(L)])
+        ab = np.array([layers[b[u + 1] - 1].activation_bytes for u in range(L)])
+        sp_ = np.array([1.0 if any(ly.sparse for ly in layers[b[u]:b[u + 1]]) else 0.0 for u in range(L)])
         summ = np.zeros((L + 1, SUMMARY_FEATURES))
-        for i in range(L):                        # layers i+1 .. L-1
+        for i in range(L):                        # units i+1 .. L-1
             r = slice(i + 1, L)
             n = L - i - 1
             if n:
@@ -156,12 +186,16 @@ class Instance:
             stat[k, 8] = np.log2(sp.counts[k]) / 5
         self.type_static = stat
         self.glob = np.array([L / 24, 1.0 if job.pipeline else 0.0, np.log2(job.global_batch) / 12,
-                              sp.ps_rate / self.rate_ref])
+                              sp.ps_rate / self.rate_ref, _lg(len(layers) - 1, 1.5)])
 
     @property
     def slots(self) -> int:
         """Type slots of the policy this instance is built for."""
         return self.max_types
+
+    def expand(self, assignments: np.ndarray) -> np.ndarray:
+        """Per-layer assignments of per-unit ones (the last axis)."""
+        return np.repeat(np.asarray(assignments, dtype=int), np.diff(self.bounds), axis=-1)
 
 
 class Episode:
@@ -386,4 +420,4 @@ class PlacementEnv(MaskedSlotEnv[Instance, Episode]):
         return {"problem": inst.problem.name, "layers": inst.space.L, "types": inst.space.K}
 
     def final_info(self, ep: Episode) -> dict[str, Any]:
-        return {"assignment": ep.assignment.copy()}
+        return {"assignment": ep.inst.expand(ep.assignment)}

@@ -13,6 +13,7 @@ this module says what is the placement policy's own.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -26,11 +27,14 @@ from stable_baselines3.common.vec_env import DummyVecEnv
 
 from schedulers.exact import solve
 from schedulers.placement import Greedy
+from schedulers.rl.dagger import visited_steps
 from schedulers.rl.env import MAX_TYPES, Episode, Instance, PlacementEnv
+from schedulers.rl.grouping import MAX_GROUPS
 from schedulers.rl.masked_env import TRAIN_SEED_LIMIT
 from schedulers.rl.policy import SlotPolicy
 from schedulers.rl.scheduler import DEFAULT_POLICY, RL, load_policy
-from schedulers.rl.training import MaskedPPOTraining, demonstrations
+from schedulers.rl.training import MaskedPPOTraining, demonstrations, warm_start
+from schedulers.rl.workloads import real_instance
 from sim.instances import random_problem
 from sim.placement import PlacementInfeasible
 from sim.problem import Problem
@@ -43,7 +47,9 @@ class TrainConfig:
     timesteps: int = 200_000
     seed: int = 0
     n_envs: int = 8
-    pool_size: int = 6000               # random instances (generalisation mode)
+    pool_size: int = 6000               # training instances (generalisation mode)
+    real_share: float = 0.0             # of them real-model ones (schedulers/rl/workloads.py), else random
+    groups: int = MAX_GROUPS            # units a long model is grouped into (schedulers/rl/grouping.py)
     max_types: int = MAX_TYPES
     n_steps: int = 256                  # per env and rollout
     batch_size: int = 256
@@ -63,23 +69,43 @@ class TrainConfig:
     bc_epochs: int = 40
     bc_learning_rate: float = 1e-3
     bc_exact_limit_s: float = 0.5
+    # DAgger after the warm start (schedulers/rl/dagger.py): rounds, episodes per round (pool
+    # instances drawn anew each round), states labelled per episode, fitting epochs per round
+    dagger_rounds: int = 0
+    dagger_instances: int = 300
+    dagger_states: int = 8
+    dagger_epochs: int = 10
     instance_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 def build_pool(size: int, seed: int, max_types: int = MAX_TYPES, progress: bool = False,
-               instance_kwargs: dict[str, Any] | None = None) -> list[Instance]:
-    """``size`` random training instances that a reference plan solves, from seeds below
+               instance_kwargs: dict[str, Any] | None = None, real_share: float = 0.0,
+               groups: int = MAX_GROUPS) -> list[Instance]:
+    """``size`` training instances that a reference plan solves, ``round(real_share * size)``
+    of them real-model ones (:func:`schedulers.rl.workloads.real_instance`), the rest random
+    (:func:`sim.instances.random_problem`), interleaved in proportion; seeds below
     ``TRAIN_SEED_LIMIT`` drawn by ``np.random.default_rng(seed)``."""
     from tqdm import tqdm
 
     rng = np.random.default_rng(seed)
     pool: list[Instance] = []
+    real = round(real_share * size)
+    made = {"random": 0, "real": 0}
     with tqdm(total=size, desc="instances", unit="inst", disable=not progress) as bar:
         while len(pool) < size:
-            inst = Instance(random_problem(int(rng.integers(0, TRAIN_SEED_LIMIT)), **(instance_kwargs or {})),
-                            max_types)
+            # the kind further behind its share goes next
+            kind = "real" if made["real"] * size < real * (len(pool) + 1) else "random"
+            s = int(rng.integers(0, TRAIN_SEED_LIMIT))
+            if kind == "random":
+                inst = Instance(random_problem(s, **(instance_kwargs or {})), max_types, groups=groups)
+            else:
+                got = real_instance(s, groups=groups)
+                if got is None:
+                    continue
+                inst = Instance(got[0], max_types, space=got[1], groups=groups)
             if np.isfinite(inst.ref.cost_usd):
                 pool.append(inst)
+                made[kind] += 1
                 bar.update(1)
     return pool
 
@@ -120,9 +146,10 @@ class PlacementTraining(MaskedPPOTraining[TrainConfig]):
     def prepare(self) -> None:
         cfg = self.cfg
         if self.problem is None:
-            self.pool = build_pool(cfg.pool_size, cfg.seed, cfg.max_types, self.progress, cfg.instance_kwargs)
+            self.pool = build_pool(cfg.pool_size, cfg.seed, cfg.max_types, self.progress, cfg.instance_kwargs,
+                                   cfg.real_share, cfg.groups)
         else:
-            self.pool = [Instance(self.problem, cfg.max_types)]
+            self.pool = [Instance(self.problem, cfg.max_types, groups=cfg.groups)]
 
     def make_env(self) -> gym.Env[Any, Any]:
         return PlacementEnv(max_types=self.cfg.max_types, pool=self.pool)
@@ -152,6 +179,34 @@ class PlacementTraining(MaskedPPOTraining[TrainConfig]):
         if not cfg.bc_instances or self.init is not None:
             return None
         return {}, expert_steps(self.pool[: cfg.bc_instances], cfg.bc_exact_limit_s, self.progress)
+
+    def warm_start(self, model: Any) -> dict[str, Any]:
+        """Behaviour cloning on the exact placements, then ``dagger_rounds`` rounds of DAgger:
+        the exact completions of states the policy reaches join the data, and the policy is
+        fitted again on all of it."""
+        cfg = self.cfg
+        t = time.perf_counter()
+        got = self.expert()
+        if got is None:
+            return {}
+        facts, (obs, masks, acts) = got
+        loss = warm_start(model, obs, masks, acts, cfg.bc_epochs, cfg.bc_learning_rate, cfg.seed)
+        out: dict[str, Any] = {**facts, "steps": int(len(acts)), "loss": round(loss, 4),
+                               "seconds": round(time.perf_counter() - t, 1)}
+        rng = np.random.default_rng(cfg.seed + 1)
+        rounds = []
+        for r in range(cfg.dagger_rounds):
+            t = time.perf_counter()
+            pick = rng.choice(len(self.pool), size=min(cfg.dagger_instances, len(self.pool)), replace=False)
+            o, m, a, counts = visited_steps(model, [self.pool[i] for i in pick], cfg.dagger_states, rng,
+                                            cfg.bc_exact_limit_s)
+            if len(a):
+                obs, masks, acts = np.concatenate([obs, o]), np.concatenate([masks, m]), np.concatenate([acts, a])
+            loss = warm_start(model, obs, masks, acts, cfg.dagger_epochs, cfg.bc_learning_rate, cfg.seed + 1 + r)
+            rounds.append({**counts, "loss": round(loss, 4), "seconds": round(time.perf_counter() - t, 1)})
+        if rounds:
+            out["dagger"] = rounds
+        return out
 
     def sidecar(self, model: Any, warm: dict[str, Any], events: Path | None) -> dict[str, Any]:
         problem, init = self.problem, self.init
