@@ -98,7 +98,14 @@ def indented(page: Path) -> Iterator[str]:
 def hetsim_lines(page: Path) -> Iterator[str]:
     """Every `hetsim ...` command line of a page's code, with its prompt and env assignments off."""
     code = [b.body for b in fenced(page) if b.lang in ("", "console", "bash", "sh")]
-    for line in [ln for body in code for ln in body.splitlines()] + list(indented(page)):
+    lines = [ln for body in code for ln in body.splitlines()] + list(indented(page))
+    joined: list[str] = []
+    for ln in lines:  # a line ending in a backslash continues on the next one, as in a shell
+        if joined and joined[-1].endswith("\\"):
+            joined[-1] = joined[-1][:-1] + " " + ln.strip()
+        else:
+            joined.append(ln.rstrip())
+    for line in joined:
         line = line.rstrip().removeprefix("$ ")  # an indented line continues a block: not a command
         line = re.sub(r"^(\w+=\S*\s+)+", "", line)
         if line.startswith("hetsim ") or line == "hetsim":
