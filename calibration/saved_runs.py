@@ -12,7 +12,7 @@ from typing import Any
 
 from hardware_profiles import load_profile_file
 from hardware_profiles.errors import ConfigError
-from hardware_profiles.fileio import prepare_out
+from hardware_profiles.fileio import atomic_write, prepare_out
 
 
 def half_range(xs: Sequence[float]) -> float:
@@ -91,6 +91,6 @@ def start_run(a: argparse.Namespace) -> tuple[Any, Any]:
 def save_run(a: argparse.Namespace, meta: dict[str, Any], key: str, data: Any) -> None:
     """Save ``{"meta": meta, key: data}`` to ``--out`` (its folder checked by
     :func:`start_run`), and say so unless ``--json``."""
-    Path(a.out).write_text(json.dumps({"meta": meta, key: data}, indent=1) + "\n")
+    atomic_write(a.out, json.dumps({"meta": meta, key: data}, indent=1) + "\n")
     if not a.json:
         print(f"{key} saved: {a.out}")

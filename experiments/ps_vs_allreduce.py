@@ -35,7 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from experiments import runner
-from experiments.plots import markdown_table
+from experiments.plots import markdown_table, save_figure
+from hardware_profiles.fileio import atomic_write
 
 MODELS = {  # label: (zoo model, global batch, optimizer)
     "dense CNN (resnet50)": ("resnet50", 512, "momentum"),
@@ -161,7 +162,7 @@ def figure(rows: Sequence[dict[str, Any]], path: Path) -> None:
     fig.suptitle("PS (H-PS: hps shares, layer-wise pipelining) vs all-reduce (25 MiB buckets, overlapped)",
                  fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110, close=False)
     plt.close(fig)
 
 
@@ -202,7 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         w.writeheader()
         w.writerows(rows)
     figure(rows, out / "throughput.png")
-    (out / "report.md").write_text(report(rows, args.evaluator, time.perf_counter() - t0))
+    atomic_write(out / "report.md", report(rows, args.evaluator, time.perf_counter() - t0))
     for text, ok, numbers in checks(rows):
         print(f"{text}: {'holds' if ok else 'does not hold'} ({numbers})")
     print(f"wrote {out}/ (report.md, throughput.png, results.csv)")

@@ -49,8 +49,9 @@ from tqdm import tqdm
 
 import schedulers
 from experiments import runner
-from experiments.plots import markdown_table
+from experiments.plots import markdown_table, save_figure
 from hardware_profiles.errors import HetsimError
+from hardware_profiles.fileio import atomic_write
 from schedulers.exact import dp_min_rate, inventory_dp
 from sim.placement import PlacementSpace
 from sim.plan import Plan
@@ -208,11 +209,11 @@ def run(out: Path, quick: bool, workloads: Sequence[str] | None = None,
                  for r in df.itertuples()]
     df["ref_proven"] = [bool(exact.proven.get((r.workload, r.fraction), False)) for r in df.itertuples()]
     out.mkdir(parents=True, exist_ok=True)
-    df.to_csv(out / "results.csv", index=False)
-    pd.DataFrame(tput_rows).to_csv(out / "throughput.csv", index=False)
-    pd.DataFrame(des_rows).to_csv(out / "des_check.csv", index=False)
+    atomic_write(out / "results.csv", df.to_csv(index=False))
+    atomic_write(out / "throughput.csv", pd.DataFrame(tput_rows).to_csv(index=False))
+    atomic_write(out / "des_check.csv", pd.DataFrame(des_rows).to_csv(index=False))
     if tune_rows:
-        pd.DataFrame(tune_rows).to_csv(out / "rl_fine_tune.csv", index=False)
+        atomic_write(out / "rl_fine_tune.csv", pd.DataFrame(tune_rows).to_csv(index=False))
     return df
 
 
@@ -279,7 +280,7 @@ def figures(df: pd.DataFrame, out: Path) -> list[str]:
     axes[0][0].set_ylabel("cost of 10M samples (USD)", fontsize=8)
     axes[0][-1].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(out / "cost_vs_throughput.png", dpi=90)
+    save_figure(fig, out / "cost_vs_throughput.png", dpi=90, close=False)
     plt.close(fig)
     names.append("cost_vs_throughput.png")
 
@@ -293,7 +294,7 @@ def figures(df: pd.DataFrame, out: Path) -> list[str]:
     ax.set_ylabel("cost gap to exact (%)")
     ax.set_title("gap to the proven optimum (feasible plans, proven cases)", fontsize=9)
     fig.tight_layout()
-    fig.savefig(out / "gap_to_exact.png", dpi=90)
+    save_figure(fig, out / "gap_to_exact.png", dpi=90, close=False)
     plt.close(fig)
     names.append("gap_to_exact.png")
 
@@ -304,7 +305,7 @@ def figures(df: pd.DataFrame, out: Path) -> list[str]:
     ax.set_yscale("log")
     ax.set_ylabel("scheduling time (ms)")
     fig.tight_layout()
-    fig.savefig(out / "scheduling_time.png", dpi=90)
+    save_figure(fig, out / "scheduling_time.png", dpi=90, close=False)
     plt.close(fig)
     names.append("scheduling_time.png")
     return names
@@ -421,7 +422,7 @@ def report(df: pd.DataFrame, out: Path, figs: Sequence[str], quick: bool, second
         "alternates types to give embedding shards their own NICs.",
         "",
     ]
-    (out / "report.md").write_text("\n".join(lines))
+    atomic_write(out / "report.md", "\n".join(lines))
 
 
 def rl_lines(df: pd.DataFrame) -> list[str]:
@@ -456,7 +457,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     df = run(out, args.quick, tune=not (args.quick or args.no_fine_tune))
     seconds = time.perf_counter() - t0
-    (out / "run_seconds.txt").write_text(f"{seconds:.1f}\n")
+    atomic_write(out / "run_seconds.txt", f"{seconds:.1f}\n")
     figs = figures(df, out)
     report(df, out, figs, args.quick, seconds)
     print(f"wrote {out / 'report.md'}")

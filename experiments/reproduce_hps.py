@@ -52,7 +52,7 @@ import pandas as pd
 
 from experiments import runner
 from hardware_profiles import load_profile
-from hardware_profiles.fileio import prepare_out
+from hardware_profiles.fileio import atomic_write, prepare_out
 from sim import analytic, zoo
 from sim.convergence import FITS_DIR, load_for, model_tensor_elems
 from sim.costmodel import max_batch_in_memory
@@ -320,9 +320,11 @@ def _plt() -> Any:
 
 
 def _save(fig: Any, path: Path) -> Path:
+    from experiments.plots import save_figure
+
     plt = _plt()
     for dpi in (90, 70, 50):
-        fig.savefig(path, dpi=dpi)
+        save_figure(fig, path, dpi=dpi, close=False)
         if path.stat().st_size < MAX_FIGURE_BYTES:
             break
     plt.close(fig)
@@ -590,7 +592,7 @@ def write_report(table: pd.DataFrame, details: dict[Case, dict[str, Any]], out: 
     L += mechanism_section(table, sp)
     L += efficiency_section(table, meta["models"])
     path = out / "report.md"
-    path.write_text("\n".join(L).rstrip() + "\n")
+    atomic_write(path, "\n".join(L).rstrip() + "\n")
     return path
 
 
@@ -857,7 +859,7 @@ def run(out: str | Path, models: Sequence[str] = MODELS, clusters: Sequence[str]
     t0 = time.perf_counter()
     table, details = run_all(todo, jobs=jobs, progress=progress)
     wall = time.perf_counter() - t0
-    table.to_csv(out_dir / "results.csv", index=False)
+    atomic_write(out_dir / "results.csv", table.to_csv(index=False))
     meta = {"argv": argv, "runs": len(todo), "wall_s": wall, "jobs": jobs, "missing": missing,
             "models": have, "bandwidths": bandwidths, "seeds": seeds, "K": iterations}
     write_report(table, details, out_dir, meta)

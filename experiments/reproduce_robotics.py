@@ -43,8 +43,9 @@ import pandas as pd
 from tqdm import tqdm
 
 import schedulers
-from experiments.plots import markdown_table, scheduler_color
+from experiments.plots import markdown_table, save_figure, scheduler_color
 from hardware_profiles.board import load_board
+from hardware_profiles.fileio import atomic_write
 from schedulers.dag import heft_schedule, make_dag
 from sim.config import PeriodicPattern
 from sim.dag import DagPlan, DagProblem, TaskGraph, dag_costs
@@ -205,7 +206,7 @@ def figures(ed: pd.DataFrame, des: pd.DataFrame, gp: pd.DataFrame, out: Path) ->
     axes[0].legend(fontsize=7)
     fig.suptitle("Energy per frame vs deadline (feasible plans only)", fontsize=10)
     fig.tight_layout()
-    fig.savefig(out / "energy_vs_deadline.png", dpi=80)
+    save_figure(fig, out / "energy_vs_deadline.png", dpi=80, close=False)
     plt.close(fig)
     names.append("energy_vs_deadline.png")
 
@@ -222,7 +223,7 @@ def figures(ed: pd.DataFrame, des: pd.DataFrame, gp: pd.DataFrame, out: Path) ->
     ax.set_title(f"Frames DES, deadline {DES_DEADLINE} x D0: {cond}", fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(out / "deadline_misses.png", dpi=80)
+    save_figure(fig, out / "deadline_misses.png", dpi=80, close=False)
     plt.close(fig)
     names.append("deadline_misses.png")
 
@@ -233,7 +234,7 @@ def figures(ed: pd.DataFrame, des: pd.DataFrame, gp: pd.DataFrame, out: Path) ->
     ax.set_ylabel("energy gap to the MILP optimum (%)", fontsize=8)
     ax.set_title(f"Random {GAP_TASKS}-task DAGs (feasible cases)", fontsize=9)
     fig.tight_layout()
-    fig.savefig(out / "gap_to_optimum.png", dpi=80)
+    save_figure(fig, out / "gap_to_optimum.png", dpi=80, close=False)
     plt.close(fig)
     names.append("gap_to_optimum.png")
     return names
@@ -358,7 +359,7 @@ def report(ed: pd.DataFrame, des: pd.DataFrame, gp: pd.DataFrame, kt: pd.DataFra
         markdown_table(kt),
         "",
     ]
-    (out / "report.md").write_text("\n".join(lines), encoding="utf-8")
+    atomic_write(out / "report.md", "\n".join(lines))
 
 
 def run(out: Path, quick: bool) -> None:
@@ -367,13 +368,13 @@ def run(out: Path, quick: bool) -> None:
     ms = methods()
     deadlines = (1.0, 1.5, 3.0) if quick else DEADLINES
     ed, plans = energy_vs_deadline(ms, deadlines)
-    ed.to_csv(out / "energy_deadline.csv", index=False)
+    atomic_write(out / "energy_deadline.csv", ed.to_csv(index=False))
     des = des_runs(plans, ms, FRAMES // 10 if quick else FRAMES)
-    des.to_csv(out / "des.csv", index=False)
+    atomic_write(out / "des.csv", des.to_csv(index=False))
     gp = gaps(ms, range(3 if quick else 20))
-    gp.to_csv(out / "gaps.csv", index=False)
+    atomic_write(out / "gaps.csv", gp.to_csv(index=False))
     kt = kernels_table()
-    kt.to_csv(out / "kernels.csv", index=False)
+    atomic_write(out / "kernels.csv", kt.to_csv(index=False))
     figs = figures(ed, des, gp, out)
     report(ed, des, gp, kt, out, figs, quick, time.perf_counter() - t0)
     print(markdown_table(gap_summary(gp)))

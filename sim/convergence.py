@@ -35,6 +35,8 @@ from typing import Any
 
 import numpy as np
 
+from hardware_profiles.fileio import atomic_write
+
 FITS_DIR = Path(__file__).with_name("convergence_fits")
 SCHEMA = 1
 
@@ -291,7 +293,7 @@ def save(path: str | Path, f: Fit) -> None:
     """Write a fit and its curves as JSON."""
     doc = {"schema": SCHEMA, "model": f.model.to_json(), "rmse_log_loss": f.rmse_log,
            "meta": f.meta, "curves": [c.to_json() for c in f.curves]}
-    Path(path).write_text(json.dumps(doc, indent=1) + "\n")
+    atomic_write(path, json.dumps(doc, indent=1) + "\n")
 
 
 def load(path: str | Path) -> Fit:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from hardware_profiles.errors import ConfigError
+from hardware_profiles.fileio import atomic_write
 
 PLAN_SCHEMA = 2
 
@@ -118,7 +119,7 @@ class Plan:
         return json.dumps(self.to_dict(), indent=2) + "\n"
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(self.dumps())
+        atomic_write(path, self.dumps())
 
 
 def require_kind(plan: Plan, kind: PlanKind, evaluator: str) -> None:

@@ -22,6 +22,7 @@ from typing import Any, Literal
 import yaml
 
 from hardware_profiles.errors import ConfigError
+from hardware_profiles.fileio import atomic_write
 from sim.config import read_yaml
 
 OpClass = Literal["gemm", "conv", "embedding", "elementwise", "attention"]
@@ -275,4 +276,4 @@ def load_model_file(path: str | Path) -> Model:
 
 
 def save_model_file(model: Model, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(model.to_dict(), sort_keys=False))
+    atomic_write(path, yaml.safe_dump(model.to_dict(), sort_keys=False))

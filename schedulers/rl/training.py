@@ -28,6 +28,7 @@ from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.logger import configure
 from stable_baselines3.common.vec_env import DummyVecEnv
 
+from hardware_profiles.fileio import atomic_write
 from schedulers.rl.masked_env import Stepper
 from schedulers.rl.tblog import TensorBoardEvents
 
@@ -243,7 +244,7 @@ class MaskedPPOTraining(Generic[CfgT]):
         events = self.learn(model)
         model.save(str(self.out))
         meta = self.sidecar(model, warm, events)
-        self.out.with_suffix(".json").write_text(json.dumps(meta, indent=2) + "\n")
+        atomic_write(self.out.with_suffix(".json"), json.dumps(meta, indent=2) + "\n")
         return meta
 
     def wall_s(self) -> float:
