@@ -585,6 +585,17 @@ def _quant_times(fp32: np.ndarray, bits: int, worker_types: list[DeviceProfile],
     return quant, dequant
 
 
+def _sparse_touched(model: Model, sparse_cols: list[int], batch: np.ndarray) -> np.ndarray:
+    """(workers, layers) bytes of each sparse table the workers' batches touch, capped at
+    the table (0 in every dense layer's column)."""
+    touch = np.zeros((len(batch), len(model.layers)))
+    for j in sparse_cols:
+        ly = model.layers[j]
+        assert ly.sparse is not None
+        touch[:, j] = np.minimum(ly.param_bytes, batch * ly.sparse.rows_per_sample * ly.sparse.row_bytes)
+    return touch
+
+
 def plan_costs(problem: Problem, plan: Plan) -> PlanCosts:
     """Build the :class:`PlanCosts` of a single-stage (data-parallel) plan."""
     if len(plan.stages) != 1:
@@ -624,12 +635,7 @@ def plan_costs(problem: Problem, plan: Plan) -> PlanCosts:
     # everyone; sparse tables move only the rows this worker's batch touches.
     fp32 = np.repeat(dense_chunk[None, :], N, axis=0)
     if sparse_cols:
-        touch = np.zeros((N, L))
-        for j in sparse_cols:
-            ly = model.layers[j]
-            assert ly.sparse is not None
-            touch[:, j] = np.minimum(ly.param_bytes, batch * ly.sparse.rows_per_sample * ly.sparse.row_bytes)
-        fp32 = fp32 + touch @ M
+        fp32 = fp32 + _sparse_touched(model, sparse_cols, batch) @ M
     if not job.pipeline:  # shards holding nothing exchange nothing
         keep = np.flatnonzero(fp32.max(axis=0) > 0)
         chunk_shard, chunk_group, dense_chunk, fp32 = chunk_shard[keep], chunk_group[keep], dense_chunk[keep], fp32[:, keep]
