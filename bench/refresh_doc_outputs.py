@@ -22,7 +22,7 @@ from experiments import cli
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = ("README.md", "docs/getting-started.md")
-RUN_VERBS = {"demo", "simulate", "plan", "compare", "sweep", "plot"}
+RUN_VERBS = {"demo", "simulate", "plan", "compare", "sweep", "plot", "dag"}
 LINKED = ("experiments", "runtime", "hardware_profiles")
 
 

@@ -207,7 +207,7 @@ def parse_options(data: Any, source: str) -> RuntimeOptions:
     try:
         return RuntimeOptions.model_validate(data)
     except ValidationError as e:
-        err = validation_error(source, e)
+        err = validation_error(source, e, RuntimeOptions)
         raise ConfigError(source, f"runtime.{err.field}" if err.field else "runtime", err.message) from None
 
 

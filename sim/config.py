@@ -511,12 +511,48 @@ def _loc(loc: tuple[Any, ...]) -> str:
     return out
 
 
-def validation_error(source: str, e: ValidationError) -> ConfigError:
-    """The first pydantic error as a one-line ConfigError."""
-    err = e.errors()[0]
+def _field_names(model: Any, loc: tuple[Any, ...]) -> list[str]:
+    """The field names of the pydantic model at ``loc`` below ``model`` (list indexes and
+    union members followed; [] where the path leaves the models)."""
+    import typing
+
+    def models_in(tp: Any) -> list[Any]:
+        if isinstance(tp, type) and issubclass(tp, BaseModel):
+            return [tp]
+        return [m for a in typing.get_args(tp) for m in models_in(a)]
+
+    current = [model]
+    for key in loc:
+        if isinstance(key, int):
+            continue
+        nxt = []
+        for m in current:
+            f = m.model_fields.get(key)
+            if f is not None:
+                nxt += models_in(f.annotation)
+        current = nxt
+    return sorted({n for m in current for n in m.model_fields})
+
+
+def validation_error(source: str, e: ValidationError, model: Any = None) -> ConfigError:
+    """The first pydantic error as a one-line ConfigError. An unknown field goes first (a
+    misspelt required field is both unknown and missing; the spelling is what to fix), with
+    the missing field of the same section it most resembles, or else the field of
+    ``model`` (default :class:`Config`) there, as a suggestion."""
+    import difflib
+
+    errors = e.errors()
+    extra = [x for x in errors if x["type"] == "extra_forbidden"]
+    err = extra[0] if extra else errors[0]
     msg = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
         msg = "unknown field"
+        parent, name = tuple(err["loc"][:-1]), str(err["loc"][-1])
+        missing = [str(x["loc"][-1]) for x in errors
+                   if x["type"] == "missing" and tuple(x["loc"][:-1]) == parent]
+        known = missing or _field_names(model or Config, parent)
+        if close := difflib.get_close_matches(name, known, n=1, cutoff=0.6):
+            msg += f" (did you mean {close[0]!r}?)"
     elif err["type"] == "missing":
         msg = "missing required field"
     loc = _loc(tuple(err["loc"]))

@@ -327,6 +327,10 @@ class PlacementSpace:
                f"reaches at most {bound:.4g} samples/s on any device type within the inventory")
         if assignment is not None and bound >= self.target:
             msg = f"placement infeasible ({self.evaluate_one(assignment)['bottleneck']})"
+        elif bound >= self.target:  # the floor is not what rules the placements out
+            msg = (f"no feasible placement found, though every layer alone reaches throughput_min="
+                   f"{self.target:.4g} samples/s (the slowest, {layer!r}, at most {bound:.4g} samples/s): the devices "
+                   "this scheduler may use lack the memory or the count for a whole placement")
         return msg
 
 

@@ -33,7 +33,7 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 # Guides that other pieces of work add; a link to one is checked once the page exists.
 PENDING_PAGES = {"docs/guides/rl.md"}
 # Commands run as written (cheap: no torch model extraction, no real runs, no MILP).
-RUN_VERBS = {"demo", "simulate", "plan", "compare", "sweep", "plot"}
+RUN_VERBS = {"demo", "simulate", "plan", "compare", "sweep", "plot", "dag"}
 RUN_PAGES = {"README.md", "docs/getting-started.md"}
 # What a scratch folder needs to run the pages' commands from "the repository root".
 LINKED = ("experiments", "runtime", "hardware_profiles")
