@@ -1,7 +1,7 @@
 """Fit the runtime CPU model (calibration/runtime_cpu.py) to real runs of configs that are not validated.
 
     python -m bench.runtime_calibration [--out results/runtime_calibration] [--only c1,c3]
-        [--report-only] [--write PROFILE]
+        [--report-only] [--write PROFILE] [--fresh-profile FILE]
 
 Runs `hetsim validate` on each config of experiments/configs/runtime_calibration/
 (real runs on this machine, emulated as in the validation suite), takes from each
@@ -13,7 +13,11 @@ iteration time as the DES predicts it alone, with the fit and with the fit to th
 other configs only (:func:`iteration_rows`, the simulated side of `hetsim validate`
 again without the real run). ``--write PROFILE`` stores the fit in that profile's
 ``network.runtime_cpu`` (the rest of the profile unchanged), from where `hetsim
-validate` applies it. ``--report-only`` refits from OUT/*/validation.json without
+validate` applies it. ``--fresh-profile FILE`` prices every rank of the calibration
+runs with this machine's profile FILE (measured into it first when missing, as `hetsim
+validate --fresh-profile` does); with ``--write FILE`` the fit then completes that
+profile, so that `hetsim validate --fresh-profile FILE` uses a runtime CPU model of this
+machine (the iteration-time table, priced with the configs' own profiles, is left out). ``--report-only`` refits from OUT/*/validation.json without
 running anything. Writes OUT/calibration.json and OUT/report.md.
 
 The validation suite's configs (experiments/configs/validation/) are never used
@@ -168,6 +172,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--report-only", action="store_true",
                     help="refit from OUT/*/validation.json, or from OUT/calibration.json's samples")
     ap.add_argument("--write", metavar="PROFILE", help="store the fit in this profile's network.runtime_cpu")
+    ap.add_argument("--fresh-profile", metavar="FILE", type=Path,
+                    help="price every rank with this machine's profile FILE (measured first when missing)")
     args = ap.parse_args(argv)
     out = Path(args.out)
     configs = sorted(CONFIG_DIR.glob("*.yaml"))
@@ -188,9 +194,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         samples = []
         for i, c in enumerate(configs):
             print(f"[{i + 1}/{len(configs)}] {c.stem} ...", flush=True)
-            v = validate.validate(c, out=out / c.stem)
+            v = validate.validate(c, out=out / c.stem, fresh_profile=args.fresh_profile)
             samples += samples_of(v)
-            runs += runs_of(v)
+            if args.fresh_profile is None:  # resimulate prices with the config's own profiles
+                runs += runs_of(v)
     if not samples:
         print("no process has both DES figures and real CPU", file=sys.stderr)
         return 2
