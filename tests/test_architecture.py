@@ -46,3 +46,24 @@ def test_the_contracts_are_the_documented_layers() -> None:
     assert acyclic["type"] == "acyclic_siblings"
     assert sorted(acyclic["ancestors"]) == sorted(
         ["hetsim", "hardware_profiles", "sim", "schedulers", "runtime", "calibration", "experiments"])
+
+
+def test_no_monoliths_in_the_model_schedulers_and_runtime() -> None:
+    """No file over 800 lines and no function over 80 lines in sim/, schedulers/, runtime/
+    (docs/architecture.md): a function that outgrows it is split where its concepts part."""
+    import ast
+
+    root = Path(__file__).resolve().parent.parent
+    too_long = []
+    for pkg in ("sim", "schedulers", "runtime"):
+        for path in sorted((root / pkg).rglob("*.py")):
+            src = path.read_text()
+            rel = path.relative_to(root).as_posix()
+            if src.count("\n") > 800:
+                too_long.append(f"{rel}: {src.count(chr(10))} lines")
+            for node in ast.walk(ast.parse(src)):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    n = node.end_lineno - node.lineno + 1  # type: ignore[operator]
+                    if n > 80:
+                        too_long.append(f"{rel}:{node.lineno} {node.name}: {n} lines")
+    assert too_long == []
