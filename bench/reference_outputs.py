@@ -53,7 +53,9 @@ few headline numbers per output for a human (throughput per scheduler and the li
 and the exclusions.
 
 Before a refactor (on the commit you start from), capture a baseline or use the
-committed ones, bench/reference/quick.json and bench/reference/full.json::
+committed ones (each records the commit it was captured on: quick.json the current
+one; full.json is older and differs where later work changed outputs on purpose),
+bench/reference/quick.json and bench/reference/full.json::
 
     python -m bench.reference_outputs capture --quick --out results/reference/before-quick
 
