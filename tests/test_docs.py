@@ -287,7 +287,8 @@ def test_page_commands_run_as_written(name: str, scratch: Path, capsys: pytest.C
         if words[1] == "sweep":  # the timing in its summary line varies
             got = [re.sub(r"; [\d.]+ s, [\d.]+ points/s", "", ln) for ln in got]
             shown = [re.sub(r"; [\d.]+ s, [\d.]+ points/s", "", ln) for ln in shown]
-        assert got[:len(shown)] == [ln.rstrip() for ln in shown], f"{name}: `{cmd}` printed\n{out}"
+        hint = "(after an intended change: python -m bench.refresh_doc_outputs)"
+        assert got[:len(shown)] == [ln.rstrip() for ln in shown], f"{name}: `{cmd}` printed\n{out}\n{hint}"
         ran += 1
     assert ran >= (3 if name == "docs/getting-started.md" else 1)
 
