@@ -37,8 +37,6 @@ at some members and not at others.
 from __future__ import annotations
 
 import datetime
-import os
-import signal
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,7 +47,7 @@ import torch.distributed as dist
 from runtime import task, wire
 from runtime.affinity import CpuMeter
 from runtime.spec import RunSpec, WorkerSpec
-from runtime.worker import free_memory_bytes, layer_groups, send_report, slowdown_at
+from runtime.worker import crash_if_due, free_memory_bytes, layer_groups, send_report, slowdown_at
 from sim.collective import make_buckets
 
 #: SGD's momentum with ``job.optimizer: momentum``.
@@ -226,11 +224,10 @@ class Worker:
             (loss * scale).backward()
             if self.device.startswith("cuda"):
                 torch.cuda.synchronize()
-        except RuntimeError as e:
+        except RuntimeError:
             if self.ddp is None:
                 raise
-            self.fail_note = str(e).splitlines()[0][:160]
-            return None
+            return None  # a member died inside DDP's reduction: the coordinator re-forms the group
         finally:
             self.pace = 1.0
         self.compute_cpu_s += time.thread_time() - c0
@@ -265,8 +262,7 @@ class Worker:
                 work.wait()
                 self.span(self.net_spans, f"allreduce b{k}", a, time.time())
                 self.flats.append(send.float() if send.dtype != torch.float32 else send)
-        except RuntimeError as e:
-            self.fail_note = str(e).splitlines()[0][:160]
+        except RuntimeError:  # a member died mid-reduction: the coordinator re-forms the group
             return False
         finally:
             self.totals["comm_s"] += time.time() - a
@@ -362,8 +358,7 @@ def run_collective_worker(spec: RunSpec, w: int, local_rank: int = 0) -> None:
             continue
         if c.stop:
             break
-        if ws.fail_at_iteration == t or (ws.fail_at_s is not None and time.time() - wk.start >= ws.fail_at_s):
-            os.kill(os.getpid(), signal.SIGKILL)  # emulated crash: no goodbye, no flush
+        crash_if_due(ws, t, wk.start)
         got = wk.compute(t, c)
         if got is not None and (wk.ddp is not None or wk.reduce(c)):
             step_end = wk.update()

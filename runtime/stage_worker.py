@@ -23,8 +23,6 @@ target to the last-stage replica that computes its loss.
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 from typing import Any
 
@@ -33,7 +31,7 @@ import torch
 from runtime import stages, task, wire
 from runtime.affinity import CpuMeter
 from runtime.spec import RunSpec, StageSpec
-from runtime.worker import PSClient, free_memory_bytes, send_report, slowdown_at
+from runtime.worker import PSClient, crash_if_due, free_memory_bytes, send_report, slowdown_at
 
 #: What a chunk's forward leaves for its backward: inputs, outputs, loss (last stage only).
 Saved = tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...], torch.Tensor | None]
@@ -151,8 +149,7 @@ class StageLoop:
         t = self.spec.resume.version if self.spec.resume is not None else 0
         while True:
             self.meter.tick()  # an iteration boundary: the CPU of the iterations after the warm-up (window_cpu)
-            if ws.fail_at_iteration == t or (ws.fail_at_s is not None and time.time() - start >= ws.fail_at_s):
-                os.kill(os.getpid(), signal.SIGKILL)  # emulated crash: no goodbye, no flush
+            crash_if_due(ws, t, start)
             if not self.iteration(t, start):
                 break
             t += 1

@@ -48,6 +48,13 @@ def free_memory_bytes(ws: WorkerSpec, device: str) -> float:
     return 0.0
 
 
+def crash_if_due(ws: WorkerSpec, t: int, start: float) -> None:
+    """The emulated crash of ``ws`` (``fail_at_iteration`` or ``fail_at_s`` after ``start``):
+    SIGKILL this process, no goodbye, no flush, as a real crash would."""
+    if ws.fail_at_iteration == t or (ws.fail_at_s is not None and time.time() - start >= ws.fail_at_s):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def slowdown_at(ws: WorkerSpec, t_s: float) -> float:
     f = 1.0
     for at, factor in ws.slowdown_events:
@@ -266,8 +273,7 @@ def run_worker(spec: RunSpec, w: int, local_rank: int = 0) -> None:
     t = spec.resume.version if spec.resume is not None else 0
     while True:
         meter.tick()  # an iteration boundary: the CPU of the iterations after the warm-up (window_cpu)
-        if ws.fail_at_iteration == t or (ws.fail_at_s is not None and time.time() - start >= ws.fail_at_s):
-            os.kill(os.getpid(), signal.SIGKILL)  # emulated crash: no goodbye, no flush
+        crash_if_due(ws, t, start)
         if puller is not None:
             a = time.time()
             version, share, stop, bits = puller.request(t)

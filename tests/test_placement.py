@@ -249,6 +249,6 @@ def test_rc_dp_with_ps_units_equals_enumeration():
 @pytest.mark.parametrize(("seed", "cost_usd"), [(1012, 6.581950186186241), (1016, 67.85880177417368)])
 def test_exact_proves_the_ps_bound_bench_instances(seed, cost_usd):
     """The two 60-layer x 8-type bench instances the PS holds back, once left unproven
-    in 10 s (1012 with a 2.4 % worse placement, 7.1576 USD)."""
+    in 10 s with the datasheet GPU profiles."""
     res = solve(PlacementSpace(random_problem(seed, n_layers=60, n_types=8)), time_limit_s=60)
     assert res.proven and res.cost_usd == pytest.approx(cost_usd, rel=1e-9)

@@ -212,6 +212,8 @@ def test_max_throughput_brackets_feasibility():
     assert space.target == 2000.0                           # left at the problem's own floor
     over = retarget(space, dataclasses.replace(prob, objective=Objective("cost", throughput_min=top * 1.1)))
     assert solve(over, 10).assignment is None
+    at = retarget(space, dataclasses.replace(prob, objective=Objective("cost", throughput_min=top * 0.999)))
+    assert solve(at, 10).assignment is not None               # and just below it one is
 
 
 @pytest.mark.parametrize("family", [convnet, transformer, recsys, mlp])
@@ -235,6 +237,6 @@ def test_rl_plans_a_real_model_within_the_floor(resnet_case):
     plan = RL(samples=4).plan(prob)
     check_plan(plan, prob)
     info = plan.options["rl"]
-    assert info["units"] == MAX_GROUPS
+    assert info["units"] == MAX_GROUPS and info["fallback"] is None    # the policy's plan, not greedy's
     pred = plan.options["placement"]["predicted"]
     assert pred["feasible"] and pred["throughput_sps"] >= prob.objective.throughput_min

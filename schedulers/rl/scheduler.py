@@ -178,11 +178,11 @@ class RL(PlacementScheduler):
                                 "feasible_episodes": int(ev.feasible.sum()), "repaired": False, "fallback": None}
         if not np.isfinite(s[best]):
             a = self.repair_or_fall_back(space, A[0], minimize, seed, info)
-            cands = a[None, :]
+            cands, cost = a[None, :], float(space.evaluate(a[None, :]).cost_usd[0])
         else:
-            a, cands = A[best], np.unique(A[np.isfinite(s)], axis=0)
+            a, cands, cost = A[best], np.unique(A[np.isfinite(s)], axis=0), float(ev.cost_usd[best])
         if self.refine:
-            info["refined_from_cost_usd"] = float(space.evaluate(a[None, :]).cost_usd[0])
+            info["refined_from_cost_usd"] = cost
             R = np.array([shift_descent(space, c, minimize) for c in cands])
             a = R[int(np.argmin(score(space.evaluate(R), minimize)))]
         if self.polish:

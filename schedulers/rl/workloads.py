@@ -29,7 +29,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
 
 import numpy as np
 
@@ -253,14 +252,6 @@ def retarget(space: PlacementSpace, problem: Problem) -> PlacementSpace:
     return space
 
 
-def with_floor(problem: Problem, frac: float) -> Problem | None:
-    """``problem`` with ``throughput_min = frac * max_throughput``; None when nothing is feasible."""
-    top = max_throughput(PlacementSpace(problem))
-    if top <= 0:
-        return None
-    return replace(problem, objective=Objective("cost", throughput_min=frac * top))
-
-
 def real_instance(seed: int, model: Model | None = None, n_types: tuple[int, int] = (2, 8),
                   floor: tuple[float, float] = (0.05, 0.95), zoo_share: float = 0.5,
                   groups: int = MAX_GROUPS) -> tuple[Problem, PlacementSpace] | None:
@@ -281,12 +272,6 @@ def real_instance(seed: int, model: Model | None = None, n_types: tuple[int, int
         return None
     problem = replace(problem, objective=Objective("cost", throughput_min=float(rng.uniform(*floor)) * top))
     return problem, retarget(space, problem)
-
-
-def real_problem(seed: int, **kwargs: Any) -> Problem | None:
-    """The problem of :func:`real_instance` (same arguments)."""
-    got = real_instance(seed, **kwargs)
-    return got[0] if got is not None else None
 
 
 #: The fixed real-model suite: inventory seeds (each also draws the job's batch and pipelining)
