@@ -252,6 +252,9 @@ def evaluate(problem: Problem, plan: Plan, scheduler: Any = None,
     sends layer placements to :func:`sim.multistage.evaluate_analytic`.
     """
     require_kind(plan, PlanKind.DATA_PARALLEL, "sim.analytic.evaluate")
+    if problem.job.sync == "allreduce":
+        raise ValueError("sim.analytic.evaluate prices parameter-server plans; an all-reduce job is "
+                         "sim.collective_analytic.evaluate's (sim.evaluate.evaluate picks it)")
     problem = emulated_problem(problem, emulation)
     return steady_state(problem, plan, scheduler, _evaluate, _compute_per_iteration)
 

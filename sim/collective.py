@@ -265,7 +265,7 @@ class CollectiveCosts:
 def collective_costs(problem: Problem, plan: Plan, stretch_hosts: bool = True) -> CollectiveCosts:
     """The :class:`CollectiveCosts` of a data-parallel all-reduce plan: with
     ``stretch_hosts``, hosted workers' compute stretched by their share of their host's
-    cores (:func:`host_stretch`, the analytic evaluator's view); without, each worker's
+    cores (:meth:`sim.cluster.Cluster.host_stretch`, the analytic evaluator's view); without, each worker's
     time alone, for the DES, which shares the cores itself (:class:`sim.des.hosts.HostCPU`)."""
     job, model, cl = problem.job, problem.job.model, problem.cluster
     reps = plan.replicas
@@ -277,7 +277,8 @@ def collective_costs(problem: Problem, plan: Plan, stretch_hosts: bool = True) -
             rows[(dev.name, r.batch)] = _worker_row(problem, dev, r.batch, buckets)
     per = [rows[(cl.device(r.device).type.name, r.batch)] for r in reps]
     k = len(buckets)
-    stretch = host_stretch(cl, [r.device for r in reps]) if stretch_hosts else np.ones(len(reps))
+    stretch = (np.array(cl.host_stretch([r.device for r in reps]), dtype=float) if stretch_hosts
+               else np.ones(len(reps)))
     fwd = np.array([x[0] for x in per], dtype=float) * stretch
     bwd = np.array([x[1] for x in per], dtype=float) * stretch
     ready = np.array([x[2] for x in per], dtype=float).reshape(len(reps), k) * stretch[:, None]
@@ -309,11 +310,6 @@ def _worker_row(problem: Problem, dev: DeviceProfile, batch: int, buckets: Seque
     else:
         ready = np.full(len(buckets), bwd)
     return float(f.sum()), bwd, ready, float(opt)
-
-
-def host_stretch(cluster: Cluster, workers: Sequence[str]) -> np.ndarray:
-    """:meth:`sim.cluster.Cluster.host_stretch` of ``workers``, as an array."""
-    return np.array(cluster.host_stretch(workers), dtype=float)
 
 
 def iteration(c: CollectiveCosts, start: np.ndarray, comm: np.ndarray

@@ -6,7 +6,7 @@ extrapolated, so the cost is a few iterations whatever ``job.iterations`` is. Wi
 dynamics the DES (:mod:`sim.des.collective`) executes the same recursion event by
 event, so the two agree to float rounding. Hosts: each hosted worker's compute is
 stretched by its share of the cores with every hosted worker runnable
-(:func:`sim.collective.host_stretch`), the steady-state view; the DES shares the cores
+(:meth:`sim.cluster.Cluster.host_stretch`), the steady-state view; the DES shares the cores
 as the work comes and goes, and charges the collective's copies to them.
 """
 

@@ -130,6 +130,20 @@ def test_two_worker_ring_by_hand() -> None:
     assert a.extra["allreduce"]["buckets"] == 1 and "notes" not in a.extra
 
 
+def test_the_parameter_server_evaluators_refuse_an_all_reduce_job() -> None:
+    """sim.des.simulate and sim.analytic.evaluate model PS shards: an all-reduce job given to
+    them directly is a ValueError naming its own evaluator (sim.evaluate.evaluate routes it)."""
+    from sim import analytic, des
+
+    prob = _allreduce(problem([GPU, GPU], [], model(FC), 20, latency_s=1e-4, iterations=5))
+    pl = plan(prob, [10, 10])
+    with pytest.raises(ValueError, match="sim.des.collective.simulate"):
+        des.simulate(prob, pl)
+    with pytest.raises(ValueError, match="sim.collective_analytic.evaluate"):
+        analytic.evaluate(prob, pl)
+    assert evaluate(prob, pl, "analytic").throughput_sps > 0
+
+
 def test_four_worker_ring_by_hand_slowest_gates() -> None:
     # shares 10, 10, 10, 20: worker 3 computes twice as long (0.06 s) and gates the all-reduce;
     # worker 2's link of 0.5 GB/s sets every step: 6 x (1e-4 + 2.5e5 / 5e8) = 3.6e-3 s

@@ -39,6 +39,9 @@ def simulate(problem: Problem, plan: Plan, trace: bool = True,
     :mod:`sim.des.frames`.
     """
     require_kind(plan, PlanKind.DATA_PARALLEL, "sim.des.simulate")
+    if problem.job.sync == "allreduce":
+        raise ValueError("sim.des.simulate runs parameter-server plans; an all-reduce job runs in "
+                         "sim.des.collective.simulate (sim.evaluate.evaluate picks it)")
     problem = emulated_problem(problem, emulation)
     sim = DataParallelSim(problem, plan, plan_costs(problem, plan), trace=trace,
                           on_iteration=on_iteration, scheduler=scheduler, emulation=emulation)

@@ -142,6 +142,7 @@ class AllreduceSim:
         # the communicator: members, buckets marked ready this round, the bucket next due,
         # whether one is in flight (its round: a failure's restart abandons it)
         self.members = set(range(N))
+        self.member_ids = tuple(range(N))  # the members in order (changes only in _leave)
         self.marked: list[set[int]] = [set() for _ in range(max(K, 1))]
         self.next_k = 0
         self.inflight = False
@@ -290,9 +291,10 @@ class AllreduceSim:
     def _try_start(self) -> None:
         """Start the bucket next due if every member has it ready and none is in flight."""
         gates = max(self.K, 1)
-        if self.inflight or self.next_k >= gates or not self.members <= self.marked[self.next_k]:
+        # marked sets and ended hold members only (_leave discards a leaver): counts decide
+        if self.inflight or self.next_k >= gates or len(self.marked[self.next_k]) < len(self.members):
             return
-        k, members = self.next_k, tuple(sorted(self.members))
+        k, members = self.next_k, self.member_ids
         dur = float(self.c.comm_s(members)[k]) if self.K else 0.0
         self.inflight = True
         tag, t0 = self.round, self.env.now
@@ -335,7 +337,7 @@ class AllreduceSim:
         self.inflight = False
         self.spans.append((t0, now))
         if self.trace is not None and self.K:
-            for w in sorted(self.members):
+            for w in self.member_ids:
                 self.trace.span("network", w, self.c.workers[w], f"allreduce b{k}", t0, now)
         self.next_k += 1
         if self.next_k < max(self.K, 1):
@@ -362,7 +364,7 @@ class AllreduceSim:
     def _ended(self, w: int, it: int) -> None:
         """Worker w has applied iteration ``it``'s update; the iteration ends with the last member's."""
         self.ended.add(w)
-        if not self.members <= self.ended:
+        if len(self.ended) < len(self.members):
             return
         self.ended = set()
         self._end_iteration(self.samples_now)
@@ -412,6 +414,7 @@ class AllreduceSim:
     def _leave(self, w: int) -> None:
         """A detected failure: w is no member; a reduction it was part of starts over."""
         self.members.discard(w)
+        self.member_ids = tuple(sorted(self.members))
         self.ended.discard(w)
         if not self.members:
             return
@@ -424,7 +427,7 @@ class AllreduceSim:
         for m in self.marked:
             m.discard(w)
         self._try_start()
-        if self.members <= self.ended:  # it held up the end of an iteration only
+        if len(self.ended) == len(self.members):  # it held up the end of an iteration only
             self.ended = set()
             self._end_iteration(self.samples_now)
 

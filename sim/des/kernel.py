@@ -54,9 +54,6 @@ class Environment(simpy.Environment):
     # as in SimPy: a trace records the first instant as 0).
     now: SimTime = 0  # type: ignore[assignment]
 
-    def __init__(self, initial_time: SimTime = 0) -> None:
-        super().__init__(initial_time)
-
     @property  # type: ignore[override]
     def _now(self) -> SimTime:
         return self.now
