@@ -55,6 +55,7 @@ from calibration.saved_runs import (
     check_run,
     half_range,
     own_times,
+    pct,
     save_run,
     start_run,
 )
@@ -186,10 +187,6 @@ def groups(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _pct(x: float) -> str:
-    return f"{100 * x:.1f}%"
-
-
 def print_report(rows: Sequence[dict[str, Any]], gs: Sequence[dict[str, Any]],
                  meta: dict[str, Any], profile: str | None) -> None:
     shapes = {r["shape"]: r["param_bytes"] for r in rows}
@@ -204,10 +201,10 @@ def print_report(rows: Sequence[dict[str, Any]], gs: Sequence[dict[str, Any]],
         lo, hi = g["intensity"]
         line = (f"{g['batch']:>4} {g['phase']:>5} {lo:>5.1f}-{hi:<5.1f} {g['rate_min'] / 1e9:>6.1f} "
                 f"{g['rate_median'] / 1e9:>6.1f} {g['rate_max'] / 1e9:>6.1f} "
-                f"{g['max_over_min']:>7.2f} {_pct(g['floor']):>6} {_pct(g['half_range']):>8}")
+                f"{g['max_over_min']:>7.2f} {pct(g['floor']):>6} {pct(g['half_range']):>8}")
         if "pred_median" in g:
-            line += (f" | {_pct(g['pred_median']):>8} {_pct(g['pred_worst']):>7} "
-                     f"{_pct(g['pred_floor']):>17}")
+            line += (f" | {pct(g['pred_median']):>8} {pct(g['pred_worst']):>7} "
+                     f"{pct(g['pred_floor']):>17}")
         print(line)
     print("floor: the least median |error| of one rate over the shapes; half rng: the least "
           "worst-case error" + (f"; pred: {profile}'s cost model (curves, no tables)" if profile

@@ -59,6 +59,7 @@ from calibration.saved_runs import (
     check_run,
     half_range,
     own_times,
+    pct,
     save_run,
     start_run,
 )
@@ -242,14 +243,10 @@ def against(profile: Any, trials: Sequence[dict[str, list[dict[str, Any]]]]
     return out
 
 
-def _pct(x: float) -> str:
-    return f"{100 * x:.1f}%"
-
-
 def _oracle_cell(o: dict[str, Any] | None, trials: int) -> str:
     if o is None:
         return "-"
-    return (f"{_pct(o['layer_median_abs_err']['max'])} / {_pct(o['iter_abs_err']['max'])}  "
+    return (f"{pct(o['layer_median_abs_err']['max'])} / {pct(o['iter_abs_err']['max'])}  "
             f"{o['trials_meeting_targets']}/{trials}")
 
 
@@ -264,8 +261,8 @@ def print_report(sp: dict[str, Any], prof: dict[tuple[str, int], dict[str, Any]]
     for r in rows:
         it = r["iter_s"]
         print(f"{r['model']:<12}{r['batch']:>6}{r['passes']:>7}  {1e3 * it['median']:>11.3f}"
-              f"{1e3 * it['min']:>9.3f}{1e3 * it['max']:>9.3f}{_pct(it['floor']):>8}"
-              f"{_pct(r['pass_spread'] or 0.0):>13}  {_oracle_cell(r['oracle'], r['trials']):>31}"
+              f"{1e3 * it['min']:>9.3f}{1e3 * it['max']:>9.3f}{pct(it['floor']):>8}"
+              f"{pct(r['pass_spread'] or 0.0):>13}  {_oracle_cell(r['oracle'], r['trials']):>31}"
               f"  {_oracle_cell(r['oracle_state'], r['trials']):>24}")
     print(f"targets: median |layer err| <= {LAYER_TARGET:.0%}, |iter err| <= {ITER_TARGET:.0%}. floor: "
           "(max - min) / (max + min) of the iteration, the least error one prediction can have "
@@ -291,8 +288,8 @@ def print_report(sp: dict[str, Any], prof: dict[tuple[str, int], dict[str, Any]]
         lay = p["layer_median_abs_err"]
         ok = f"{p['trials_meeting_targets']}/{r['trials']}"
         print(f"{r['model']:<12}{r['batch']:>6}  {1e3 * p['iter_pred_s']:>12.3f}  "
-              f"{_pct(lay['median']) + ' / ' + _pct(lay['max']):>23}  "
-              f"{_pct(min(p['iter_errs'])) + ' .. ' + _pct(max(p['iter_errs'])):>20}{ok:>7}")
+              f"{pct(lay['median']) + ' / ' + pct(lay['max']):>23}  "
+              f"{pct(min(p['iter_errs'])) + ' .. ' + pct(max(p['iter_errs'])):>20}{ok:>7}")
 
 
 def _check_trials(trials: Any, meta: Any, path: str) -> None:

@@ -15,6 +15,11 @@ from hardware_profiles.errors import ConfigError
 from hardware_profiles.fileio import atomic_write, prepare_out
 
 
+def pct(x: float) -> str:
+    """A fraction as a percentage with one decimal (0.123 -> '12.3%')."""
+    return f"{100 * x:.1f}%"
+
+
 def half_range(xs: Sequence[float]) -> float:
     """(max - min) / (max + min): the least worst-case relative error of one value
     against all of ``xs`` (the value 2 max min / (max + min))."""

@@ -26,6 +26,3 @@ class ConfigError(HetsimError):
         where = f"{self.file}: {self.field}" if self.field else self.file
         return f"{where}: {self.message}"
 
-
-class InfeasibleError(HetsimError):
-    """A problem that no plan can satisfy (the message names the bottleneck)."""

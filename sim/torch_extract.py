@@ -234,7 +234,9 @@ class _Recorder(TorchDispatchMode):
         call.output_bytes = _nbytes(output)
 
 
-def _split_input(example_input: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def split_input(example_input: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """A model's example input as (positional, keyword) arguments: a mapping is keywords,
+    a tuple or list the positional arguments, anything else the one argument."""
     if isinstance(example_input, Mapping):
         return (), dict(example_input)
     if isinstance(example_input, (tuple, list)):
@@ -260,7 +262,7 @@ def from_torch(module: nn.Module, example_input: Any, name: str | None = None) -
     Raises:
         ValueError: if ``example_input`` holds no tensor.
     """
-    args, kwargs = _split_input(example_input)
+    args, kwargs = split_input(example_input)
     inputs = _tensors((args, kwargs))
     if not inputs:
         raise ValueError("example_input must contain at least one tensor")
@@ -402,18 +404,25 @@ def _window(module: nn.Module) -> int:
     return math.prod(int(x) for x in k) if isinstance(k, tuple | list) else int(k) ** dims
 
 
-def _unique_names(layers: list[Layer]) -> list[Layer]:
-    count = Counter(ly.name for ly in layers)
+def unique_names(names: list[str]) -> list[str]:
+    """``names`` made unique as :func:`from_torch` names layers: a name that repeats gets
+    ``#1``, ``#2``, ... in order, and a suffixed name that clashes with a real one an
+    ``_`` more (the profiler names its timed layers the same way)."""
+    count = Counter(names)
     k: Counter[str] = Counter()
-    out: list[Layer] = []
+    out: list[str] = []
     taken: set[str] = set()
-    for ly in layers:
-        n = ly.name
+    for n in names:
         if count[n] > 1:
             k[n] += 1
             n = f"{n}#{k[n]}"
         while n in taken:  # a suffixed name that clashes with a real FQN
             n += "_"
         taken.add(n)
-        out.append(replace(ly, name=n) if n != ly.name else ly)
+        out.append(n)
     return out
+
+
+def _unique_names(layers: list[Layer]) -> list[Layer]:
+    names = unique_names([ly.name for ly in layers])
+    return [replace(ly, name=n) if n != ly.name else ly for ly, n in zip(layers, names, strict=True)]

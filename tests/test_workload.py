@@ -376,3 +376,12 @@ def test_load_model_file_missing(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as e:
         load_model_file(f)
     assert (e.value.file, e.value.field, str(e.value)) == (str(f), "", f"{f}: file not found")
+
+
+def test_unique_names_suffix_repeats_and_clashes() -> None:
+    """The one naming rule of extracted layers and of the profiler's timed layers: a repeated
+    name gets #1, #2 in order; a suffixed name that a real name already has gets an _ more."""
+    from sim.torch_extract import unique_names
+
+    assert unique_names(["a", "b", "a", "a#1"]) == ["a#1", "b", "a#2", "a#1_"]
+    assert unique_names(["x", "y"]) == ["x", "y"]

@@ -196,20 +196,11 @@ class LayerTimer:
         return fwd, bwd, max(0.0, total - own), total
 
     def _names(self) -> dict[_Call, str]:
+        from sim.torch_extract import unique_names
+
         leaves = [c for c in self.calls if c.leaf]
         root = type(self.module).__name__.lower()
-        base = [c.fqn or root for c in leaves]
-        count: dict[str, int] = {}
-        for b in base:
-            count[b] = count.get(b, 0) + 1
-        k: dict[str, int] = {}
-        out: dict[_Call, str] = {}
-        for c, b in zip(leaves, base, strict=True):
-            if count[b] > 1:
-                k[b] = k.get(b, 0) + 1
-                b = f"{b}#{k[b]}"
-            out[c] = b
-        return out
+        return dict(zip(leaves, unique_names([c.fqn or root for c in leaves]), strict=True))
 
 
 def _tensors(obj: Any) -> list[Any]:
@@ -235,18 +226,12 @@ def training_loss(output: Any) -> Any:
     return torch.stack([loss_fn(t, torch.zeros_like(t, dtype=torch.float32)) for t in outs]).sum()
 
 
-def _split(example: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    if isinstance(example, dict):
-        return (), dict(example)
-    if isinstance(example, (tuple, list)):
-        return tuple(example), {}
-    return (example,), {}
-
-
 def _to(example: Any, dev: Any) -> Any:
-    if isinstance(example, (tuple, list)):
-        return tuple(t.to(dev) for t in example)
-    return example.to(dev)
+    """``example`` (a tensor, or tensors in tuples, lists and dicts) on ``dev``."""
+    import torch
+    from torch.utils._pytree import tree_map
+
+    return tree_map(lambda t: t.to(dev) if isinstance(t, torch.Tensor) else t, example)
 
 
 class _ModelTimer:
@@ -263,7 +248,9 @@ class _ModelTimer:
 
     def __init__(self, module: Any, example: Any, dev: Any, spec: ProfileSpec) -> None:
         self.module, self.dev, self.spec = module, dev, spec
-        self.args, self.kwargs = _split(example)
+        from sim.torch_extract import split_input
+
+        self.args, self.kwargs = split_input(example)
         self.clock = _Clock(dev)
         self.fw: dict[str, list[float]] = {}
         self.bw: dict[str, list[float]] = {}

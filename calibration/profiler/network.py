@@ -23,13 +23,7 @@ from calibration.profiler.registry import Benchmark, Run, register
 from calibration.profiler.timing import _median_iqr, _r
 from hardware_profiles.errors import HetsimError
 from runtime.affinity import CpuMeter, pin, usable_cpus
-from runtime.launch import keep_freed_memory
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from runtime.launch import free_port, keep_freed_memory
 
 
 def _loopback_group(rank: int, port: int, backend: str = "gloo") -> None:
@@ -186,7 +180,7 @@ def network_bench(device: str = "cpu", sizes: Sequence[int] = (8, 65_536), reps:
             backend = "nccl"
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_net_worker, args=(r, port, backend, device, list(sizes), reps, results),
                          daemon=True) for r in range(2)]
     [got] = _run_ranks(procs, results, 1, timeout_s, "network benchmark")
@@ -285,7 +279,7 @@ def handoff_rtts(hogs: int, rounds: int, warmup: int = 20, shard_core: int | Non
     cores = usable_cpus() or [0]
     stop = ctx.Event()
     results = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_wake_hog, args=(c, stop), daemon=True) for c in cores[:hogs]]
     procs += [ctx.Process(target=_wake_rank, daemon=True,
                           args=(r, port, rounds + warmup, cores[0], results, shard_core, payload_bytes))
@@ -407,7 +401,7 @@ def wire_bench(sizes: Sequence[int] = (4 << 20, 16 << 20, 48 << 20), reps: int =
     ctx = mp.get_context("spawn")
     cores = usable_cpus() or [0]
     results = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_wire_rank, args=(r, port, list(sizes), reps, warmup, cores[0], results),
                          daemon=True) for r in range(2)]
     got = dict(_run_ranks(procs, results, 2, timeout_s, "wire benchmark"))
