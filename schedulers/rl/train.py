@@ -180,19 +180,13 @@ class PlacementTraining(MaskedPPOTraining[TrainConfig]):
             return None
         return {}, expert_steps(self.pool[: cfg.bc_instances], cfg.bc_exact_limit_s, self.progress)
 
-    def warm_start(self, model: Any) -> dict[str, Any]:
-        """Behaviour cloning on the exact placements, then ``dagger_rounds`` rounds of DAgger:
+    def after_warm_start(self, model: Any, obs: np.ndarray, masks: np.ndarray, acts: np.ndarray
+                         ) -> dict[str, Any]:
+        """After behaviour cloning on the exact placements, ``dagger_rounds`` rounds of DAgger:
         the exact completions of states the policy reaches join the data, and the policy is
         fitted again on all of it."""
         cfg = self.cfg
-        t = time.perf_counter()
-        got = self.expert()
-        if got is None:
-            return {}
-        facts, (obs, masks, acts) = got
-        loss = warm_start(model, obs, masks, acts, cfg.bc_epochs, cfg.bc_learning_rate, cfg.seed)
-        out: dict[str, Any] = {**facts, "steps": int(len(acts)), "loss": round(loss, 4),
-                               "seconds": round(time.perf_counter() - t, 1)}
+        out: dict[str, Any] = {}
         rng = np.random.default_rng(cfg.seed + 1)
         rounds = []
         for r in range(cfg.dagger_rounds):

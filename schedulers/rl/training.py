@@ -217,7 +217,14 @@ class MaskedPPOTraining(Generic[CfgT]):
             return {}
         facts, (obs, masks, acts) = got
         loss = warm_start(model, obs, masks, acts, self.cfg.bc_epochs, self.cfg.bc_learning_rate, self.cfg.seed)
-        return {**facts, "steps": int(len(acts)), "loss": round(loss, 4), "seconds": round(time.perf_counter() - t, 1)}
+        out = {**facts, "steps": int(len(acts)), "loss": round(loss, 4), "seconds": round(time.perf_counter() - t, 1)}
+        return {**out, **self.after_warm_start(model, obs, masks, acts)}
+
+    def after_warm_start(self, model: Any, obs: np.ndarray, masks: np.ndarray, acts: np.ndarray
+                         ) -> dict[str, Any]:
+        """More training after behaviour cloning on the expert's (obs, masks, acts); what it
+        adds to the sidecar's ``warm_start`` (nothing by default)."""
+        return {}
 
     def learn(self, model: Any) -> Path | None:
         """PPO for the config's timesteps, logged, within its wall-clock budget; the event file."""
