@@ -240,3 +240,17 @@ def test_rl_plans_a_real_model_within_the_floor(resnet_case):
     assert info["units"] == MAX_GROUPS and info["fallback"] is None    # the policy's plan, not greedy's
     pred = plan.options["placement"]["predicted"]
     assert pred["feasible"] and pred["throughput_sps"] >= prob.objective.throughput_min
+
+
+def test_training_runs_the_dagger_rounds_after_the_warm_start(tmp_path):
+    """train-rl --dagger-rounds 1: the sidecar's warm start records the cloning and one
+    DAgger round with the states it labelled."""
+    import json
+
+    from experiments import cli
+
+    out = tmp_path / "p.zip"
+    assert cli.main(["train-rl", "--random", "--pool-size", "16", "--bc-instances", "16", "--dagger-rounds", "1",
+                     "--timesteps", "256", "--n-envs", "2", "--out", str(out), "--quiet"]) == 0
+    warm = json.loads(out.with_suffix(".json").read_text())["warm_start"]
+    assert warm["steps"] > 0 and len(warm["dagger"]) == 1 and warm["dagger"][0]["labelled"] > 0
