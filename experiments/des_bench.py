@@ -34,19 +34,19 @@ def bench_config(workers: int, shards: int, iterations: int, pipeline: bool,
     """A heterogeneous cluster: ``workers`` spread evenly over four GPU types (with
     ``sync: allreduce``, no parameter server and ``shards`` unused)."""
     counts = [workers // len(_TYPES) + (1 if i < workers % len(_TYPES) else 0) for i in range(len(_TYPES))]
+    cluster: dict[str, Any] = {
+        "devices": [{"type": t, "count": n} for t, n in zip(_TYPES, counts) if n > 0],
+        "network": {"bandwidth_gbps": 25, "latency_us": 20, "sharing": sharing},
+    }
+    if sync != "allreduce":
+        cluster["ps"] = {"shards": shards, "type": "cpu-16c"}
     data = {
         "name": f"bench-{workers}w-{shards}s",
-        "cluster": {
-            "devices": [{"type": t, "count": n} for t, n in zip(_TYPES, counts) if n > 0],
-            "ps": {"shards": shards, "type": "cpu-16c"},
-            "network": {"bandwidth_gbps": 25, "latency_us": 20, "sharing": sharing},
-        },
+        "cluster": cluster,
         "job": {"model": model, "global_batch": per_worker_batch * workers, "iterations": iterations,
-                "sync": "bsp", "pipeline": pipeline},
+                "sync": sync, "pipeline": pipeline},
         "scheduler": {"name": "proportional"},
     }
-    if sync == "allreduce":
-        del data["cluster"]["ps"]  # type: ignore[attr-defined]
     return runner.from_dict(data, Path("."), "<bench>")
 
 
@@ -70,33 +70,35 @@ def simpy_event_rate(n: int = 300_000, inlined: bool = False) -> float:
     return n / (time.perf_counter() - t0)
 
 
-def des_run(workers: int, shards: int, iterations: int, pipeline: bool,
-            sharing: str = "fair") -> dict[str, Any]:
-    """Wall time and event count of one DES run (tracing off, as in large runs)."""
-    loaded = bench_config(workers, shards, iterations, pipeline, sharing=sharing)
+def _timed_run(loaded: runner.Loaded, make_sim: Any) -> tuple[Any, Any, float, int]:
+    """(sim, result, wall seconds, events) of ``make_sim(problem, plan)`` run on the
+    config's plan; planning is not timed."""
     problem = runner.problem_of(loaded)
     plan = runner.plan_for(loaded, problem)
     t0 = time.perf_counter()
-    sim = DataParallelSim(problem, plan, plan_costs(problem, plan), trace=False)
+    sim = make_sim(problem, plan)
     result = sim.run()
     wall = time.perf_counter() - t0
-    env = sim.env
-    events = kernel.processed_events(env)
+    return sim, result, wall, kernel.processed_events(sim.env)
+
+
+def des_run(workers: int, shards: int, iterations: int, pipeline: bool,
+            sharing: str = "fair") -> dict[str, Any]:
+    """Wall time and event count of one DES run (tracing off, as in large runs)."""
+    _, result, wall, events = _timed_run(
+        bench_config(workers, shards, iterations, pipeline, sharing=sharing),
+        lambda pr, pl: DataParallelSim(pr, pl, plan_costs(pr, pl), trace=False))
     return {"workers": workers, "shards": shards, "iterations": iterations, "pipeline": pipeline,
             "sharing": sharing, "wall_s": wall, "wall_s_per_iteration": wall / iterations, "events": events,
             "events_per_s": events / wall, "sim_throughput_sps": result.throughput_sps}
 
 
 def allreduce_run(workers: int, iterations: int) -> dict[str, Any]:
-    """Wall time and event count of one all-reduce DES run (pipelined, tracing off)."""
-    loaded = bench_config(workers, 0, iterations, pipeline=True, sync="allreduce")
-    problem = runner.problem_of(loaded)
-    plan = runner.plan_for(loaded, problem)
-    t0 = time.perf_counter()
-    sim = collective.AllreduceSim(problem, plan, trace=False)
-    result = sim.run()
-    wall = time.perf_counter() - t0
-    events = kernel.processed_events(sim.env)
+    """Wall time and event count of one all-reduce DES run (`job.sync: allreduce`, pipelined,
+    tracing off)."""
+    sim, result, wall, events = _timed_run(
+        bench_config(workers, 0, iterations, pipeline=True, sync="allreduce"),
+        lambda pr, pl: collective.AllreduceSim(pr, pl, trace=False))
     return {"workers": workers, "iterations": iterations, "wall_s": wall, "events": events,
             "buckets": sim.K, "sim_throughput_sps": float(result.throughput_sps)}
 

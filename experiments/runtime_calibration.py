@@ -43,6 +43,7 @@ from calibration import runtime_cpu
 from calibration.profiler import write_profile
 from experiments import validate
 from experiments.plots import markdown_table
+from experiments.validate_headline import pct
 from hardware_profiles.fileio import atomic_write
 from hardware_profiles.schema import DeviceProfile, NetworkMeasurement
 from sim.cluster import Host
@@ -153,10 +154,6 @@ def saved_samples(out: Path, stems: list[str]
             [x for x in data.get("runs", []) if x["config"] in stems])
 
 
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:.1f}%"
-
-
 def write_model(profile_path: Path, model: runtime_cpu.RuntimeCpuModel) -> None:
     """Store ``model`` in the profile's ``network.runtime_cpu``, the rest unchanged."""
     prof = DeviceProfile.model_validate(json.loads(profile_path.read_text()))
@@ -210,9 +207,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     text = ["# Runtime CPU model: fit", "", note, "",
             "cpu = a compute + b compute (m - 1) + c transport + d messages (ms per iteration; d in ms per "
             "message end)", "", markdown_table(coef.round(4)), "",
-            f"Median |error| per process: the DES alone {_pct(summary['des_median_abs_error'])}, the fit "
-            f"{_pct(summary['fit_median_abs_error'])}, each config left out of the fit "
-            f"{_pct(summary['left_out_median_abs_error'])}.", "", markdown_table(df), ""]
+            f"Median |error| per process: the DES alone {pct(summary['des_median_abs_error'], sign=False)}, the fit "
+            f"{pct(summary['fit_median_abs_error'], sign=False)}, each config left out of the fit "
+            f"{pct(summary['left_out_median_abs_error'], sign=False)}.", "", markdown_table(df), ""]
     if runs:  # what the model is for: the iteration times, each config predicted by the fit without it
         it_rows = iteration_rows(runs, samples, model)
         errs = list(zip(*(r.pop("_errors") for r in it_rows), strict=True))
@@ -223,8 +220,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                  "The DES's simulated side of each run again (experiments.validate.resimulate: the same host "
                  "and background load, no real run) alone, with the fit, and with the fit to the other configs "
                  "only, against the real run.", "",
-                 f"Median |error|: the DES alone {_pct(med[0])}, the fit {_pct(med[1])}, each config left out "
-                 f"of the fit {_pct(med[2])}.", "", markdown_table(pd.DataFrame(it_rows)), ""]
+                 f"Median |error|: the DES alone {pct(med[0], sign=False)}, the fit {pct(med[1], sign=False)}, each config left out "
+                 f"of the fit {pct(med[2], sign=False)}.", "", markdown_table(pd.DataFrame(it_rows)), ""]
     atomic_write(out / "report.md", "\n".join(text))
     wall: float | None = time.monotonic() - t0
     if args.report_only:  # nothing ran: keep the runs' own wall time (None where unknown)
@@ -236,9 +233,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         indent=1) + "\n")
     print("\n".join(text[:9]))
     if "iteration_left_out_median_abs_error" in summary:
-        print(f"Mean iteration time, median |error|: the DES alone {_pct(summary['iteration_des_median_abs_error'])}, "
-              f"the fit {_pct(summary['iteration_fit_median_abs_error'])}, each config left out "
-              f"{_pct(summary['iteration_left_out_median_abs_error'])}")
+        print(f"Mean iteration time, median |error|: the DES alone {pct(summary['iteration_des_median_abs_error'], sign=False)}, "
+              f"the fit {pct(summary['iteration_fit_median_abs_error'], sign=False)}, each config left out "
+              f"{pct(summary['iteration_left_out_median_abs_error'], sign=False)}")
     if args.write:
         write_model(Path(args.write), model)
         print(f"stored in {args.write} (network.runtime_cpu)")

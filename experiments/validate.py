@@ -106,7 +106,7 @@ from calibration.host import host_cores, measure_host, memory_factor, standalone
 from experiments import run as entry
 from experiments import runner
 from experiments.plots import markdown_table
-from experiments.validate_headline import headline, headline_text
+from experiments.validate_headline import headline, headline_text, pct
 from hardware_profiles.errors import ConfigError
 from hardware_profiles.fileio import atomic_write
 from hardware_profiles.schema import DeviceProfile
@@ -799,10 +799,6 @@ def validate(config: str | Path, scheduler_arg: str | None = None, iterations: i
 # ---------------------------------------------------------------------- files
 def csv_rows(results: Sequence[Validation]) -> list[dict[str, Any]]:
     return [row for v in results for row in v.rows()]
-
-
-def pct(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:+.1f}%"
 
 
 def report_md(results: Sequence[Validation], title: str = "hetsim validate") -> str:

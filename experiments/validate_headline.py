@@ -88,18 +88,19 @@ def headline(metrics: Mapping[str, Mapping[str, Any]], diagnostics: Mapping[str,
                                                                  it.get("real"))}
 
 
-def _pct(x: float | None, sign: bool = True) -> str:
+def pct(x: float | None, sign: bool = True) -> str:
+    """A fraction as a percentage with one decimal, signed unless ``sign`` is false; '-' for None."""
     return "-" if x is None else (f"{100 * x:+.1f}%" if sign else f"{100 * x:.1f}%")
 
 
 def headline_text(h: Mapping[str, Any]) -> str:
     """:func:`headline` as one sentence."""
-    parts = [f"mean iteration time {_pct(h['iteration_time_mean_error'])}"]
+    parts = [f"mean iteration time {pct(h['iteration_time_mean_error'])}"]
     if h["components"]:
-        kinds = ", ".join(f"{name} {_pct(h[f'{k}_median_abs_error'], False)}" for k, name in COMPONENTS.items()
+        kinds = ", ".join(f"{name} {pct(h[f'{k}_median_abs_error'], False)}" for k, name in COMPONENTS.items()
                           if h[f"{k}_median_abs_error"] is not None)
         parts.append(f"median |error| over its {h['components']} per-worker compute and communication "
-                     f"metrics {_pct(h['component_median_abs_error'], False)} ({kinds})")
+                     f"metrics {pct(h['component_median_abs_error'], False)} ({kinds})")
     else:
         parts.append("no per-worker compute or communication metric measured on both sides")
     if h["profiles"]:
@@ -107,7 +108,7 @@ def headline_text(h: Mapping[str, Any]) -> str:
     if h["calibrated_models"]:
         parts.append("calibrated models of this machine used: " + "; ".join(h["calibrated_models"])
                      + f"; without them mean iteration time "
-                     f"{_pct(h['iteration_time_mean_error_without_calibrated'])}")
+                     f"{pct(h['iteration_time_mean_error_without_calibrated'])}")
     else:
         parts.append("no calibrated model of this machine used (no runtime CPU model)")
     return "; ".join(parts)
@@ -132,14 +133,14 @@ def suite_lines(runs: Iterable[tuple[Mapping[str, Mapping[str, Any]], Mapping[st
             if (own := metrics["iteration_time_mean_s"].get("rel_error")) is not None:
                 with_model.append(abs(own))
     everything = [e for errs in comps.values() for e in errs]
-    kinds = ", ".join(f"{name} {_pct(median_abs(comps[k]), False)} over {len(comps[k])}"
+    kinds = ", ".join(f"{name} {pct(median_abs(comps[k]), False)} over {len(comps[k])}"
                       for k, name in COMPONENTS.items())
     lines = [f"- median |error| over all per-worker compute and communication metrics: "
-             f"{_pct(median_abs(everything), False)} over {len(everything)} ({kinds})"]
+             f"{pct(median_abs(everything), False)} over {len(everything)} ({kinds})"]
     if models:
         lines.append(f"- calibrated models of this machine the DES used: {'; '.join(models)}; the median "
                      f"|error| of the mean iteration time over the {len(without)} runs that used them: "
-                     f"{_pct(median_abs(with_model), False)} with them, {_pct(median_abs(without), False)} "
+                     f"{pct(median_abs(with_model), False)} with them, {pct(median_abs(without), False)} "
                      "without them")
     else:
         lines.append("- calibrated models of this machine the DES used: none (no runtime CPU model)")
