@@ -49,6 +49,7 @@ from typing import Any
 
 from experiments import validate, validate_headline
 from experiments.plots import markdown_table
+from hardware_profiles import load_profile_file
 from hardware_profiles.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -292,6 +293,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "only, on a host of the row's cores and recorded background threads) and "
                          "write OUT/resimulated.csv with the recorded and the new sim_s "
                          "(e.g. --resimulate results/validation_suite/suite.json --out /tmp/resim)")
+    ap.add_argument("--rescore", metavar="SUITE_DIR", type=Path,
+                    help="no real runs: the simulated side of every SUITE_DIR/CONFIG/validation.json again "
+                         "(the DES as the code is now, the recorded host and background load; with "
+                         "--fresh-profile FILE priced with that profile), against the recorded real side; "
+                         "writes the reports to OUT")
     a = ap.parse_args(argv)
     from tqdm import tqdm
 
@@ -314,10 +320,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     results = []
     t0 = time.monotonic()
     steps = sum(len(SCHEDULERS.get(c.stem, "x").split(",")) * 2 for c in configs)
-    if a.report_only:
-        results = [validate.Validation.from_json(json.loads((out / c.stem / "validation.json").read_text()))
-                   for c in configs if (out / c.stem / "validation.json").is_file()]
+    if a.report_only or a.rescore is not None:
+        src = out if a.rescore is None else a.rescore
+        results = [validate.Validation.from_json(json.loads((src / c.stem / "validation.json").read_text()))
+                   for c in configs if (src / c.stem / "validation.json").is_file()]
+        if a.rescore is not None:
+            profile = None
+            if a.fresh_profile is not None:
+                try:
+                    profile = load_profile_file(a.fresh_profile)
+                except ConfigError as e:
+                    print(f"python -m bench.validation_suite: error: {e}", file=sys.stderr)
+                    return 2
+            results = [validate.rescore(v, profile) for v in tqdm(results, desc="rescore", disable=a.quiet or None)]
+            for v in results:
+                validate.write_files(out / Path(v.config).stem, [v])
         configs = []
+    if configs and a.fresh_profile is not None:  # measured and its runtime CPU model fitted once
+        from experiments.run import read_config
+        from experiments.runtime_calibration import fresh_machine
+        from runtime.spec import parse_options
+
+        try:
+            fresh_machine(a.fresh_profile, parse_options(read_config(configs[0])[1], str(configs[0])).threads,
+                          None if a.quiet else lambda s: print(f"fresh profile: {s}", file=sys.stderr))
+        except ConfigError as e:
+            print(f"python -m bench.validation_suite: error: {e}", file=sys.stderr)
+            return 2
     with tqdm(total=steps, desc="validation suite", unit="step", disable=a.quiet or None) as bar:
         for c in configs:
             def step(label: str, c: Path = c) -> None:

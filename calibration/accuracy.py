@@ -47,12 +47,12 @@ from typing import Any
 
 import numpy as np
 
+from calibration import model_variants
 from calibration.calibrate import drift_of, fit, points_from_raw, predict_layers
 from calibration.profiler import drift_line
 from hardware_profiles import load_profile_file
 from hardware_profiles.errors import ConfigError
 from hardware_profiles.fileio import prepare_out
-from sim import zoo
 
 LAYER_TARGET = 0.15
 ITER_TARGET = 0.10
@@ -93,7 +93,7 @@ def loo_rows(profile: Any, only: str | None = None) -> list[dict[str, Any]]:
         if only is not None and name != only:
             continue
         fitted, _ = fit(profile, exclude=[name])
-        model = zoo.get(name)
+        model = model_variants.model(name)
         for run in runs:
             b = int(run["batch"])
             row = run_errors(fitted, model, run)
@@ -201,7 +201,7 @@ def noise_floor(raw: dict[str, Any]) -> dict[str, Any]:
     se: list[float] = []
     same: list[float] = []
     for name, runs in raw.get("models", {}).items():
-        sig = {ly.name: ly.signature for ly in zoo.get(name).layers}
+        sig = {ly.name: ly.signature for ly in model_variants.model(name).layers}
         for run in runs:
             n = float(run.get("reps", 0))
             groups: dict[tuple[str, int], list[float]] = {}

@@ -89,7 +89,7 @@ from typing import Any
 import numpy as np
 from scipy.optimize import nnls
 
-from calibration import gpu_fit
+from calibration import gpu_fit, model_variants
 from hardware_profiles.corrections import ColdCallsParams, ColdCurve
 from hardware_profiles.schema import (
     BandwidthCurve,
@@ -99,7 +99,6 @@ from hardware_profiles.schema import (
     LayerTable,
     mem_key,
 )
-from sim import zoo
 from sim.corrections import ColdCalls, Correction, PassContext, corrections_of
 from sim.corrections.skinny_gemm import RATE_KINDS, SkinnyGemm
 from sim.costmodel import (
@@ -202,7 +201,7 @@ class Point:
 
 
 def _zoo_model(name: str) -> Model:
-    return zoo.get(name)
+    return model_variants.model(name)
 
 
 def _model_points(model: Model, source: str, runs: Iterable[dict[str, Any]], dtype: str,

@@ -4,16 +4,19 @@ The committed profile of a validation config (``this_machine``) was measured on
 one machine; on another machine, even one of the same kind, its figures are not
 this machine's. A fresh profile measures, here, what the DES needs of the
 machine to simulate the runtime's ranks on it: the CPU's compute (GEMM grid,
-bandwidth, dispatch, single-layer benchmarks and the layers of the models the
-validation suite trains, :data:`FRESH_MODELS`, with the runtime's torch threads)
+bandwidth, dispatch, single-layer benchmarks and, per layer, the models the runs
+to validate train, as built there (``runtime.model_kwargs``: variants,
+:mod:`calibration.model_variants`) at half, once and twice their batch shares;
+:data:`FRESH_MODELS` at the quick spec's sizes where the caller names none), with
+the runtime's torch threads)
 and the loopback path between two processes (point-to-point and all-reduce
 latency and bandwidth, the wake-up latency of a busy host and the runtime's own
 pull and push rates), fitted as ``hetsim profile`` fits any profile. It is the
 quick spec of :func:`calibration.profiler.spec_for` (a few minutes on 2 cores).
 
-What it does not measure: the runtime CPU model (``network.runtime_cpu``), which
-is fitted to many real runs (``python -m bench.runtime_calibration``) and so is
-left out: a validation with a fresh profile runs the DES without it and says so.
+What it does not measure: the runtime CPU model (``network.runtime_cpu``), fitted
+to real runs of the calibration configs, which ``hetsim validate --fresh-profile``
+adds to the file next (:func:`experiments.runtime_calibration.fresh_machine`).
 
 When FILE exists it is reused as it is (a suite measures once), provided it is a
 measured CPU profile taken with the threads the runtime's ranks use.
@@ -21,6 +24,7 @@ measured CPU profile taken with the threads the runtime's ranks use.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -33,9 +37,13 @@ from hardware_profiles.schema import DeviceProfile
 FRESH_MODELS = ("mlp", "ctr_dnn", "wide_deep", "resnet18", "transformer")
 
 
-def fresh_profile(path: str | os.PathLike[str], threads: int, progress: bool = True) -> tuple[DeviceProfile, bool]:
+def fresh_profile(path: str | os.PathLike[str], threads: int, progress: bool = True,
+                  models: dict[str, tuple[int, ...]] | None = None) -> tuple[DeviceProfile, bool]:
     """This machine's profile in ``path``: ``(profile, measured)``, ``measured`` False where
     ``path`` existed and was reused, True where it was measured now and written there.
+    ``models``: the zoo models and variants (:mod:`calibration.model_variants` labels) to
+    time per layer, each at its batch sizes, in place of :data:`FRESH_MODELS` at the quick
+    spec's (the models the runs to validate train, at their batch shares).
 
     Raises:
         ConfigError: ``path`` exists but is not a profile, not a measured CPU one, or was
@@ -56,6 +64,9 @@ def fresh_profile(path: str | os.PathLike[str], threads: int, progress: bool = T
         return prof, False
     from calibration import profiler
 
-    prof, _ = profiler.run_profile("cpu", p, quick=True, threads=threads, models=FRESH_MODELS,
-                                   progress=progress)
+    spec = profiler.spec_for(True)
+    if models:
+        spec = dataclasses.replace(spec, models=dict(models))
+    prof, _ = profiler.run_profile("cpu", p, quick=True, threads=threads,
+                                   models=list(models) if models else FRESH_MODELS, progress=progress, spec=spec)
     return prof, True

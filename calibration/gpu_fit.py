@@ -47,9 +47,9 @@ from typing import Any
 
 import numpy as np
 
+from calibration import model_variants
 from calibration.gpu_fields import GPU_MODES, MATMUL_CLASSES, fallbacks, with_gpu_fields
 from hardware_profiles import BUILTIN_DIR, DeviceProfile, load_profile_file
-from sim import zoo
 from sim.corrections import corrections_of
 from sim.costmodel import iteration_compute_s, layer_time_s, pass_context, pass_terms, pass_time_s
 from sim.precision import MATMUL_OPS, activation_scales
@@ -348,7 +348,7 @@ def residual_rows(profile: DeviceProfile, passes: Sequence[GpuPass], raw: dict[s
     if errs:
         rows.append(_row("bandwidth", "-", errs))
         every += errs
-    errs = [iteration_compute_s(zoo.get(name), profile, "fp32", int(run["batch"])) / float(run["iter_s"]) - 1
+    errs = [iteration_compute_s(model_variants.model(name), profile, "fp32", int(run["batch"])) / float(run["iter_s"]) - 1
             for name, runs in (raw.get("models") or {}).items() for run in runs if float(run["iter_s"]) > 0]
     if errs:
         rows.append(_row("iteration", "fp32", errs))

@@ -52,6 +52,7 @@ from typing import Any
 
 import numpy as np
 
+from calibration import model_variants
 from calibration.accuracy import ITER_TARGET, LAYER_TARGET, run_errors
 from calibration.profiler import measure_models, setup_host, spec_for
 from calibration.saved_runs import (
@@ -235,7 +236,7 @@ def against(profile: Any, trials: Sequence[dict[str, list[dict[str, Any]]]]
     out: dict[tuple[str, int], dict[str, Any]] = {}
     for name in sorted({m for m, _ in runs} & have):
         fitted, _ = fit(profile, exclude=[name])
-        model = zoo.get(name)
+        model = model_variants.model(name)
         for (m, b), rs in runs.items():
             if m == name:
                 scored = [run_errors(fitted, model, r) for r in rs]

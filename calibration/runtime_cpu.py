@@ -13,8 +13,10 @@ iteration, from four figures of a first DES run (:func:`figures`):
 
 ``compute`` and ``transport``: the CPU the DES gave the process (ms per iteration;
 ``extra.host_cpu_s``); ``messages``: the message ends it had (``extra.host_message_ends``);
-``m``: how many processes share its cores (:func:`sharing`; 1 alone). Workers and PS
-shards have coefficients of their own (:class:`RuntimeCpuModel`), fitted by
+``m``: how many processes share its cores (:func:`sharing`; 1 alone). Workers, PS
+shards and the workers of an all-reduce job (their CPU goes to the collective's
+buckets and DDP's reducer, not to PS messages) have coefficients of their own
+(:class:`RuntimeCpuModel`), fitted by
 :func:`fit` (non-negative least squares on relative errors) to real runs of configs
 other than those validated (``python -m bench.runtime_calibration``), and stored in
 the profile (``network.runtime_cpu``). `hetsim validate` then runs the DES twice:
@@ -44,7 +46,7 @@ from sim.cluster import Cluster, Placement
 from sim.problem import Problem
 from sim.result import RunResult
 
-ROLES = ("worker", "ps")
+ROLES = ("worker", "ps", "allreduce")
 TERMS = RUNTIME_CPU_TERMS
 
 
@@ -52,7 +54,7 @@ TERMS = RUNTIME_CPU_TERMS
 class Figures:
     """One process's DES figures per iteration: the inputs of :class:`RuntimeCpuModel`."""
 
-    role: str  # "worker" or "ps"
+    role: str  # "worker", "ps" or "allreduce" (a worker of an all-reduce job)
     compute_ms: float  # CPU of its compute (a shard: its aggregation and update)
     transport_ms: float  # CPU of its messages' copies
     messages: float  # message ends (sent or received)
@@ -101,11 +103,12 @@ def figures(problem: Problem, result: RunResult) -> dict[str, Figures]:
     if not cpu or not n:
         return {}
     shards = {d.id for d in problem.cluster.shards}
+    worker = "allreduce" if problem.job.sync == "allreduce" else "worker"
     out = {}
     for dev, _ in problem.cluster.placement:
         if dev not in cpu:
             continue
-        out[dev] = Figures("ps" if dev in shards else "worker", 1e3 * cpu[dev] / n,
+        out[dev] = Figures("ps" if dev in shards else worker, 1e3 * cpu[dev] / n,
                            1e3 * cpu.get(f"{dev} transport", 0.0) / n, msgs.get(dev, 0) / n,
                            sharing(problem.cluster, dev))
     return out
@@ -113,16 +116,25 @@ def figures(problem: Problem, result: RunResult) -> dict[str, Figures]:
 
 @dataclass(frozen=True)
 class RuntimeCpuModel:
-    """Coefficients per role, in :data:`TERMS` order (``d`` in ms per message end)."""
+    """Coefficients per role, in :data:`TERMS` order (``d`` in ms per message end);
+    ``allreduce`` None: an all-reduce job's workers take the workers' coefficients."""
 
     worker: tuple[float, float, float, float]
     ps: tuple[float, float, float, float]
     note: str = ""
+    allreduce: tuple[float, float, float, float] | None = None
+
+    def coef(self, role: str) -> tuple[float, float, float, float]:
+        """The coefficients of ``role`` (:data:`ROLES`)."""
+        if role == "ps":
+            return self.ps
+        if role == "allreduce" and self.allreduce is not None:
+            return self.allreduce
+        return self.worker
 
     def predict_ms(self, f: Figures) -> float:
         """The real CPU per iteration the model expects of a process with figures ``f``."""
-        coef = self.worker if f.role == "worker" else self.ps
-        return float(np.dot(coef, f.terms()))
+        return float(np.dot(self.coef(f.role), f.terms()))
 
     def scales(self, figs: dict[str, Figures]) -> dict[str, tuple[float, float]]:
         """Per process, the ``(cpu_scale, copy_scale)`` of its placement that make the DES
@@ -133,7 +145,7 @@ class RuntimeCpuModel:
         predicted 0) is scaled as a whole; one with no simulated CPU is left out."""
         out: dict[str, tuple[float, float]] = {}
         for dev, f in figs.items():
-            a, b, c, d = self.worker if f.role == "worker" else self.ps
+            a, b, c, d = self.coef(f.role)
             comp = a * f.compute_ms + b * f.compute_ms * (f.sharing - 1.0)
             trans = c * f.transport_ms + d * f.messages
             if f.compute_ms > 0 and f.transport_ms > 0 and comp > 0 and trans > 0:
@@ -144,12 +156,16 @@ class RuntimeCpuModel:
         return out
 
     def to_json(self) -> dict[str, Any]:
-        return {"terms": list(TERMS), "worker": list(self.worker), "ps": list(self.ps), "note": self.note}
+        out: dict[str, Any] = {"terms": list(TERMS), "worker": list(self.worker), "ps": list(self.ps)}
+        if self.allreduce is not None:
+            out["allreduce"] = list(self.allreduce)
+        return {**out, "note": self.note}
 
     @classmethod
     def from_fit(cls, fit: RuntimeCpuFit) -> RuntimeCpuModel:
         """The model of a profile's ``network.runtime_cpu`` (validated when it was loaded)."""
-        return cls(tuple(fit.worker), tuple(fit.ps), fit.note)  # type: ignore[arg-type]
+        return cls(tuple(fit.worker), tuple(fit.ps), fit.note,  # type: ignore[arg-type]
+                   tuple(fit.allreduce) if fit.allreduce is not None else None)  # type: ignore[arg-type]
 
     @classmethod
     def from_json(cls, d: Any) -> RuntimeCpuModel:
@@ -169,8 +185,9 @@ class RuntimeCpuModel:
 def fit(samples: list[tuple[Figures, float]], note: str = "") -> RuntimeCpuModel:
     """Fit :class:`RuntimeCpuModel` to ``(figures, real CPU ms per iteration)`` pairs: per
     role, non-negative least squares of ``predicted / real - 1`` (each process counts alike,
-    whatever its CPU, so a config with more processes weighs more). A role without samples keeps the identity (compute and transport as
-    the DES charges them).
+    whatever its CPU, so a config with more processes weighs more). A worker or PS role
+    without samples keeps the identity (compute and transport as the DES charges them);
+    all-reduce workers without samples take the workers' coefficients (``allreduce`` None).
 
     Raises:
         ValueError: a real figure <= 0.
@@ -181,12 +198,13 @@ def fit(samples: list[tuple[Figures, float]], note: str = "") -> RuntimeCpuModel
         if any(r <= 0 for _, r in rows):
             raise ValueError("every real CPU figure must be > 0")
         if not rows:
-            coef[role] = (1.0, 0.0, 1.0, 0.0)
+            if role != "allreduce":
+                coef[role] = (1.0, 0.0, 1.0, 0.0)
             continue
         a = np.array([f.terms() for f, _ in rows]) / np.array([[r] for _, r in rows])
         x, _ = nnls(a, np.ones(len(rows)))
         coef[role] = tuple(float(v) for v in x)
-    return RuntimeCpuModel(coef["worker"], coef["ps"], note)  # type: ignore[arg-type]
+    return RuntimeCpuModel(coef["worker"], coef["ps"], note, coef.get("allreduce"))  # type: ignore[arg-type]
 
 
 def models_of(problem: Problem) -> dict[str, RuntimeCpuModel]:

@@ -328,12 +328,18 @@ def cmd_validate(a: argparse.Namespace) -> int:
     from hardware_profiles.fileio import prepare_out
     from runtime.launch import RuntimeFailure
 
-    cfg, _ = read_config(a.config)  # a bad config fails here, before --out is created
+    cfg, runtime_raw = read_config(a.config)  # a bad config fails here, before --out is created
     out = prepare_out(a.out or Path("results") / cfg.name / "validate")
+    step = None if a.quiet else lambda s: print(f"validate: {s}", file=sys.stderr)
     try:
+        if a.fresh_profile:  # measured and its runtime CPU model fitted once, then reused
+            from experiments.runtime_calibration import fresh_machine
+            from runtime.spec import parse_options
+
+            fresh_machine(Path(a.fresh_profile), parse_options(runtime_raw, str(a.config)).threads, step,
+                          also=[Path(a.config)])
         v = validate.validate(a.config, a.schedulers, a.iterations, out, timeout_s=a.timeout,
-                              on_step=None if a.quiet else lambda s: print(f"validate: {s}", file=sys.stderr),
-                              fresh_profile=Path(a.fresh_profile) if a.fresh_profile else None)
+                              on_step=step, fresh_profile=Path(a.fresh_profile) if a.fresh_profile else None)
     except RuntimeFailure as e:
         print(f"hetsim: run failed: {e}", file=sys.stderr)
         return 1
@@ -729,7 +735,8 @@ def build_parser() -> argparse.ArgumentParser:
     va.add_argument("--out", help="output folder (default results/NAME/validate)")
     va.add_argument("--fresh-profile", metavar="FILE",
                     help="price every rank with this machine's profile instead of the config's: "
-                         "measured now into FILE (a few minutes), or FILE reused where it exists")
+                         "measured now into FILE with its runtime CPU model (at most about 5 minutes), "
+                         "or FILE reused where it exists")
     _quiet(va, "no progress lines")
     _config_options(va)
     va.set_defaults(fn=cmd_validate)

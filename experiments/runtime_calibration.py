@@ -33,23 +33,28 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from calibration import runtime_cpu
+from calibration.fresh_profile import fresh_profile as fresh_profile_of
 from calibration.profiler import write_profile
 from experiments import validate
 from experiments.plots import markdown_table
 from experiments.validate_headline import pct
+from hardware_profiles import load_profile_file
+from hardware_profiles.errors import ConfigError
 from hardware_profiles.fileio import atomic_write
 from hardware_profiles.schema import DeviceProfile, NetworkMeasurement
 from sim.cluster import Host
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = ROOT / "experiments" / "configs" / "runtime_calibration"
+#: the torch threads of every calibration config's ranks (``runtime.threads``)
+CALIBRATION_THREADS = 1
 
 
 def samples_of(v: validate.Validation) -> list[tuple[str, runtime_cpu.Figures, float]]:
@@ -162,6 +167,49 @@ def write_model(profile_path: Path, model: runtime_cpu.RuntimeCpuModel) -> None:
     write_profile(prof.model_copy(update={"network": NetworkMeasurement(**net)}), profile_path)
 
 
+def fresh_machine(path: Path, threads: int, on_step: Callable[[str], None] | None = None,
+                  also: Sequence[Path] = ()) -> DeviceProfile:
+    """This machine's profile in ``path``, complete: measured (:func:`calibration.fresh_profile.fresh_profile`,
+    timing the models of the calibration configs, the validation suite's and ``also``'s:
+    :func:`experiments.validate.fresh_models`) where ``path`` does not exist, then, where it has no runtime CPU model yet
+    (``network.runtime_cpu``), that model fitted to real runs of the calibration configs
+    priced with it and stored in it (what ``hetsim validate --fresh-profile`` and the
+    suite's ``--fresh-profile`` use). The runs go to PATH_STEM.calibration/ beside it; a
+    config whose run is there already is not run again (an interrupted fit resumes).
+    ``threads`` other than the calibration configs' (1): the profile alone, without the
+    model (the validation then says it ran without one).
+
+    Raises:
+        ConfigError: ``path`` is not a usable fresh profile (one line), or a calibration
+            config cannot run.
+        runtime.launch.RuntimeFailure: a calibration run failed.
+    """
+    configs = sorted(CONFIG_DIR.glob("*.yaml"))
+    models = validate.fresh_models([*configs, *sorted(validate.SUITE_DIR.glob("*.yaml")), *also])
+    prof, _ = fresh_profile_of(path, threads, progress=on_step is not None, models=models)
+    if prof.network is not None and prof.network.runtime_cpu is not None or threads != CALIBRATION_THREADS:
+        return prof
+    runs = path.with_name(path.stem + ".calibration")
+    samples = []
+    for i, c in enumerate(configs):
+        saved = runs / c.stem / "validation.json"
+        if saved.is_file():
+            v = validate.Validation.from_json(json.loads(saved.read_text()))
+        else:
+            if on_step:
+                on_step(f"runtime CPU model: [{i + 1}/{len(configs)}] {c.stem}")
+            v = validate.validate(c, out=runs / c.stem, fresh_profile=path)
+        samples += samples_of(v)
+    if not samples:
+        raise ConfigError(str(CONFIG_DIR), "runtime", "no calibration run has both DES figures and real CPU")
+    names = ", ".join(dict.fromkeys(lab.split("|")[0] for lab, _, _ in samples))
+    model = runtime_cpu.fit([(f, r) for _, f, r in samples],
+                            f"hetsim validate --fresh-profile, fitted {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} "
+                            f"UTC: {len(samples)} processes of {names}")
+    write_model(path, model)
+    return load_profile_file(path)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="results/runtime_calibration")
@@ -202,7 +250,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     note = (f"bench.runtime_calibration, fitted {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC: "
             f"{len(samples)} processes of {', '.join(names)}")
     model, df, summary = fit_report(samples, note)
-    coef = pd.DataFrame([{"role": role, **dict(zip(runtime_cpu.TERMS, getattr(model, role)))} for role in
+    coef = pd.DataFrame([{"role": role, **dict(zip(runtime_cpu.TERMS, model.coef(role)))} for role in
                          runtime_cpu.ROLES])
     text = ["# Runtime CPU model: fit", "", note, "",
             "cpu = a compute + b compute (m - 1) + c transport + d messages (ms per iteration; d in ms per "

@@ -71,10 +71,14 @@ per-worker times are taken from the traces over the same window).
 Per-worker times, per measured iteration (seconds), from each side's trace:
 
 * ``compute_s``: drawing and labelling the batch plus forward and backward
-  (DES: the ``fwd``/``bwd`` spans; runtime: from the end of the last pull to
+  (DES: the ``fwd``/``bwd`` spans, and with ``job.pipeline`` the ``quant`` spans, as
+  the runtime's sender thread packs during the backward; runtime: from the end of the last pull to
   the end of the ``compute`` span, which covers the teacher's forward).
 * ``comm_s``: time during which the worker has a transfer of its own in
-  flight, the union of its pull and push intervals (DES: its network spans;
+  flight, the union of its pull and push intervals (DES: its network spans and,
+  without ``job.pipeline``, its gradient's quantization, the ``quant`` spans, which
+  the runtime does inside its push; a pull queued behind another at its shard is waiting, as the
+  runtime's pull span begins when the shard starts to answer it;
   runtime: its ``pull`` and ``push`` spans and, pipelined, its sender
   thread's spans, and with pipelined pulls its receiver thread's). Waiting
   for others (the barrier) is in neither. With pipelined pulls the runtime's
@@ -100,7 +104,7 @@ from pathlib import Path
 from typing import Any
 
 import schedulers
-from calibration import runtime_cpu
+from calibration import model_variants, runtime_cpu
 from calibration.fresh_profile import fresh_profile as fresh_profile_of
 from calibration.host import host_cores, measure_host, memory_factor, standalone_compute_s
 from experiments import run as entry
@@ -197,8 +201,14 @@ def _union_in(intervals: list[tuple[float, float]], lo: float, hi: float) -> flo
     return total
 
 
-def worker_intervals(trace: list[dict[str, Any]]) -> dict[str, dict[str, list[tuple[float, float]]]]:
+def worker_intervals(trace: list[dict[str, Any]], quant_in_push: bool = True
+                     ) -> dict[str, dict[str, list[tuple[float, float]]]]:
     """{device: {"compute": [...], "comm": [...]}} in seconds, from a DES or runtime trace.
+
+    The DES's ``quant`` spans (a gradient's quantization) count as communication where
+    ``quant_in_push`` (the runtime packs a gradient inside its push), else as compute
+    (pipelined pushes: its sender thread packs during the backward, on the same cores,
+    inside the ``compute`` span).
 
     Both write the same tracks (:class:`sim.result.Trace`): ``workers`` (pid 0)
     with one thread per worker named by its device, ``network`` (pid 1) with
@@ -237,6 +247,8 @@ def worker_intervals(trace: list[dict[str, Any]]) -> dict[str, dict[str, list[tu
         for a, b, name in spans:
             if name.startswith(("fwd", "bwd")):
                 d["compute"].append((a, b))
+            elif name.startswith("quant"):
+                d["comm" if quant_in_push else "compute"].append((a, b))
             elif name == "compute":
                 # the runtime draws and labels the batch (teacher forward) between the last
                 # pull and the timed forward/backward; the DES models it as compute
@@ -248,8 +260,10 @@ def worker_intervals(trace: list[dict[str, Any]]) -> dict[str, dict[str, list[tu
     return out
 
 
-def measured_metrics(result: RunResult, target_loss: float | None = None) -> dict[str, float | None]:
-    """The compared metrics of one run (DES or runtime), warm-up excluded."""
+def measured_metrics(result: RunResult, target_loss: float | None = None,
+                     pipeline: bool = False) -> dict[str, float | None]:
+    """The compared metrics of one run (DES or runtime), warm-up excluded (``pipeline``:
+    the job's, where the quantization is counted: :func:`worker_intervals`)."""
     s = result.summary()
     m: dict[str, float | None] = {
         "iteration_time_mean_s": s["iteration_time_s"]["mean"],
@@ -257,7 +271,7 @@ def measured_metrics(result: RunResult, target_loss: float | None = None) -> dic
         "throughput_sps": s["throughput_sps"],
     }
     lo, hi, n = _window(result)
-    spans = worker_intervals(result.trace)
+    spans = worker_intervals(result.trace, quant_in_push=not pipeline)
     for kind in PER_WORKER:
         for d in result.devices:
             if d.role != "worker":
@@ -601,6 +615,31 @@ def profiles_used(problem: Problem, fresh: Path | None = None) -> dict[str, str]
     return out
 
 
+#: the validation suite's configs, whose models a fresh profile times
+SUITE_DIR = Path(__file__).resolve().parent / "configs" / "validation"
+
+
+def fresh_models(configs: Sequence[Path]) -> dict[str, tuple[int, ...]]:
+    """What a fresh profile times per layer for validating ``configs``: each config's model as
+    the runtime builds it (a :mod:`calibration.model_variants` label with its
+    ``runtime.model_kwargs``) at half, once and twice its equal batch share per worker
+    (``job.global_batch`` over the workers), the batches of one model merged; a model
+    named by a file, not the zoo, is left out (the fitted curves price it).
+
+    Raises:
+        ConfigError: a config that cannot be read (one line).
+    """
+    out: dict[str, set[int]] = {}
+    for c in configs:
+        cfg, runtime_raw = entry.read_config(c)
+        if not isinstance(cfg.job.model, str) or cfg.job.model not in zoo.names():
+            continue
+        key = model_variants.label(cfg.job.model, parse_options(runtime_raw, str(c)).model_kwargs)
+        share = max(1, cfg.job.global_batch // max(1, sum(d.count for d in cfg.cluster.devices)))
+        out.setdefault(key, set()).update({max(1, share // 2), share, 2 * share})
+    return {k: tuple(sorted(v)) for k, v in out.items()}
+
+
 def des_again(loaded: runner.Loaded, problem: Problem, scheduler: str, emu: RuntimeEmulation | None, plan: Plan,
               trace: bool = False) -> RunResult:
     """The DES of ``problem`` under the emulation ``emu`` (the simulated side's or a variant
@@ -625,13 +664,39 @@ class _FirstDes:
     result: RunResult
 
 
-def _first_des(config: str | Path, scheduler: str, host: Host, iterations: int | None) -> _FirstDes:
-    """:class:`_FirstDes` of ``config`` under ``scheduler`` on ``host``, without the real run."""
-    _, loaded, opts, problem = load(config, iterations)
+def _first_des(config: str | Path, scheduler: str, host: Host, iterations: int | None,
+               profile: DeviceProfile | None = None, trace: bool = False) -> _FirstDes:
+    """:class:`_FirstDes` of ``config`` under ``scheduler`` on ``host``, without the real run
+    (``profile``: this machine's in place of every rank's, as :func:`load`)."""
+    _, loaded, opts, problem = load(config, iterations, profile)
     sched, plan = runner.schedule(loaded, problem, scheduler)
     emu = emulation(problem, plan, opts, host)
-    first = runner.evaluate(problem, plan, "des", trace=False, scheduler=sched, emulation=emu)
+    first = runner.evaluate(problem, plan, "des", trace=trace, scheduler=sched, emulation=emu)
     return _FirstDes(loaded, opts, problem, plan, emu, emulated_problem(problem, emu), first)
+
+
+def rescore(v: Validation, profile: DeviceProfile | None = None) -> Validation:
+    """``v`` with its simulated side again and its real side as recorded: each run's DES
+    (with the runtime CPU model of the profiles, as :func:`validate`) on a host of the run's
+    cores and recorded background load, its metrics compared with the recorded real ones.
+    For working on the DES without rerunning the real side; ``diagnostics`` stay as
+    recorded (they describe the DES that ran then). ``profile``: the ``--fresh-profile``
+    the runs were priced with, if any."""
+    runs = []
+    for r in v.runs:
+        h = r.diagnostics["host"]
+        f = _first_des(v.config, r.scheduler, Host("local", h["cores"], h["background_threads"]), None,
+                       profile, trace=True)
+        scales = runtime_cpu.scales_for(f.simulated, runtime_cpu.figures(f.simulated, f.result))
+        sim = (des_again(f.loaded, f.problem, r.scheduler, f.emu.scaled(scales), f.plan, trace=True)
+               if scales else f.result)
+        real = {k: m["real"] for k, m in r.metrics.items()}
+        runs.append(SchedulerRun(r.scheduler, compare(measured_metrics(sim, f.problem.job.target_loss, f.problem.job.pipeline), real),
+                                 r.diagnostics))
+    ranked = ranking_preserved(
+        {r.scheduler: x for r in runs if (x := r.metrics["iteration_time_mean_s"]["sim"]) is not None},
+        {r.scheduler: x for r in runs if (x := r.metrics["iteration_time_mean_s"]["real"]) is not None})
+    return Validation(v.config, v.name, runs, ranked, v.info)
 
 
 def resimulate(config: str | Path, scheduler: str, host: Host, models: dict[str, runtime_cpu.RuntimeCpuModel],
@@ -700,7 +765,8 @@ def validate(config: str | Path, scheduler_arg: str | None = None, iterations: i
         if on_step:
             on_step(f"profile: {fresh_profile}")
         threads = parse_options(entry.read_config(config)[1], source).threads
-        machine, _ = fresh_profile_of(fresh_profile, threads, progress=on_step is not None)
+        machine, _ = fresh_profile_of(fresh_profile, threads, progress=on_step is not None,
+                                      models=fresh_models([Path(config)]))
     cfg, loaded, opts, problem = load(config, iterations, machine)
     profiles = profiles_used(problem, fresh_profile)
     names = scheduler_names(scheduler_arg, cfg.scheduler.name)
@@ -749,10 +815,11 @@ def validate(config: str | Path, scheduler_arg: str | None = None, iterations: i
         real = run_local(spec)
         wall = time.monotonic() - t0
         target = problem.job.target_loss
-        metrics = compare(measured_metrics(sim, target), measured_metrics(real, target))
+        pipe = problem.job.pipeline
+        metrics = compare(measured_metrics(sim, target, pipe), measured_metrics(real, target))
         # diagnostic: the DES (its first run) given the real run's compute times (see
         # with_compute_scaled)
-        base_metrics = compare(measured_metrics(base_sim, target), measured_metrics(real, target))
+        base_metrics = compare(measured_metrics(base_sim, target, pipe), measured_metrics(real, target))
         factors = {}
         for d in plan.replicas:
             c = base_metrics.get(f"compute_s:{d.device}", {})

@@ -203,6 +203,8 @@ class RuntimeCpuFit(_Strict):
     terms: tuple[str, ...] = RUNTIME_CPU_TERMS
     worker: tuple[_Coef, _Coef, _Coef, _Coef]
     ps: tuple[_Coef, _Coef, _Coef, _Coef]
+    allreduce: tuple[_Coef, _Coef, _Coef, _Coef] | None = Field(
+        default=None, description="a worker of an all-reduce job; absent: the worker's coefficients")
     note: str = ""
 
     @field_validator("terms")

@@ -37,6 +37,7 @@ at some members and not at others.
 from __future__ import annotations
 
 import datetime
+import inspect
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -170,9 +171,14 @@ class Worker:
             from torch.nn.parallel import DistributedDataParallel as DDP
 
             ids = [self.device] if self.device.startswith("cuda") else None
-            # the members hold the same parameters already (same seed, same updates, or src's)
+            # the members hold the same parameters already (same seed, same updates, or src's);
+            # buffers are not synced in forward (init_sync=False: nor at the start). torch 2.13
+            # renamed broadcast_buffers (deprecated) to forward_sync_buffers.
+            no_sync = ({"forward_sync_buffers": False}
+                       if "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters
+                       else {"broadcast_buffers": False})
             self.ddp = DDP(self.module, device_ids=ids, process_group=self.group, init_sync=False,
-                           bucket_cap_mb=self.spec.bucket_bytes / 2**20, broadcast_buffers=False)
+                           bucket_cap_mb=self.spec.bucket_bytes / 2**20, **no_sync)
             self.ddp.register_comm_hook(None, _comm_hook(self))
 
     def _hook(self, _state: Any, bucket: Any) -> torch.futures.Future[torch.Tensor]:

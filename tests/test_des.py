@@ -341,6 +341,21 @@ def test_8_bit_push_saves_the_bytes_not_sent_less_the_pack_and_unpack_passes() -
     assert q8.iteration_times() == pytest.approx([0.032176258808] * 3, rel=EXACT)
 
 
+def test_the_trace_shows_the_quantize_pass_as_the_backwards_last_part() -> None:
+    """The case above: each iteration's backward step holds the quantize pass,
+    1.250008e-6 s; the trace splits it off as a ``quant`` span ending where the step does
+    (the step's time and the iteration are unchanged). A run at 32 bits has no such span."""
+    q8 = _run(problem([GPU], [PS], FC, 10, latency_s=1e-4, iterations=3, quant_bits=8), [10])
+    spans = [(e["name"], e["ts"] * 1e-6, (e["ts"] + e["dur"]) * 1e-6) for e in q8.trace
+             if e.get("ph") == "X" and e["pid"] == 0]
+    names = [n for n, _, _ in spans]
+    assert names == ["fwd", "bwd", "quant"] * 3
+    for (_, _, bwd_end), (_, a, b) in zip(spans[1::3], spans[2::3], strict=True):
+        assert a == pytest.approx(bwd_end, rel=EXACT) and b - a == pytest.approx(1.250008e-6, rel=1e-6)
+    fp32 = _run(problem([GPU], [PS], FC, 10, latency_s=1e-4, iterations=3), [10])
+    assert "quant" not in {e.get("name") for e in fp32.trace}
+
+
 def test_8_bit_pipelined_pushes_carry_metadata_per_chunk() -> None:
     # Two 1e6-B layers, pipelined, no sharing, no latency, 1 sample, free shard: every message
     # goes at 1e9 B/s on its own. A push of one layer is 250008 B = 2.50008e-4 s instead of 1e-3.

@@ -469,6 +469,31 @@ def test_serial_messages_go_one_at_a_time_per_link(serial: bool, sharing: str, i
         ends = sorted((e["ts"] * 1e-6, e["tid"]) for e in r.trace if e.get("ph") == "e" and e["pid"] == 1)
         assert [w for _, w in ends[:4]] == [0, 1, 0, 1]
         assert [t for t, _ in ends[:4]] == _approx([0.1, 0.2, 1.2, 1.3])
+        # a pull is in flight from when it starts (as the runtime's pull span begins when its
+        # shard starts to answer): worker 1's queued behind worker 0's (0 - 0.1) is waiting
+        begins = sorted((e["ts"] * 1e-6, e["tid"]) for e in r.trace if e.get("ph") == "b" and e["pid"] == 1)
+        assert begins[:4] == [(_approx(0.0), 0), (_approx(0.1), 1), (_approx(1.1), 0), (_approx(1.2), 1)]
+
+
+def test_serial_pulls_are_answered_in_the_order_the_workers_asked() -> None:
+    """As above, worker 1 with half the batch (compute 0.5 s). Iteration 1: pulls 0 - 0.1
+    (worker 0) and 0.1 - 0.2 (worker 1); worker 1 computes 0.2 - 0.7 and pushes 0.7 - 0.8,
+    worker 0 computes 0.1 - 1.1 and pushes 1.1 - 1.2: the commit at 1.2. Worker 1 asked for
+    its next pull first (its push arrived at 0.8), so the shard answers it first, as the
+    runtime's does: 1.2 - 1.3, then worker 0 1.3 - 1.4; worker 0 computes 1.4 - 2.4 and
+    pushes 2.4 - 2.5 (in worker order it would be pulled first and end at 2.4)."""
+    big = model(dense("fc", 1e8, fwd_flops=1e10, bwd_flops=9e10))
+    prob = problem([CPU, CPU], [PS], big, 15, worker_nic=[1e9, 1e9], shard_nic=[1e9], iterations=3)
+    cl = prob.cluster
+    placement = ((cl.devices[0].id, Placement(0, 1, (0,))), (cl.devices[1].id, Placement(0, 1, (1,))),
+                 ("ps:0", Placement(0, 1, None)))
+    prob = dataclasses.replace(prob, cluster=dataclasses.replace(cl, hosts=(Host("h", 3),), placement=placement))
+    with time_limit(60):
+        r = des.simulate(prob, plan(prob, [10, 5]), emulation=RuntimeEmulation(serial_messages=True))
+    assert r.iter_end_s[:2] == _approx([1.2, 2.5])
+    pulls = sorted((e["ts"] * 1e-6, e["tid"]) for e in r.trace
+                   if e.get("ph") == "b" and e["pid"] == 1 and e["name"].startswith("pull"))
+    assert pulls[2:4] == [(_approx(1.2), 1), (_approx(1.3), 0)]
 
 
 # ------------------------------------------------------------ wake-up latency

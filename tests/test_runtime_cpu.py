@@ -114,6 +114,24 @@ def test_fit_recovers_the_coefficients_that_made_the_samples() -> None:
         runtime_cpu.fit([(figs[0], 0.0)])
 
 
+def test_all_reduce_workers_have_coefficients_of_their_own() -> None:
+    """Samples of the three roles made by three coefficient sets: the fit recovers each;
+    without all-reduce samples their workers are priced with the PS workers' coefficients."""
+    truth = RuntimeCpuModel(worker=(0.9, 0.2, 1.5, 0.05), ps=(0.6, 0.0, 0.7, 0.8), allreduce=(1.1, 0.3, 2.5, 0.0))
+    figs = [Figures(role, c, t, n, m) for role in ("worker", "ps", "allreduce")
+            for c, t, n, m in [(10, 4, 2, 1), (10, 4, 2, 3), (2, 1, 22, 3), (25, 5, 9, 2), (5, 0.5, 2, 2),
+                               (27, 1.3, 2, 3)]]
+    got = runtime_cpu.fit([(f, truth.predict_ms(f)) for f in figs])
+    assert got.allreduce == pytest.approx(truth.allreduce, abs=1e-9)
+    assert got.worker == pytest.approx(truth.worker, abs=1e-9)
+    f = Figures("allreduce", 10.0, 4.0, 0.0, 1.0)
+    assert got.predict_ms(f) == pytest.approx(1.1 * 10 + 2.5 * 4, abs=1e-9)
+    no_ar = runtime_cpu.fit([(f, truth.predict_ms(f)) for f in figs if f.role != "allreduce"])
+    assert no_ar.allreduce is None and no_ar.predict_ms(f) == pytest.approx(0.9 * 10 + 1.5 * 4, abs=1e-9)
+    assert RuntimeCpuModel.from_json(json.loads(json.dumps(got.to_json()))) == got
+    assert "allreduce" not in no_ar.to_json()  # a profile without it reads as before
+
+
 def test_leave_one_out_predicts_each_config_from_the_others_only() -> None:
     truth = RuntimeCpuModel(worker=(1.0, 0.1, 2.0, 0.0), ps=(1.0, 0.0, 1.0, 0.5))
     samples = []
@@ -262,3 +280,68 @@ def _placed_problem(folder: Path):  # type: ignore[no-untyped-def]
     cl = prob.cluster
     return dataclasses.replace(prob, cluster=dataclasses.replace(
         cl, hosts=(Host("h", 2),), placement=((cl.devices[0].id, Placement(0)), (cl.shards[0].id, Placement(0)))))
+
+
+def test_every_calibration_config_runs_its_ranks_with_the_calibration_threads() -> None:
+    """fresh_machine fits the runtime CPU model only for a fresh profile measured with these
+    threads; the configs must use them, and all-reduce jobs are among them."""
+    from experiments.run import read_config
+    from runtime.spec import parse_options
+
+    configs = sorted(runtime_calibration.CONFIG_DIR.glob("*.yaml"))
+    threads = {c.stem: parse_options(read_config(c)[1], str(c)).threads for c in configs}
+    assert set(threads.values()) == {runtime_calibration.CALIBRATION_THREADS}
+    assert sum(read_config(c)[0].job.sync == "allreduce" for c in configs) >= 2
+
+
+def test_fresh_machine_fits_the_runtime_cpu_model_once_and_resumes(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the calibration runs stubbed (each config gives a worker whose real CPU is 2 x its
+    compute + 1 x its transport), fresh_machine runs every config once, stores the fit in the
+    profile and, asked again, runs nothing; with the model removed and two runs kept on disk,
+    it runs only the others."""
+    prof = tmp_path / "here.json"
+    data = json.loads((REPO / "hardware_profiles" / "measured" / "this_machine.json").read_text())
+    del data["network"]["runtime_cpu"]
+    data["name"] = "here"
+    prof.write_text(json.dumps(data))
+    configs = sorted(runtime_calibration.CONFIG_DIR.glob("*.yaml"))
+    ran: list[str] = []
+
+    def fake_validate(c: Path, out: Path, fresh_profile: Path) -> validate.Validation:
+        assert fresh_profile == prof
+        ran.append(c.stem)
+        v = validate.Validation(str(c), c.stem, [], None, {})
+        validate.write_files(out, [v])
+        return v
+
+    def fake_samples(v: validate.Validation) -> list[tuple[str, Figures, float]]:
+        k = 1 + configs.index(next(c for c in configs if c.stem == v.name))
+        f = Figures("worker", 10.0 * k, 3.0 + k % 3, 2.0, 1.0 + k % 2)
+        return [(f"{v.name}|equal|w0", f, 2.0 * f.compute_ms + f.transport_ms)]
+
+    monkeypatch.setattr(validate, "validate", fake_validate)
+    monkeypatch.setattr(runtime_calibration, "samples_of", fake_samples)
+    got = runtime_calibration.fresh_machine(prof, 1)
+    assert ran == [c.stem for c in configs]
+    assert got.network is not None and got.network.runtime_cpu is not None
+    assert got.network.runtime_cpu.worker == pytest.approx((2.0, 0.0, 1.0, 0.0), abs=1e-9)
+    assert got.network.runtime_cpu.ps == (1.0, 0.0, 1.0, 0.0) and got.network.runtime_cpu.allreduce is None
+    ran.clear()
+    runtime_calibration.fresh_machine(prof, 1)
+    assert ran == []  # complete: reused as it is
+    data = json.loads(prof.read_text())
+    del data["network"]["runtime_cpu"]
+    prof.write_text(json.dumps(data))
+    runs = tmp_path / "here.calibration"
+    for c in configs[2:]:
+        shutil.rmtree(runs / c.stem)
+    runtime_calibration.fresh_machine(prof, 1)
+    assert ran == [c.stem for c in configs[2:]]
+    # other torch threads than the calibration configs': the profile without a model
+    ran.clear()
+    other = tmp_path / "two.json"
+    data["measurement"]["raw"]["threads"] = 2
+    data["name"] = "two"
+    other.write_text(json.dumps(data))
+    assert runtime_calibration.fresh_machine(other, 2).network.runtime_cpu is None and ran == []

@@ -105,6 +105,23 @@ def test_metrics_and_errors_on_hand_made_runs() -> None:
     assert "time_to_target_s" not in m
 
 
+@pytest.mark.parametrize(("pipeline", "compute", "comm"), [(False, 0.5, 0.3), (True, 0.6, 0.2)])
+def test_the_des_quantize_pass_counts_where_the_runtime_packs(pipeline: bool, compute: float, comm: float) -> None:
+    """A DES iteration of fwd 0.2, bwd 0.3, quant 0.1 and transfers of 0.2 s: the runtime
+    packs a gradient inside its push (quant is comm) or, pipelined, in its sender thread
+    during the backward (quant is compute)."""
+    ts = Trace()
+    for i in range(3):
+        t = float(i)
+        ts.async_span("network", 0, "cpu:0", "pull c0", t, t + 0.1)
+        ts.span("workers", 0, "cpu:0", "fwd", t + 0.1, t + 0.3)
+        ts.span("workers", 0, "cpu:0", "bwd", t + 0.3, t + 0.6)
+        ts.span("workers", 0, "cpu:0", "quant", t + 0.6, t + 0.7)
+        ts.async_span("network", 0, "cpu:0", "push c0", t + 0.7, t + 0.8)
+    m = validate.measured_metrics(_result("des", [1.0, 2.0, 3.0], ts.events), pipeline=pipeline)
+    assert m["compute_s:cpu:0"] == pytest.approx(compute) and m["comm_s:cpu:0"] == pytest.approx(comm)
+
+
 def test_real_time_to_target_uses_the_trailing_mean() -> None:
     r = _result("runtime", [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0], [],
                 loss=[1.0, 0.1, 1.0, 0.5, 0.4, 0.3, 0.2])
@@ -322,6 +339,9 @@ def test_validate_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str])
                                                     diag["host"]["background_threads"]), {"profile's": model})
     assert again == {"": rc["sim_without_model"]["iteration_time_mean_s"],
                      "profile's": data["schedulers"]["equal"]["metrics"]["iteration_time_mean_s"]["sim"]}
+    # rescored (the simulated side again against the recorded real one): every metric as recorded
+    recorded = validate.Validation.from_json(data)
+    assert validate.rescore(recorded).runs[0].metrics == recorded.runs[0].metrics
     # each process's CPU after the warm-up (2 of the 6 iterations): measured from its ticks,
     # no more than over its whole loop
     for dev, got in real["runtime"]["cpu"].items():

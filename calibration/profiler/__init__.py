@@ -45,6 +45,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from calibration import model_variants
+
 # A benchmark module registers its benchmarks when imported: cold, gpu, layers, network
 # and quantization are imported for their functions below too, ops for that alone.
 from calibration.profiler import ops as _ops  # noqa: F401
@@ -115,6 +117,15 @@ __all__ = [
 ]
 
 
+def _unknown_model(text: str) -> bool:
+    """Whether ``text`` is neither a zoo model nor a variant of one (:mod:`calibration.model_variants`)."""
+    try:
+        model_variants.parse(text)
+    except ValueError:
+        return True
+    return False
+
+
 def measure(device: str = "cpu", quick: bool = False, threads: int | None = None,
             models: Sequence[str] | None = None, network: bool = True,
             spec: ProfileSpec | None = None, progress: bool = False,
@@ -153,7 +164,7 @@ def measure(device: str = "cpu", quick: bool = False, threads: int | None = None
         chosen = {m: spec.models.get(m) or GPU_MODELS[m] for m in models or () if not unknown}
     else:
         chosen = {m: spec.models[m] for m in (models if models is not None else spec.models)}
-        unknown = sorted(set(chosen) - set(zoo.names()))
+        unknown = sorted(m for m in chosen if _unknown_model(m))
     if unknown:
         raise ConfigError("<command line>", "--models", f"unknown zoo model {unknown[0]!r}")
     rounds = spec.rounds if rounds is None else rounds

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from calibration import model_variants
 from calibration.profiler.registry import Benchmark, Sampled, register
 from calibration.profiler.spec import ProfileSpec
 from calibration.profiler.timing import (
@@ -25,7 +26,6 @@ from calibration.profiler.timing import (
     _rounds_quantile,
     _run_rounds,
 )
-from sim import zoo
 
 
 @dataclass(eq=False)
@@ -442,12 +442,12 @@ def _micro_entries(timers: Sequence[tuple[str, dict[str, Any], list[tuple[int, _
 
 def _model_timers(chosen: dict[str, tuple[int, ...]], dev: Any, spec: ProfileSpec
                   ) -> list[tuple[str, int, _ModelTimer]]:
-    """A fresh zoo model (``zoo.torch_module``, in training mode on ``dev``) and its
-    timer per (model, batch size) of ``chosen``."""
+    """A fresh zoo model or variant (:func:`calibration.model_variants.torch_module`, in
+    training mode on ``dev``) and its timer per (model, batch size) of ``chosen``."""
     out = []
     for name, batches in chosen.items():
         for b in batches:
-            module, example = zoo.torch_module(name, batch_size=b)
+            module, example = model_variants.torch_module(name, b)
             out.append((name, b, _ModelTimer(module.to(dev).train(), _to(example, dev), dev, spec)))
     return out
 

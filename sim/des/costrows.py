@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import numpy as np
+
 from sim.costmodel import PlanCosts
 
 
@@ -26,11 +28,17 @@ class WorkerRows(NamedTuple):
     agg: list[float]  #: shard seconds to aggregate its gradient of each chunk
     apply_one: list[float]  #: shard seconds to apply its update of each chunk (ASP/SSP)
     bits: int  #: its gradients' width
+    quant: list[float]  #: seconds of each layer group's backward that quantize its gradient
 
 
 def worker_rows(costs: PlanCosts, bits: int) -> list[WorkerRows]:
     """Each worker's rows of ``costs``, at gradient width ``bits``."""
+    G = costs.bwd_s.shape[1]
+    quant = np.zeros((len(costs.workers), G))
+    if costs.quant_s is not None:
+        for c, g in enumerate(costs.chunk_group):
+            quant[:, int(g)] += costs.quant_s[:, c]
     return [WorkerRows(int(costs.batch[w]), costs.fwd_s[w].tolist(), costs.bwd_s[w].tolist(),
                        costs.pull_bytes[w].tolist(), costs.push_bytes[w].tolist(),
-                       costs.agg_s[w].tolist(), costs.apply_one_s[w].tolist(), bits)
+                       costs.agg_s[w].tolist(), costs.apply_one_s[w].tolist(), bits, quant[w].tolist())
             for w in range(len(costs.workers))]

@@ -31,7 +31,7 @@ class Online(RunState):
             return
         self.next_rows[w] = None
         (self.batch[w], self.fwd[w], self.bwd[w], self.pull_b[w], self.push_b[w],
-         self.agg[w], self.apply_one[w], self.wbits[w]) = rows
+         self.agg[w], self.apply_one[w], self.wbits[w], self.quant[w]) = rows
 
     def observation(self) -> Observation:
         """The Observation of the window since the previous rebalance call."""

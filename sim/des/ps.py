@@ -30,14 +30,29 @@ class ParameterServer(Online):
     def _pull(self, w: int, it: int, c: int, nbytes: float | None = None,
               ev: simpy.Event | None = None) -> None:
         """Send chunk c's parameters for iteration ``it`` from its shard to worker w
-        (``nbytes`` and ``ev``: a top-up of missing sparse rows)."""
-        t0 = self.env.now
-        self.advance[w](t0, 1, KEEP)
+        (``nbytes`` and ``ev``: a top-up of missing sparse rows).
+
+        Where messages go through the hosts, the pull is in flight for worker w (its
+        ``comm``, its span in the trace) from when it starts: a pull queued behind others on
+        a serial link (``RuntimeEmulation.serial_messages``) is waiting, as in the runtime,
+        where a worker's pull begins when its shard starts to answer it."""
         if ev is None:
             nbytes = self.next_pull[w][c]
             if self.online:
                 self.issued[(w, it, c)] = nbytes
         assert nbytes is not None
+        if self.host_messages:
+            start = [0.0]
+
+            def started() -> None:
+                start[0] = self.env.now
+                self.advance[w](start[0], 1, KEEP)
+
+            self.tx.send(self.N + self.chunk_shard[c], w, self.chunk_up[c], self.N + w, nbytes,
+                         lambda: self._pulled(w, c, start[0], ev), started)
+            return
+        t0 = self.env.now
+        self.advance[w](t0, 1, KEEP)
         # A partial of a method, not a closure: one object made per message instead of a
         # function and a cell per captured variable; made once per (worker, chunk) where
         # the delivery needs nothing else (``pulled_cb``).
@@ -45,10 +60,7 @@ class ParameterServer(Online):
             delivered = self.pulled_cb[w][c]
         else:
             delivered = partial(self._pulled, w, c, t0, ev)
-        if self.host_messages:
-            self.tx.send(self.N + self.chunk_shard[c], w, self.chunk_up[c], self.N + w, nbytes, delivered)
-        else:
-            self.net.transfer(self.chunk_up[c], self.N + w, nbytes, delivered)
+        self.net.transfer(self.chunk_up[c], self.N + w, nbytes, delivered)
 
     def _pull_all(self, it: int, c: int) -> None:
         """``_pull(w, it, c)`` to every live worker w in turn (BSP: chunk c was applied).
@@ -59,7 +71,7 @@ class ParameterServer(Online):
         network's state are apart: the order between them is free)."""
         rows, alive = self.pull_rows, self.alive
         if rows is None:
-            for w in range(self.N):
+            for w in self._answer_order():
                 if alive[w]:
                     self._pull(w, it, c)
             return
@@ -69,6 +81,13 @@ class ParameterServer(Online):
                 advance(now, 1, KEEP)
         mine = rows[c] if all(alive) else [r for r, up in zip(rows[c], alive) if up]
         self.net.transfer_many(self.chunk_up[c], mine)
+
+    def _answer_order(self) -> list[int] | range:
+        """The workers in the order their BSP pulls are answered: as asked (``asked_at``,
+        ties by worker) under serial messages, else by worker."""
+        if self.asked_at is None:
+            return range(self.N)
+        return sorted(range(self.N), key=self.asked_at.__getitem__)
 
     def _landed(self, w: int, label: str, t0: float) -> None:
         """A message of worker w's, sent at ``t0``, arrived: one transfer fewer in flight."""
@@ -111,6 +130,8 @@ class ParameterServer(Online):
         self.advance[w](now, -1, KEEP)
         if self.trace is not None:
             self.trace.async_span("network", w, self.c.workers[w], self.push_label[c], t0, now)
+        if self.asked_at is not None:
+            self.asked_at[w] = now
         miss = self.missing[c]
         miss.discard(w)
         self.chunk_server[c].submit(c * self.key_base + w, agg, self.agg_label[c], None)
@@ -147,7 +168,7 @@ class ParameterServer(Online):
         if it + 1 < self.n_iter:
             if self.pull_whole:  # every chunk once the iteration's last one is applied
                 if n == self.C:
-                    for w in range(self.N):
+                    for w in self._answer_order():
                         if self.alive[w]:
                             for c_ in range(self.C):
                                 self._pull(w, it + 1, c_)

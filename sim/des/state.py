@@ -101,6 +101,7 @@ class RunState:
     batch: list[int]
     fwd: list[list[float]]
     bwd: list[list[float]]
+    quant: list[list[float]]  # of each group's bwd, the seconds quantizing its gradient (the trace's quant span)
     pull_b: list[list[float]]
     push_b: list[list[float]]
     agg: list[list[float]]
@@ -114,6 +115,10 @@ class RunState:
     # worker's chunks leave the shards together once all are applied, and its forward
     # waits for all of them
     pull_whole: bool
+    # serial messages (an emulation's serial_messages): when each worker's last push of
+    # the BSP iteration arrived, its pull's request; the shard answers in that order, as the
+    # runtime's does (None: pulls go out in worker order, all at once)
+    asked_at: list[float] | None
     # each worker's state
     slow: list[float]  # its compute slowdown
     alive: list[bool]
@@ -228,6 +233,7 @@ class RunState:
         for c_, g in enumerate(costs.chunk_group):
             self.groups[int(g)].append(c_)
         self._init_rows(costs, emulation is None or emulation.pipeline_pulls)
+        self.asked_at = [0.0] * N if emulation is not None and emulation.serial_messages else None
         self._init_sync()
         self._init_online(plan, scheduler)
         self.key_base = N + 1
@@ -245,6 +251,7 @@ class RunState:
         self.batch = [r.batch for r in rows]
         self.fwd = [r.fwd for r in rows]
         self.bwd = [r.bwd for r in rows]
+        self.quant = [r.quant for r in rows]
         self.pull_b = [r.pull for r in rows]
         self.push_b = [r.push for r in rows]
         self.agg = [r.agg for r in rows]

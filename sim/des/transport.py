@@ -122,7 +122,7 @@ class Transport:
                 self.wake_at[i] = (pl.host, cl.hosts[pl.host].wake_s)
 
     def send(self, src: int, dst: int, src_link: int, dst_link: int, nbytes: float,
-             delivered: Callable[[], None]) -> None:
+             delivered: Callable[[], None], started: Callable[[], None] | None = None) -> None:
         """A message from process ``src`` to ``dst`` (workers 0..N-1, shards N..):
         over the network, and where an end sits on a host with ``copy_Bps``, also
         ``nbytes / copy_Bps`` seconds of CPU on that host for the end's copy (the
@@ -136,7 +136,8 @@ class Transport:
         ``serial_messages``), the message
         first waits until every earlier message on that link is delivered: it joins the
         queues of both its links at once and starts when it heads both, so messages start
-        in the order they were issued and two never wait for each other."""
+        in the order they were issued and two never wait for each other. ``started`` (if
+        given) is called when the message starts: at once, or once it heads its queues."""
         qa, qb = self.link_queue[src_link], self.link_queue[dst_link]
         if qa is not None or qb is not None:
             first = delivered
@@ -150,12 +151,18 @@ class Transport:
                     if q:
                         q[0].try_start()
 
-            msg = _Queued(lambda: self._send_now(src, dst, src_link, dst_link, nbytes, done),
-                          tuple(q for q in (qa, qb) if q is not None))
+            def go() -> None:
+                if started is not None:
+                    started()
+                self._send_now(src, dst, src_link, dst_link, nbytes, done)
+
+            msg = _Queued(go, tuple(q for q in (qa, qb) if q is not None))
             for q in msg.queues:
                 q.append(msg)
             msg.try_start()
             return
+        if started is not None:
+            started()
         self._send_now(src, dst, src_link, dst_link, nbytes, delivered)
 
     def _send_now(self, src: int, dst: int, src_link: int, dst_link: int, nbytes: float,

@@ -119,7 +119,14 @@ class WorkerProcess(ParameterServer):
         if self.online:
             spent += now - t0
         if self.trace is not None:
-            self.trace.span("workers", w, self.c.workers[w], what if self.G == 1 else f"{what} g{g}", t0, now)
+            name = what if self.G == 1 else f"{what} g{g}"
+            q = self.quant[w][g] if what == "bwd" else 0.0
+            if q > 0.0:  # the gradient's quantization, the step's last part: a span of its own
+                split = now - (now - t0) * min(1.0, q / self.bwd[w][g])
+                self.trace.span("workers", w, self.c.workers[w], name, t0, split)
+                self.trace.span("workers", w, self.c.workers[w], "quant" if self.G == 1 else f"quant g{g}", split, now)
+            else:
+                self.trace.span("workers", w, self.c.workers[w], name, t0, now)
         return spent
 
     def _halt(self, w: int, state: int) -> None:
