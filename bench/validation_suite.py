@@ -1,8 +1,9 @@
 """The validation suite: `hetsim validate` over experiments/configs/validation/.
 
     python -m bench.validation_suite [--out results/validation_suite] [--only v1,v3] [--iterations N]
-        [--fresh-profile FILE]
+        [--fresh-profile FILE] [--repeat N]
     python -m bench.validation_suite --resimulate results/validation_suite/suite.json --out DIR [--only v1,v3]
+    python -m bench.validation_suite --rescore SUITE_DIR --out DIR [--fresh-profile FILE]
 
 Each config is planned, simulated with the DES (the measured single-thread
 profile ``this_machine``) and run for real; the suite then reports the error
@@ -25,6 +26,15 @@ with this machine's profile measured once into FILE (reused when it exists; see
 :mod:`calibration.fresh_profile`) instead of ``this_machine``. Writes OUT/report.md
 (the suite table, then every metric of every run), OUT/validation.csv,
 OUT/validation.json, OUT/sim_vs_real.png and OUT/CONFIG/SCHEDULER/{sim,real}/.
+
+Each real side runs ``--repeat`` times (default 3) and the run of median mean
+iteration time is compared: on a shared machine one run's mean iteration moves by
+10-50% from one run to the next (the report gives the spread measured).
+
+``--rescore SUITE_DIR`` runs nothing real: the simulated side of every recorded
+SUITE_DIR/CONFIG/validation.json again with the DES as the code is now
+(:func:`experiments.validate.rescore`), against the recorded real side, for
+working on the DES.
 
 ``--resimulate SUITE_JSON`` runs nothing real: each row of that suite.json is simulated
 again (the DES side of ``hetsim validate``, :func:`experiments.validate.resimulate_figures`)
@@ -219,7 +229,21 @@ def summary_lines(results: Sequence[validate.Validation]) -> list[str]:
             f"each rank's real CPU {med_diag(list(results), 'sim_with_real_cpu')}; control: the real CPU over "
             f"the cores the DES kept busy {med_naive(list(results))}",
             f"- worker threads <= cores: {med(fit)}; more worker threads than cores: {med(over)}",
+            real_spread_line(results),
             f"- ranking preserved: {kept} of {len(ranked)} multi-scheduler configs"]
+
+
+def real_spread_line(results: Sequence[validate.Validation]) -> str:
+    """The real side's own noise: per run repeated (``diagnostics.real_repeats``), the spread
+    of its repeats' mean iteration times (largest / smallest - 1), the median and largest."""
+    spreads = [max(xs) / min(xs) - 1 for v in results for r in v.runs
+               if len(xs := r.diagnostics.get("real_repeats", {}).get("iteration_time_mean_s") or []) > 1
+               and min(xs) > 0]
+    if not spreads:
+        return "- the real side ran once a run (no repeats: its own noise is not measured)"
+    return (f"- the real side's own noise, each run repeated and the median repeat compared: the spread "
+            f"(largest / smallest mean iteration - 1) of its repeats, median {100 * statistics.median(spreads):.1f}%, "
+            f"largest {100 * max(spreads):.1f}% over {len(spreads)} runs")
 
 
 def resimulate_rows(suite_json: Path, configs: Sequence[Path], iterations: int | None = None
@@ -283,6 +307,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--only", help="comma-separated config stems or prefixes (default: all)")
     ap.add_argument("--iterations", type=int, help="override job.iterations of every config")
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
+    ap.add_argument("--repeat", type=int, default=3, metavar="N",
+                    help="run each real side N times and compare with the run of median mean iteration "
+                         "time (default 3: one run's noise on a shared machine is 10-50%%)")
     ap.add_argument("--fresh-profile", metavar="FILE", type=Path,
                     help="price every rank with this machine's profile: measured into FILE once "
                          "(hetsim validate --fresh-profile), reused by every config")
@@ -355,7 +382,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             try:
                 results.append(validate.validate(c, SCHEDULERS.get(c.stem), a.iterations, out / c.stem,
-                                                 on_step=step, fresh_profile=a.fresh_profile))
+                                                 on_step=step, fresh_profile=a.fresh_profile, repeats=a.repeat))
             except ConfigError as e:
                 print(f"python -m bench.validation_suite: error: {e}", file=sys.stderr)
                 return 2

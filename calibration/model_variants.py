@@ -51,8 +51,8 @@ def parse(text: str) -> tuple[str, dict[str, Any]]:
 def torch_module(text: str, batch_size: int) -> tuple[Any, Any]:
     """The torch module of a label and an example input of ``batch_size`` (:func:`sim.zoo.torch_module`)."""
     name, kwargs = parse(text)
-    return zoo.torch_module(name, batch_size=batch_size, **{k: (tuple(v) if isinstance(v, list) else v)
-                                                          for k, v in kwargs.items()})
+    sizes: dict[str, Any] = {k: (tuple(v) if isinstance(v, list) else v) for k, v in kwargs.items()}
+    return zoo.torch_module(name, batch_size=batch_size, **sizes)
 
 
 @functools.cache

@@ -339,7 +339,8 @@ def cmd_validate(a: argparse.Namespace) -> int:
             fresh_machine(Path(a.fresh_profile), parse_options(runtime_raw, str(a.config)).threads, step,
                           also=[Path(a.config)])
         v = validate.validate(a.config, a.schedulers, a.iterations, out, timeout_s=a.timeout,
-                              on_step=step, fresh_profile=Path(a.fresh_profile) if a.fresh_profile else None)
+                              on_step=step, fresh_profile=Path(a.fresh_profile) if a.fresh_profile else None,
+                              repeats=a.repeat)
     except RuntimeFailure as e:
         print(f"hetsim: run failed: {e}", file=sys.stderr)
         return 1
@@ -733,6 +734,9 @@ def build_parser() -> argparse.ArgumentParser:
     va.add_argument("--timeout", type=_positive_seconds, default=600.0,
                     help="wall-clock limit of each real run in seconds (default 600)")
     va.add_argument("--out", help="output folder (default results/NAME/validate)")
+    va.add_argument("--repeat", type=int, default=1, metavar="N",
+                    help="run the real side N times and compare with the run of median mean iteration "
+                         "time (default 1)")
     va.add_argument("--fresh-profile", metavar="FILE",
                     help="price every rank with this machine's profile instead of the config's: "
                          "measured now into FILE with its runtime CPU model (at most about 5 minutes), "

@@ -107,6 +107,7 @@ import schedulers
 from calibration import model_variants, runtime_cpu
 from calibration.fresh_profile import fresh_profile as fresh_profile_of
 from calibration.host import host_cores, measure_host, memory_factor, standalone_compute_s
+from calibration.speed_now import speed_now, with_drift
 from experiments import run as entry
 from experiments import runner
 from experiments.plots import markdown_table
@@ -115,7 +116,7 @@ from hardware_profiles.errors import ConfigError
 from hardware_profiles.fileio import atomic_write
 from hardware_profiles.schema import DeviceProfile
 from runtime.launch import run_local
-from runtime.spec import RuntimeOptions, build_spec, parse_options
+from runtime.spec import RunSpec, RuntimeOptions, build_spec, parse_options
 from sim import costmodel, zoo
 from sim.cluster import Host, Placement
 from sim.emulation import RuntimeEmulation, emulated_problem
@@ -665,12 +666,16 @@ class _FirstDes:
 
 
 def _first_des(config: str | Path, scheduler: str, host: Host, iterations: int | None,
-               profile: DeviceProfile | None = None, trace: bool = False) -> _FirstDes:
+               profile: DeviceProfile | None = None, trace: bool = False,
+               drift: dict[str, Any] | None = None) -> _FirstDes:
     """:class:`_FirstDes` of ``config`` under ``scheduler`` on ``host``, without the real run
-    (``profile``: this machine's in place of every rank's, as :func:`load`)."""
+    (``profile``: this machine's in place of every rank's, as :func:`load`; ``drift``: the
+    speed factors a run recorded, :mod:`calibration.speed_now`)."""
     _, loaded, opts, problem = load(config, iterations, profile)
     sched, plan = runner.schedule(loaded, problem, scheduler)
     emu = emulation(problem, plan, opts, host)
+    if drift is not None:
+        emu = with_drift(emu, problem, drift["compute"], drift["copies"])
     first = runner.evaluate(problem, plan, "des", trace=trace, scheduler=sched, emulation=emu)
     return _FirstDes(loaded, opts, problem, plan, emu, emulated_problem(problem, emu), first)
 
@@ -686,7 +691,7 @@ def rescore(v: Validation, profile: DeviceProfile | None = None) -> Validation:
     for r in v.runs:
         h = r.diagnostics["host"]
         f = _first_des(v.config, r.scheduler, Host("local", h["cores"], h["background_threads"]), None,
-                       profile, trace=True)
+                       profile, trace=True, drift=r.diagnostics.get("drift"))
         scales = runtime_cpu.scales_for(f.simulated, runtime_cpu.figures(f.simulated, f.result))
         sim = (des_again(f.loaded, f.problem, r.scheduler, f.emu.scaled(scales), f.plan, trace=True)
                if scales else f.result)
@@ -738,9 +743,31 @@ def resimulate_figures(config: str | Path, scheduler: str, host: Host,
             "sim_without_host": mean(no_host), "sim_without_copies": mean(no_copy)}
 
 
+def median_run(spec: RunSpec, repeats: int = 1) -> tuple[RunResult, float, list[float]]:
+    """The real run ``repeats`` times over: the run whose mean iteration time is the median
+    (of an even count, the upper of the middle two), its wall time, and every run's mean
+    iteration time in the order they ran (their spread is the real side's own noise).
+
+    Raises:
+        ConfigError: ``repeats`` < 1.
+        runtime.launch.RuntimeFailure: a run failed.
+    """
+    if repeats < 1:
+        raise ConfigError("<command line>", "--repeat", f"must be at least 1, got {repeats}")
+    runs = []
+    for _ in range(repeats):
+        t0 = time.monotonic()
+        r = run_local(spec)
+        runs.append((r, time.monotonic() - t0))
+    means = [float(r.summary()["iteration_time_s"]["mean"] or 0.0) for r, _ in runs]
+    k = sorted(range(repeats), key=means.__getitem__)[repeats // 2]
+    return runs[k][0], runs[k][1], means
+
+
 def validate(config: str | Path, scheduler_arg: str | None = None, iterations: int | None = None,
              out: Path | None = None, timeout_s: float = 600.0,
-             on_step: Callable[[str], None] | None = None, fresh_profile: Path | None = None) -> Validation:
+             on_step: Callable[[str], None] | None = None, fresh_profile: Path | None = None,
+             repeats: int = 1) -> Validation:
     """Plan, simulate (DES) and run for real each scheduler of ``config``; compare.
 
     Args:
@@ -754,12 +781,17 @@ def validate(config: str | Path, scheduler_arg: str | None = None, iterations: i
         fresh_profile: this machine's profile, in place of the config's for every rank:
             measured now into this file, or the file reused where it exists
             (:func:`calibration.fresh_profile.fresh_profile`).
+        repeats: run the real side this many times and compare with the run of median
+            mean iteration time (:func:`median_run`); every run's mean iteration time is
+            kept (``diagnostics.real_repeats``).
 
     Raises:
         ConfigError: bad config, runtime section, scheduler name or fresh profile (one line).
         runtime.launch.RuntimeFailure: a real run failed.
     """
     source = str(config)
+    if repeats < 1:  # before anything is measured or run
+        raise ConfigError("<command line>", "--repeat", f"must be at least 1, got {repeats}")
     machine = None
     if fresh_profile is not None:
         if on_step:
@@ -780,11 +812,16 @@ def validate(config: str | Path, scheduler_arg: str | None = None, iterations: i
         sched_sim, plan = runner.schedule(loaded, problem, name)
         sched_real, _ = runner.schedule(loaded, problem, name)
         spec = build_spec(problem, plan, opts, sched_real, problem.job.iterations, timeout_s, source)
-        # a diagnostic, not applied: how much slower memory copies run now than when the
-        # profile was measured (the DES prices with the profile as it is)
+        # how much slower memory copies run now than when the profile was measured
         mem = memory_factor(problem)
-        # the runtime on this machine, as the DES is given it (the host probed now)
+        # the runtime on this machine, as the DES is given it (the host probed now) and, with a
+        # fresh profile (which timed the runtime's model), at the machine's speed now
         emu = emulation(problem, plan, opts, measure_host())
+        drift = (speed_now(problem, model_variants.label(problem.job.model.name, opts.model_kwargs),
+                           sorted({r.batch for r in plan.replicas if r.batch > 0}), opts.threads, mem)
+                 if fresh_profile is not None else None)
+        if drift is not None:
+            emu = with_drift(emu, problem, drift["compute"], drift["copies"])
         simulated = emulated_problem(problem, emu)
         info = _host_info(simulated, plan, spec.n_workers, spec.n_shards)
         if on_step:
@@ -811,9 +848,7 @@ def validate(config: str | Path, scheduler_arg: str | None = None, iterations: i
         if on_step:
             on_step(f"{name}: runtime")
         load_before = os.getloadavg()[0]
-        t0 = time.monotonic()
-        real = run_local(spec)
-        wall = time.monotonic() - t0
+        real, wall, repeats_s = median_run(spec, repeats)
         target = problem.job.target_loss
         pipe = problem.job.pipeline
         metrics = compare(measured_metrics(sim, target, pipe), measured_metrics(real, target))
@@ -842,6 +877,8 @@ def validate(config: str | Path, scheduler_arg: str | None = None, iterations: i
                 "host": info["host"], "memory_probe": mem, "profiles": profiles,
                 "shares": {r.device: r.batch for r in plan.replicas},
                 "loadavg_1min": [load_before, os.getloadavg()[0]], "real_wall_s": wall,
+                "real_repeats": {"iteration_time_mean_s": repeats_s},
+                "drift": drift,
                 "real_workers": real.summary()["workers"], "sim_workers": sim.summary()["workers"],
                 "cpu_per_iteration": cpu,
                 "sim_with_real_cpu": {"iteration_time_mean_s": cpu_oracle, "cpu_factors": cpu_factors},

@@ -174,7 +174,7 @@ class Worker:
             # the members hold the same parameters already (same seed, same updates, or src's);
             # buffers are not synced in forward (init_sync=False: nor at the start). torch 2.13
             # renamed broadcast_buffers (deprecated) to forward_sync_buffers.
-            no_sync = ({"forward_sync_buffers": False}
+            no_sync: dict[str, Any] = ({"forward_sync_buffers": False}
                        if "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters
                        else {"broadcast_buffers": False})
             self.ddp = DDP(self.module, device_ids=ids, process_group=self.group, init_sync=False,

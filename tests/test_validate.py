@@ -122,6 +122,20 @@ def test_the_des_quantize_pass_counts_where_the_runtime_packs(pipeline: bool, co
     assert m["compute_s:cpu:0"] == pytest.approx(compute) and m["comm_s:cpu:0"] == pytest.approx(comm)
 
 
+@pytest.mark.parametrize(("means", "chosen"), [([3.0, 1.0, 2.0], 2), ([1.0], 0), ([4.0, 1.0, 3.0, 2.0], 2)])
+def test_median_run_compares_the_run_of_median_mean_iteration(means: list[float], chosen: int,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runs whose iterations last ``means`` seconds, in that order: the run of the median
+    (of an even count, the upper middle: 3.0 of 1, 2, 3, 4) is the one compared."""
+    runs = iter([_result("runtime", [m * (i + 1) for i in range(4)], []) for m in means])
+    monkeypatch.setattr(validate, "run_local", lambda spec: next(runs))
+    real, wall, got = validate.median_run(None, len(means))  # type: ignore[arg-type]
+    assert got == pytest.approx(means) and wall >= 0.0
+    assert real.summary()["iteration_time_s"]["mean"] == pytest.approx(means[chosen])
+    with pytest.raises(validate.ConfigError, match="--repeat: must be at least 1, got 0"):
+        validate.median_run(None, 0)  # type: ignore[arg-type]
+
+
 def test_real_time_to_target_uses_the_trailing_mean() -> None:
     r = _result("runtime", [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0], [],
                 loss=[1.0, 0.1, 1.0, 0.5, 0.4, 0.3, 0.2])

@@ -1,0 +1,83 @@
+"""How fast this machine runs now against when its profile was measured: the drift factors.
+
+A shared machine's speed moves: on this project's 2-core VM the runtime's iterations
+ran 10-25% slower a quarter of an hour after a fresh profile than just after it,
+GEMMs unchanged, memory-bound work (copies, elementwise passes, loopback messages)
+slower. A DES priced with the profile as it was then predicts the machine as it
+was then. `hetsim validate` with a fresh profile therefore measures, just before
+each run, two of the profile's own figures again with the profiler's own harness,
+and scales the emulated ranks by the ratios (:func:`with_drift`):
+
+- **compute**: the whole training iteration (forward, backward; no hooks) of the
+  model the runtime trains, at the batch shares of the run, where the profile timed
+  that very model (a :mod:`calibration.model_variants` label in ``raw["models"]``);
+  now / then, the median over the shares;
+- **copies**: :func:`calibration.host.memory_factor`, the profile's large copies
+  again.
+
+A profile that did not time the runtime's model (the committed ones, made with the
+zoo's default sizes) gets no factors: the DES prices with it as it is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+from calibration.host import memory_factor
+from sim.emulation import RuntimeEmulation
+from sim.problem import Problem
+
+
+def compute_factor(problem: Problem, label: str, shares: Sequence[int], threads: int) -> dict[str, Any] | None:
+    """The iteration of model ``label`` at ``shares`` timed now against the ranks' profile's
+    ``raw["models"][label]`` (the batches it timed of ``shares``, else the nearest one):
+    ``{"factor": median of now / then, "batches", "now_s", "profile_s"}``; None where the
+    profile did not time ``label``."""
+    raws = [d.type.measurement.raw for d in problem.cluster.devices if d.type.measurement.raw]
+    runs = {int(r["batch"]): float(r["iter_s"]) for r in (raws[0].get("models") or {}).get(label, [])
+            if raws and float(r.get("iter_s") or 0) > 0} if raws else {}
+    if not runs or not shares:
+        return None
+    batches = sorted({b for b in shares if b in runs} or {min(runs, key=lambda r: abs(r - max(shares)))})
+    import torch
+
+    from calibration.profiler import measure_models, spec_for
+
+    spec = dataclasses.replace(spec_for(True), models={label: tuple(batches)}, min_reps=3, max_reps=10,
+                               target_s=0.3)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = {int(r["batch"]): float(r["iter_s"])
+               for r in measure_models({label: tuple(batches)}, torch.device("cpu"), spec)[label]}
+    finally:
+        torch.set_num_threads(before)
+    return {"factor": statistics.median(got[b] / runs[b] for b in batches), "label": label, "batches": batches,
+            "now_s": [got[b] for b in batches], "profile_s": [runs[b] for b in batches]}
+
+
+def speed_now(problem: Problem, label: str, shares: Sequence[int], threads: int,
+              copies: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """``{"compute": factor, "copies": factor, "compute_probe", "copies_probe"}`` (see the
+    module docstring; ``copies``: :func:`calibration.host.memory_factor` of the problem,
+    measured just now, else it is measured here); None where either cannot be measured
+    against the profile."""
+    comp = compute_factor(problem, label, shares, threads)
+    mem = (copies or memory_factor(problem)) if comp is not None else None
+    if comp is None or mem is None:
+        return None
+    return {"compute": comp["factor"], "copies": mem["factor"], "compute_probe": comp, "copies_probe": mem}
+
+
+def with_drift(emu: RuntimeEmulation, problem: Problem, compute: float, copies: float) -> RuntimeEmulation:
+    """``emu`` with every placed process slowed by the drift factors: a worker's compute by
+    ``compute``, a PS shard's work (aggregation and update: memory-bound) and every
+    process's copies by ``copies``, and the links (``wire_Bps``, the loopback rate) by
+    ``copies``."""
+    shards = {d.id for d in problem.cluster.shards}
+    scales = {dev: ((copies, 1.0) if dev in shards else (compute, copies / compute)) for dev, _ in emu.placement}
+    out = emu.scaled(scales)
+    return dataclasses.replace(out, wire_Bps=emu.wire_Bps / copies) if emu.wire_Bps > 0 else out
