@@ -74,7 +74,8 @@ def headline(metrics: Mapping[str, Mapping[str, Any]], diagnostics: Mapping[str,
     """One run's headline figures (relative errors as fractions, None where not measured):
     ``iteration_time_mean_error``; ``component_median_abs_error`` over ``components``
     per-worker compute and communication metrics, and ``compute_median_abs_error`` /
-    ``comm_median_abs_error`` of each kind; ``calibrated_models``; and
+    ``comm_median_abs_error`` of each kind; ``calibrated_models``; ``drift`` (the speed-now
+    factors the DES ran at, None without a fresh profile); ``profiles``; and
     ``iteration_time_mean_error_without_calibrated``."""
     comps = component_errors(metrics)
     everything = [e for errs in comps.values() for e in errs]

@@ -38,7 +38,7 @@ RUN_PAGES = {"README.md", "docs/getting-started.md"}
 # What a scratch folder needs to run the pages' commands from "the repository root".
 LINKED = ("experiments", "runtime", "hardware_profiles")
 # Options whose value is a file or folder written, not read.
-OUTPUT_OPTIONS = {"--out", "--log-dir"}
+OUTPUT_OPTIONS = {"--out", "--log-dir", "--fresh-profile"}  # --fresh-profile writes FILE when missing
 PLACEHOLDER = re.compile(r"[\[\]|]|\.\.\.|\b[A-Z][A-Z_]{2,}\b")
 
 

@@ -44,6 +44,7 @@ def test_headline_shows_what_the_mean_hides() -> None:
                  "compute_s_median_abs_error": pytest.approx(0.6),
                  "comm_s_median_abs_error": pytest.approx(0.3),
                  "calibrated_models": ["the runtime CPU model of profile this_machine (network.runtime_cpu)"],
+                 "drift": None,
                  "profiles": {"this_machine": "measured 2026-11-30 on AMD EPYC"},
                  "iteration_time_mean_error_without_calibrated": pytest.approx(-0.2)}
     assert headline_text(h) == (
@@ -131,9 +132,14 @@ def test_fresh_profile_measures_once_into_a_new_file(tmp_path: Path, monkeypatch
     path = tmp_path / "new.json"
     _, measured = fp.fresh_profile(path, threads=1, progress=False)
     assert measured and calls == [("cpu", {"quick": True, "threads": 1, "models": fp.FRESH_MODELS,
-                                           "progress": False})]
+                                           "progress": False, "spec": profiler.spec_for(True)})]
     _, measured = fp.fresh_profile(path, threads=1)
     assert not measured and len(calls) == 1  # the second config of a suite reuses it
+    # named models replace the quick spec's, each at its own batch sizes
+    fp.fresh_profile(tmp_path / "other.json", threads=1, progress=False, models={'mlp{"hidden": 64}': (8, 16)})
+    assert calls[1][1]["models"] == ['mlp{"hidden": 64}']
+    assert calls[1][1]["spec"].models == {'mlp{"hidden": 64}': (8, 16)}
+    assert calls[1][1]["spec"].gemm == profiler.spec_for(True).gemm
 
 
 def test_with_profile_prices_every_rank_with_this_machine() -> None:
@@ -153,5 +159,4 @@ def test_a_bad_fresh_profile_is_one_line_exit_2(tmp_path: Path, capsys: pytest.C
     path = _write(tmp_path)
     assert cli.main(["validate", str(path), "--fresh-profile", str(bad), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 2 and err[0].startswith("validate: profile:"), err  # the progress line, then the error
-    assert "bad.json" in err[1] and "Traceback" not in err[1], err
+    assert len(err) == 1 and err[0].startswith("hetsim: error: ") and "bad.json: name:" in err[0], err
