@@ -399,7 +399,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     cpu_table = markdown_table(pd.DataFrame(cpu)) if cpu else "(no CPU figures in these runs)"
     lines = summary_lines(results)
     took = "" if wall is None else f", {wall:.0f} s"
-    head = ["# hetsim validation suite", "", f"`python -m bench.validation_suite`: {len(results)} configs"
+    how = "".join([f" --rescore {a.rescore}" if a.rescore is not None else "",
+                   f" --fresh-profile {a.fresh_profile}" if a.fresh_profile is not None else "",
+                   f" --repeat {a.repeat}" if a.rescore is None and not a.report_only else ""])
+    head = ["# hetsim validation suite", "", f"`python -m bench.validation_suite{how}`: {len(results)} configs"
             f"{took}.", "", *lines, "", table, "", "## Where the time goes (ms per iteration, "
             "mean over workers)", "", decomposition_rows.__doc__.split("\n\n")[0].replace("\n    ", " ")
             if decomposition_rows.__doc__ else "", "", decomp, "", "## Where the CPU goes (ms per iteration)", "",

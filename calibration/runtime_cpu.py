@@ -15,8 +15,9 @@ iteration, from four figures of a first DES run (:func:`figures`):
 ``extra.host_cpu_s``); ``messages``: the message ends it had (``extra.host_message_ends``);
 ``m``: how many processes share its cores (:func:`sharing`; 1 alone). Workers, PS
 shards and the workers of an all-reduce job (their CPU goes to the collective's
-buckets and DDP's reducer, not to PS messages) have coefficients of their own
-(:class:`RuntimeCpuModel`), fitted by
+buckets and DDP's reducer, not to PS messages; their compute terms are the workers'
+where workers were fitted)
+have coefficients of their own (:class:`RuntimeCpuModel`), fitted by
 :func:`fit` (non-negative least squares on relative errors) to real runs of configs
 other than those validated (``python -m bench.runtime_calibration``), and stored in
 the profile (``network.runtime_cpu``). `hetsim validate` then runs the DES twice:
@@ -46,7 +47,7 @@ from sim.cluster import Cluster, Placement
 from sim.problem import Problem
 from sim.result import RunResult
 
-ROLES = ("worker", "ps", "allreduce")
+ROLES = ("worker", "ps", "allreduce")  # in fitting order: "allreduce" takes the fitted "worker"'s compute terms
 TERMS = RUNTIME_CPU_TERMS
 
 
@@ -189,10 +190,19 @@ def fit(samples: list[tuple[Figures, float]], note: str = "") -> RuntimeCpuModel
     without samples keeps the identity (compute and transport as the DES charges them);
     all-reduce workers without samples take the workers' coefficients (``allreduce`` None).
 
+    All-reduce workers share the workers' compute coefficients (``a``, ``b``) where there
+    are worker samples, and only their transport and message terms are fitted, to the CPU
+    left after that compute: their forward and backward are the same work as a PS
+    worker's, and a process's total CPU alone cannot tell compute from copies (both grow
+    with the model), so a free fit of the four trades one for the other, its total right
+    and its split wrong (on 2026-12-07: compute x0.72, copies x1.81 against the workers'
+    x1.05, x2.05; `hetsim validate`'s per-worker compute 35% short on v10).
+
     Raises:
         ValueError: a real figure <= 0.
     """
     coef: dict[str, tuple[float, ...]] = {}
+    fitted: set[str] = set()  # the roles fitted to samples (not the identity)
     for role in ROLES:
         rows = [(f, r) for f, r in samples if f.role == role]
         if any(r <= 0 for _, r in rows):
@@ -201,9 +211,17 @@ def fit(samples: list[tuple[Figures, float]], note: str = "") -> RuntimeCpuModel
             if role != "allreduce":
                 coef[role] = (1.0, 0.0, 1.0, 0.0)
             continue
-        a = np.array([f.terms() for f, _ in rows]) / np.array([[r] for _, r in rows])
-        x, _ = nnls(a, np.ones(len(rows)))
+        real = np.array([r for _, r in rows])
+        terms = np.array([f.terms() for f, _ in rows])
+        if role == "allreduce" and "worker" in fitted:
+            compute = coef["worker"][:2]
+            left = 1.0 - terms[:, :2] @ np.array(compute) / real
+            x, _ = nnls(terms[:, 2:] / real[:, None], left)
+            coef[role] = (*compute, *(float(v) for v in x))
+            continue
+        x, _ = nnls(terms / real[:, None], np.ones(len(rows)))
         coef[role] = tuple(float(v) for v in x)
+        fitted.add(role)
     return RuntimeCpuModel(coef["worker"], coef["ps"], note, coef.get("allreduce"))  # type: ignore[arg-type]
 
 

@@ -5,8 +5,9 @@ ran 10-25% slower a quarter of an hour after a fresh profile than just after it,
 GEMMs unchanged, memory-bound work (copies, elementwise passes, loopback messages)
 slower. A DES priced with the profile as it was then predicts the machine as it
 was then. `hetsim validate` with a fresh profile therefore measures, just before
-each run, two of the profile's own figures again with the profiler's own harness,
-and scales the emulated ranks by the ratios (:func:`with_drift`):
+each real run and after the last, two of the profile's own figures again with the
+profiler's own harness, and scales the emulated ranks by the ratios, the median over
+those probes (:func:`around`, :func:`with_drift`):
 
 - **compute**: the whole training iteration (forward, backward; no hooks) of the
   model the runtime trains, at the batch shares of the run, where the profile timed
@@ -70,6 +71,21 @@ def speed_now(problem: Problem, label: str, shares: Sequence[int], threads: int,
     if comp is None or mem is None:
         return None
     return {"compute": comp["factor"], "copies": mem["factor"], "compute_probe": comp, "copies_probe": mem}
+
+
+def around(probes: Sequence[dict[str, Any] | None]) -> dict[str, Any] | None:
+    """The speed factors of a set of real runs, timed with :func:`speed_now` before each run
+    and after the last: ``{"compute", "copies"}`` the medians over the probes of each
+    factor (of two, their mean), ``"probes"`` them all; None without probes or where one
+    is None. One probe lasts a fraction of a second and catches the machine's passing
+    moods as well as its drift (x1.42 just before a run whose neighbours read x1.12 and
+    the run as fast as its repeats); the runs last seconds and the drift takes minutes,
+    so the median over the probes around them stands for the speed they ran at."""
+    if not probes or any(p is None for p in probes):
+        return None
+    return {"compute": statistics.median(p["compute"] for p in probes),  # type: ignore[index]
+            "copies": statistics.median(p["copies"] for p in probes),  # type: ignore[index]
+            "probes": list(probes)}
 
 
 def with_drift(emu: RuntimeEmulation, problem: Problem, compute: float, copies: float) -> RuntimeEmulation:

@@ -93,6 +93,7 @@ target.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import io
 import json
 import math
@@ -101,13 +102,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import schedulers
 from calibration import model_variants, runtime_cpu
 from calibration.fresh_profile import fresh_profile as fresh_profile_of
 from calibration.host import host_cores, measure_host, memory_factor, standalone_compute_s
-from calibration.speed_now import speed_now, with_drift
+from calibration.speed_now import around, speed_now, with_drift
 from experiments import run as entry
 from experiments import runner
 from experiments.plots import markdown_table
@@ -743,10 +744,21 @@ def resimulate_figures(config: str | Path, scheduler: str, host: Host,
             "sim_without_host": mean(no_host), "sim_without_copies": mean(no_copy)}
 
 
-def median_run(spec: RunSpec, repeats: int = 1) -> tuple[RunResult, float, list[float]]:
-    """The real run ``repeats`` times over: the run whose mean iteration time is the median
-    (of an even count, the upper of the middle two), its wall time, and every run's mean
-    iteration time in the order they ran (their spread is the real side's own noise).
+class RealRuns(NamedTuple):
+    """The real side of a validation run :func:`median_run` times over."""
+
+    result: RunResult  # the run of median mean iteration time, the one compared
+    wall_s: float  # its wall time
+    means: list[float]  # every run's mean iteration time, in the order they ran
+    chosen: int  # the index of ``result`` among them
+    probes: list[Any]  # ``probe()`` before each run and after the last ([] without a probe)
+
+
+def median_run(spec: RunSpec, repeats: int = 1, probe: Callable[[], Any] | None = None) -> RealRuns:
+    """The real run ``repeats`` times over; the run whose mean iteration time is the median
+    (of an even count, the upper of the middle two) is the one compared, and the spread of
+    every run's mean is the real side's own noise. ``probe`` (the machine's speed now,
+    :func:`calibration.speed_now.speed_now`) is called before each run and after the last.
 
     Raises:
         ConfigError: ``repeats`` < 1.
@@ -754,14 +766,18 @@ def median_run(spec: RunSpec, repeats: int = 1) -> tuple[RunResult, float, list[
     """
     if repeats < 1:
         raise ConfigError("<command line>", "--repeat", f"must be at least 1, got {repeats}")
-    runs = []
+    runs, probes = [], []
     for _ in range(repeats):
+        if probe is not None:
+            probes.append(probe())
         t0 = time.monotonic()
         r = run_local(spec)
         runs.append((r, time.monotonic() - t0))
+    if probe is not None:
+        probes.append(probe())
     means = [float(r.summary()["iteration_time_s"]["mean"] or 0.0) for r, _ in runs]
     k = sorted(range(repeats), key=means.__getitem__)[repeats // 2]
-    return runs[k][0], runs[k][1], means
+    return RealRuns(runs[k][0], runs[k][1], means, k, probes)
 
 
 def validate(config: str | Path, scheduler_arg: str | None = None, iterations: int | None = None,
@@ -784,6 +800,10 @@ def validate(config: str | Path, scheduler_arg: str | None = None, iterations: i
         repeats: run the real side this many times and compare with the run of median
             mean iteration time (:func:`median_run`); every run's mean iteration time is
             kept (``diagnostics.real_repeats``).
+
+    The real side runs first: with ``fresh_profile`` the machine's speed is probed before
+    each real run and after the last, and the DES then runs at the median of those
+    probes (:func:`calibration.speed_now.around`).
 
     Raises:
         ConfigError: bad config, runtime section, scheduler name or fresh profile (one line).
@@ -814,16 +834,27 @@ def validate(config: str | Path, scheduler_arg: str | None = None, iterations: i
         spec = build_spec(problem, plan, opts, sched_real, problem.job.iterations, timeout_s, source)
         # how much slower memory copies run now than when the profile was measured
         mem = memory_factor(problem)
-        # the runtime on this machine, as the DES is given it (the host probed now) and, with a
-        # fresh profile (which timed the runtime's model), at the machine's speed now
+        # the runtime on this machine, as the DES is given it: the host probed now
         emu = emulation(problem, plan, opts, measure_host())
-        drift = (speed_now(problem, model_variants.label(problem.job.model.name, opts.model_kwargs),
-                           sorted({r.batch for r in plan.replicas if r.batch > 0}), opts.threads, mem)
+        shares = sorted({r.batch for r in plan.replicas})
+        standalone = {b: standalone_compute_s(spec, b) for b in shares}
+        if on_step:
+            on_step(f"{name}: runtime")
+        load_before = os.getloadavg()[0]
+        # with a fresh profile (which timed the runtime's model), the machine's speed around
+        # the real runs (calibration.speed_now), applied to the DES
+        probe = (functools.partial(speed_now, problem, model_variants.label(problem.job.model.name, opts.model_kwargs),
+                                   [b for b in shares if b > 0], opts.threads)
                  if fresh_profile is not None else None)
+        real_runs = median_run(spec, repeats, probe)
+        real, wall, repeats_s = real_runs.result, real_runs.wall_s, real_runs.means
+        load_after = os.getloadavg()[0]
+        drift = around(real_runs.probes) if probe is not None else None
         if drift is not None:
             emu = with_drift(emu, problem, drift["compute"], drift["copies"])
         simulated = emulated_problem(problem, emu)
         info = _host_info(simulated, plan, spec.n_workers, spec.n_shards)
+        info["host"]["loadavg_1min"] = load_before  # the host as probed before the real runs
         if on_step:
             on_step(f"{name}: des")
         sim = runner.evaluate(problem, plan, "des", trace=True, scheduler=sched_sim, emulation=emu)
@@ -843,12 +874,6 @@ def validate(config: str | Path, scheduler_arg: str | None = None, iterations: i
         no_host = des_again(loaded, problem, name, emulation(problem, plan, opts), plan)
         # and with the host but messages free of CPU (copy_Bps 0), as before copies were charged
         no_copy = des_again(loaded, problem, name, without_copies(base_emu), plan)
-        shares = sorted({r.batch for r in plan.replicas})
-        standalone = {b: standalone_compute_s(spec, b) for b in shares}
-        if on_step:
-            on_step(f"{name}: runtime")
-        load_before = os.getloadavg()[0]
-        real, wall, repeats_s = median_run(spec, repeats)
         target = problem.job.target_loss
         pipe = problem.job.pipeline
         metrics = compare(measured_metrics(sim, target, pipe), measured_metrics(real, target))
@@ -876,7 +901,7 @@ def validate(config: str | Path, scheduler_arg: str | None = None, iterations: i
                 "sim_without_copies": {"iteration_time_mean_s": no_copy.summary()["iteration_time_s"]["mean"]},
                 "host": info["host"], "memory_probe": mem, "profiles": profiles,
                 "shares": {r.device: r.batch for r in plan.replicas},
-                "loadavg_1min": [load_before, os.getloadavg()[0]], "real_wall_s": wall,
+                "loadavg_1min": [load_before, load_after], "real_wall_s": wall,
                 "real_repeats": {"iteration_time_mean_s": repeats_s},
                 "drift": drift,
                 "real_workers": real.summary()["workers"], "sim_workers": sim.summary()["workers"],
@@ -949,8 +974,9 @@ def report_md(results: Sequence[Validation], title: str = "hetsim validate") -> 
                 lines += [f"Memory probe (`memory_factor`): copies of {', '.join(f'{n:,}' for n in mp['elems'])} "
                           "fp32 values took " + ", ".join(f"{1e3 * a:.3g}" for a in mp["now_s"]) + " ms against "
                           "the profile's " + ", ".join(f"{1e3 * b:.3g}" for b in mp["profile_s"])
-                          + f" ms: memory copies {mp['factor']:.3f} times the profile's (a diagnostic; the DES "
-                          "prices with the profile as it is).", ""]
+                          + f" ms: memory copies {mp['factor']:.3f} times the profile's, before the real runs "
+                          "(a diagnostic; with a fresh profile the DES runs at the speed-now factors of the "
+                          "headline, which time the copies again around the run).", ""]
             rm = r.diagnostics.get("runtime_cpu") or {}
             if rm.get("models"):
                 first = rm["sim_without_model"]["iteration_time_mean_s"]

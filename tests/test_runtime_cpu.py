@@ -115,9 +115,10 @@ def test_fit_recovers_the_coefficients_that_made_the_samples() -> None:
 
 
 def test_all_reduce_workers_have_coefficients_of_their_own() -> None:
-    """Samples of the three roles made by three coefficient sets: the fit recovers each;
-    without all-reduce samples their workers are priced with the PS workers' coefficients."""
-    truth = RuntimeCpuModel(worker=(0.9, 0.2, 1.5, 0.05), ps=(0.6, 0.0, 0.7, 0.8), allreduce=(1.1, 0.3, 2.5, 0.0))
+    """Samples of the three roles made by three coefficient sets, the all-reduce workers'
+    compute terms the workers': the fit recovers each; without all-reduce samples their
+    workers are priced with the PS workers' coefficients."""
+    truth = RuntimeCpuModel(worker=(0.9, 0.2, 1.5, 0.05), ps=(0.6, 0.0, 0.7, 0.8), allreduce=(0.9, 0.2, 2.5, 0.3))
     figs = [Figures(role, c, t, n, m) for role in ("worker", "ps", "allreduce")
             for c, t, n, m in [(10, 4, 2, 1), (10, 4, 2, 3), (2, 1, 22, 3), (25, 5, 9, 2), (5, 0.5, 2, 2),
                                (27, 1.3, 2, 3)]]
@@ -125,11 +126,28 @@ def test_all_reduce_workers_have_coefficients_of_their_own() -> None:
     assert got.allreduce == pytest.approx(truth.allreduce, abs=1e-9)
     assert got.worker == pytest.approx(truth.worker, abs=1e-9)
     f = Figures("allreduce", 10.0, 4.0, 0.0, 1.0)
-    assert got.predict_ms(f) == pytest.approx(1.1 * 10 + 2.5 * 4, abs=1e-9)
+    assert got.predict_ms(f) == pytest.approx(0.9 * 10 + 2.5 * 4, abs=1e-9)
     no_ar = runtime_cpu.fit([(f, truth.predict_ms(f)) for f in figs if f.role != "allreduce"])
     assert no_ar.allreduce is None and no_ar.predict_ms(f) == pytest.approx(0.9 * 10 + 1.5 * 4, abs=1e-9)
     assert RuntimeCpuModel.from_json(json.loads(json.dumps(got.to_json()))) == got
     assert "allreduce" not in no_ar.to_json()  # a profile without it reads as before
+
+
+def test_all_reduce_compute_is_the_workers_and_only_the_rest_is_fitted() -> None:
+    """All-reduce samples whose copies grow with their compute (transport = compute / 2) and
+    cost 0.7 compute + 1.8 transport = 1.6 compute: any split fits their total, so a free fit
+    cannot tell them apart. With workers measured at compute x1 (and copies x2) the
+    all-reduce workers keep compute x1 and their transport takes the rest: 0.6 compute =
+    c x 0.5 compute, c = 1.2."""
+    workers = [(Figures("worker", c, t, 0.0, 1.0), 1.0 * c + 2.0 * t) for c, t in [(10, 2), (4, 6), (20, 1)]]
+    ar = [(Figures("allreduce", c, c / 2, 0.0, 1.0), 1.6 * c) for c in (8.0, 12.0, 30.0)]
+    got = runtime_cpu.fit(workers + ar)
+    assert got.worker == pytest.approx((1.0, 0.0, 2.0, 0.0), abs=1e-9)
+    assert got.allreduce == pytest.approx((1.0, 0.0, 1.2, 0.0), abs=1e-9)
+    # without worker samples there is nothing to share: the four terms are fitted freely
+    alone = runtime_cpu.fit(ar)
+    assert alone.worker == (1.0, 0.0, 1.0, 0.0)
+    assert alone.predict_ms(ar[0][0]) == pytest.approx(ar[0][1], rel=1e-9)
 
 
 def test_leave_one_out_predicts_each_config_from_the_others_only() -> None:

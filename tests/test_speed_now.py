@@ -66,3 +66,18 @@ def test_with_drift_slows_compute_copies_and_links_by_their_factors() -> None:
     r = des.simulate(with_host, plan(with_host, [8, 8]), emulation=got)
     fwd = next(e for e in r.trace if e.get("ph") == "X" and e["pid"] == 0 and e["name"] == "fwd")
     assert fwd["dur"] * 1e-6 == _approx(1.25 * 8 * 1e8 / 1e10)
+
+
+def test_around_takes_each_factors_median_over_the_probes() -> None:
+    """Probes before runs 0, 1, 2 and after run 2 (compute 1.4, 1.1, 1.2, 1.0; copies 1.7,
+    1.2, 0.9, 1.0): the medians, (1.1 + 1.2) / 2 = 1.15 and (1.0 + 1.2) / 2 = 1.1, each
+    factor apart; the first probe's passing x1.4 moves neither far. Of one repeat's two
+    probes, their mean; a missing probe gives no factors."""
+    probes = [{"compute": c, "copies": m} for c, m in [(1.4, 1.7), (1.1, 1.2), (1.2, 0.9), (1.0, 1.0)]]
+    got = speed_now.around(probes)
+    assert got is not None and got["compute"] == pytest.approx(1.15) and got["copies"] == pytest.approx(1.1)
+    assert got["probes"] == probes
+    two = speed_now.around(probes[:2])
+    assert two is not None and two["compute"] == pytest.approx(1.25) and two["copies"] == pytest.approx(1.45)
+    assert speed_now.around([probes[0], None]) is None
+    assert speed_now.around([]) is None

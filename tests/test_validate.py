@@ -128,10 +128,23 @@ def test_median_run_compares_the_run_of_median_mean_iteration(means: list[float]
     """Runs whose iterations last ``means`` seconds, in that order: the run of the median
     (of an even count, the upper middle: 3.0 of 1, 2, 3, 4) is the one compared."""
     runs = iter([_result("runtime", [m * (i + 1) for i in range(4)], []) for m in means])
-    monkeypatch.setattr(validate, "run_local", lambda spec: next(runs))
-    real, wall, got = validate.median_run(None, len(means))  # type: ignore[arg-type]
-    assert got == pytest.approx(means) and wall >= 0.0
-    assert real.summary()["iteration_time_s"]["mean"] == pytest.approx(means[chosen])
+    events: list[str] = []
+
+    def run(spec: object) -> object:
+        events.append("run")
+        return next(runs)
+
+    def probe() -> int:
+        events.append("probe")
+        return len(events)
+
+    monkeypatch.setattr(validate, "run_local", run)
+    got = validate.median_run(None, len(means), probe)  # type: ignore[arg-type]
+    assert got.means == pytest.approx(means) and got.wall_s >= 0.0 and got.chosen == chosen
+    assert got.result.summary()["iteration_time_s"]["mean"] == pytest.approx(means[chosen])
+    # a probe before each run and one after the last: the run compared is bracketed by two
+    assert events == ["probe", "run"] * len(means) + ["probe"]
+    assert got.probes == [1 + 2 * i for i in range(len(means) + 1)]
     with pytest.raises(validate.ConfigError, match="--repeat: must be at least 1, got 0"):
         validate.median_run(None, 0)  # type: ignore[arg-type]
 
