@@ -351,6 +351,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         src = out if a.rescore is None else a.rescore
         results = [validate.Validation.from_json(json.loads((src / c.stem / "validation.json").read_text()))
                    for c in configs if (src / c.stem / "validation.json").is_file()]
+        if not results:
+            print(f"python -m bench.validation_suite: error: {src}: no CONFIG/validation.json of the "
+                  "suite's configs there (give a folder a suite wrote)", file=sys.stderr)
+            return 2
         if a.rescore is not None:
             profile = None
             if a.fresh_profile is not None:

@@ -77,3 +77,18 @@ def test_resimulate_of_a_missing_suite_json_exits_2(tmp_path: Path, capsys: pyte
     assert rc == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "nope.json: rows: no suite rows" in err
+
+
+def test_rescore_of_a_folder_without_a_suite_is_one_line_exit_2(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """``--rescore`` of a folder no suite wrote (missing, or without CONFIG/validation.json),
+    or ``--report-only`` of such an OUT: one line naming it, exit 2, and no report written."""
+    for src in (tmp_path / "missing", tmp_path):
+        assert validation_suite.main(["--rescore", str(src), "--out", str(tmp_path / "out"), "--quiet"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"python -m bench.validation_suite: error: {src}: "), err
+    assert not (tmp_path / "out").exists()
+    # --report-only likewise, of an OUT without runs
+    (tmp_path / "out").mkdir()
+    assert validation_suite.main(["--report-only", "--out", str(tmp_path / "out"), "--quiet"]) == 2
+    assert not any((tmp_path / "out").iterdir())
