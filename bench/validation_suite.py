@@ -303,7 +303,9 @@ def resimulate_main(suite_json: Path, configs: Sequence[Path], out: Path, iterat
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.validation_suite", description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="results/validation_suite")
+    ap.add_argument("--out", default="results/validation_suite",
+                    help="where the report and each config's runs go (default: results/validation_suite, "
+                         "the committed suite's folder)")
     ap.add_argument("--only", help="comma-separated config stems or prefixes (default: all)")
     ap.add_argument("--iterations", type=int, help="override job.iterations of every config")
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
