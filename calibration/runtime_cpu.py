@@ -195,14 +195,12 @@ def fit(samples: list[tuple[Figures, float]], note: str = "") -> RuntimeCpuModel
     left after that compute: their forward and backward are the same work as a PS
     worker's, and a process's total CPU alone cannot tell compute from copies (both grow
     with the model), so a free fit of the four trades one for the other, its total right
-    and its split wrong (on 2026-12-07: compute x0.72, copies x1.81 against the workers'
-    x1.05, x2.05; `hetsim validate`'s per-worker compute 35% short on v10).
+    and its split wrong (docs/notes/2026-12-07-fresh-profile-variants.md).
 
     Raises:
         ValueError: a real figure <= 0.
     """
     coef: dict[str, tuple[float, ...]] = {}
-    fitted: set[str] = set()  # the roles fitted to samples (not the identity)
     for role in ROLES:
         rows = [(f, r) for f, r in samples if f.role == role]
         if any(r <= 0 for _, r in rows):
@@ -213,7 +211,7 @@ def fit(samples: list[tuple[Figures, float]], note: str = "") -> RuntimeCpuModel
             continue
         real = np.array([r for _, r in rows])
         terms = np.array([f.terms() for f, _ in rows])
-        if role == "allreduce" and "worker" in fitted:
+        if role == "allreduce" and any(f.role == "worker" for f, _ in samples):
             compute = coef["worker"][:2]
             left = 1.0 - terms[:, :2] @ np.array(compute) / real
             x, _ = nnls(terms[:, 2:] / real[:, None], left)
@@ -221,7 +219,6 @@ def fit(samples: list[tuple[Figures, float]], note: str = "") -> RuntimeCpuModel
             continue
         x, _ = nnls(terms / real[:, None], np.ones(len(rows)))
         coef[role] = tuple(float(v) for v in x)
-        fitted.add(role)
     return RuntimeCpuModel(coef["worker"], coef["ps"], note, coef.get("allreduce"))  # type: ignore[arg-type]
 
 

@@ -60,14 +60,12 @@ def compute_factor(problem: Problem, label: str, shares: Sequence[int], threads:
             "now_s": [got[b] for b in batches], "profile_s": [runs[b] for b in batches]}
 
 
-def speed_now(problem: Problem, label: str, shares: Sequence[int], threads: int,
-              copies: dict[str, Any] | None = None) -> dict[str, Any] | None:
+def speed_now(problem: Problem, label: str, shares: Sequence[int], threads: int) -> dict[str, Any] | None:
     """``{"compute": factor, "copies": factor, "compute_probe", "copies_probe"}`` (see the
-    module docstring; ``copies``: :func:`calibration.host.memory_factor` of the problem,
-    measured just now, else it is measured here); None where either cannot be measured
-    against the profile."""
+    module docstring; the copies: :func:`calibration.host.memory_factor` of the problem);
+    None where either cannot be measured against the profile."""
     comp = compute_factor(problem, label, shares, threads)
-    mem = (copies or memory_factor(problem)) if comp is not None else None
+    mem = memory_factor(problem) if comp is not None else None
     if comp is None or mem is None:
         return None
     return {"compute": comp["factor"], "copies": mem["factor"], "compute_probe": comp, "copies_probe": mem}
@@ -78,9 +76,9 @@ def around(probes: Sequence[dict[str, Any] | None]) -> dict[str, Any] | None:
     and after the last: ``{"compute", "copies"}`` the medians over the probes of each
     factor (of two, their mean), ``"probes"`` them all; None without probes or where one
     is None. One probe lasts a fraction of a second and catches the machine's passing
-    moods as well as its drift (x1.42 just before a run whose neighbours read x1.12 and
-    the run as fast as its repeats); the runs last seconds and the drift takes minutes,
-    so the median over the probes around them stands for the speed they ran at."""
+    moods as well as its drift; the runs last seconds and the drift takes minutes, so the
+    median over the probes around them stands for the speed they ran at (the figures
+    behind this: docs/notes/2026-12-07-fresh-profile-variants.md)."""
     if not probes or any(p is None for p in probes):
         return None
     return {"compute": statistics.median(p["compute"] for p in probes),  # type: ignore[index]

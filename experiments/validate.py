@@ -550,8 +550,9 @@ def scheduler_names(arg: str | None, default: str, source: str = "<command line>
 
 
 
-def _host_info(problem: Problem, plan: Plan, n_workers: int, n_shards: int) -> dict[str, Any]:
-    """What the DES assumed about the machine (``problem`` as simulated)."""
+def _host_info(problem: Problem, plan: Plan, n_workers: int, n_shards: int, loadavg_1min: float) -> dict[str, Any]:
+    """What the DES assumed about the machine (``problem`` as simulated), with the 1-minute
+    load average probed before the real runs."""
     cl = problem.cluster
     host = cl.hosts[0] if cl.hosts else measure_host()
     placed = [cl.placed(r.device) for r in plan.replicas]
@@ -562,7 +563,7 @@ def _host_info(problem: Problem, plan: Plan, n_workers: int, n_shards: int) -> d
             "affinity": [list(pl.affinity) if pl is not None and pl.affinity is not None else None
                          for pl in placed],
             "host": {"name": host.name, "cores": host.cores, "background_threads": host.background_threads,
-                     "loadavg_1min": os.getloadavg()[0], "hosts": len(cl.hosts),
+                     "loadavg_1min": loadavg_1min, "hosts": len(cl.hosts),
                      "placement": {dev: dataclasses.asdict(pl) for dev, pl in cl.placement}}}
 
 
@@ -853,8 +854,7 @@ def validate(config: str | Path, scheduler_arg: str | None = None, iterations: i
         if drift is not None:
             emu = with_drift(emu, problem, drift["compute"], drift["copies"])
         simulated = emulated_problem(problem, emu)
-        info = _host_info(simulated, plan, spec.n_workers, spec.n_shards)
-        info["host"]["loadavg_1min"] = load_before  # the host as probed before the real runs
+        info = _host_info(simulated, plan, spec.n_workers, spec.n_shards, load_before)
         if on_step:
             on_step(f"{name}: des")
         sim = runner.evaluate(problem, plan, "des", trace=True, scheduler=sched_sim, emulation=emu)
