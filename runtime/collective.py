@@ -1,8 +1,11 @@
 """A worker of an all-reduce plan (``job.sync: allreduce``): compute, reduce the gradients
 with the other workers by ``torch.distributed`` collectives, apply the update itself.
 
-Rank 0 coordinates (:mod:`runtime.coordinator`); workers are ranks 1 .. W. Iteration t
-of a worker:
+Rank 0 coordinates (:mod:`runtime.coordinator`); workers are ranks 1 .. W. The
+coordinator's words and the workers' figures go over a TCP connection of each worker's
+to the coordinator (:class:`runtime.wire.Channel`; its port broadcast over the process
+group at the start), not over gloo point-to-point, whose waits spin where the two ranks
+share a core. Iteration t of a worker:
 
 1. its word for t: ``CONTROL(t)`` (its share, the members' total samples, stop), which
    the coordinator sent when it committed t - 2, so it is there before it is needed
@@ -38,6 +41,8 @@ from __future__ import annotations
 
 import datetime
 import inspect
+import os
+import socket
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -308,13 +313,14 @@ def _comm_hook(worker: Worker) -> Any:
 class Words:
     """The coordinator's words a worker has received, by iteration."""
 
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: Worker, channel: wire.Channel) -> None:
         self.worker = worker
+        self.channel = channel
         self.got: dict[int, Control] = {}
 
     def _recv(self) -> Control:
         a = time.time()
-        c = Control.of(wire.recv(0))
+        c = Control.of(self.channel.recv())
         b = time.time()
         self.worker.totals["wait_s"] += b - a
         self.worker.span(self.worker.spans, "wait", a, b)
@@ -347,7 +353,11 @@ def run_collective_worker(spec: RunSpec, w: int, local_rank: int = 0) -> None:
     wk = Worker(spec, w, local_rank)
     ws: WorkerSpec = spec.workers[w]
     meter = CpuMeter()
-    words = Words(wk)
+    port = torch.zeros(1, dtype=torch.int64)
+    dist.broadcast(port, src=0)  # the coordinator's control channel (runtime.wire.ControlServer)
+    channel = wire.Channel(socket.create_connection((os.environ["MASTER_ADDR"], int(port))), 0)
+    channel.send(wire.HELLO, wk.rank)
+    words = Words(wk, channel)
     first = words.reform()  # the first word of a run forms the group
     wk.regroup(first.members)
     words.reset(first)
@@ -370,12 +380,13 @@ def run_collective_worker(spec: RunSpec, w: int, local_rank: int = 0) -> None:
             step_end = wk.update()
             loss, comp = got
             wk.totals["compute_s"] += comp
-            wire.send(0, wire.FIGURES, t, c.share, loss, comp, free_memory_bytes(ws, wk.device), step_end)
+            channel.send(wire.FIGURES, t, c.share, loss, comp, free_memory_bytes(ws, wk.device), step_end)
             t += 1
             continue
-        wire.send(0, wire.ABORT, t)
+        channel.send(wire.ABORT, t)
         c = words.reform()
         wk.regroup(c.members, c.src)
         words.reset(c)
         t = c.iteration
-    send_report(ws, t, wk.totals, wk.spans, wk.net_spans, cpu={**meter.read(), "compute_cpu_s": wk.compute_cpu_s})
+    send_report(ws, t, wk.totals, wk.spans, wk.net_spans, cpu={**meter.read(), "compute_cpu_s": wk.compute_cpu_s},
+                channel=channel)

@@ -1,7 +1,8 @@
 """Rank 0 of an all-reduce plan (``job.sync: allreduce``): the coordinator.
 
 It holds no parameters and reduces nothing (the workers do, :mod:`runtime.collective`);
-it decides what a PS run's shard 0 decides, with the same rules:
+it talks with each worker over a TCP connection of its own (:class:`runtime.wire.ControlServer`),
+and decides what a PS run's shard 0 decides, with the same rules:
 
 * iteration t is committed once every member's ``FIGURES(t)`` is in (its reduction
   succeeded and its update is applied): the samples, the loss (sample-weighted mean)
@@ -28,11 +29,13 @@ only.
 
 from __future__ import annotations
 
+import os
 import time
 from collections import defaultdict
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from runtime import wire
 from runtime.affinity import CpuMeter, cpu_windows, in_force
@@ -55,7 +58,11 @@ class CollectiveCoordinator:
         self.alive = [True] * W
         self.devices = tuple(w.device for w in spec.workers)
         self.plan_now = full_membership(spec.plan, self.devices, self.shares)
-        self.rx = wire.Receiver()
+        # the workers' control channels (wire.Channel; env:// rendezvous set MASTER_ADDR, this
+        # rank's host): the port to every rank over the process group, then their connections
+        self.rx = wire.ControlServer(os.environ["MASTER_ADDR"])
+        dist.broadcast(torch.tensor([self.rx.port], dtype=torch.int64), src=0)
+        self.rx.accept(self.ranks, spec.timeout_s)
         self.t = 0  # the iteration the coordinator resolves (commit or re-form)
         self.epoch = -1
         self.group: list[int] = []  # the members of the group the workers hold
@@ -77,7 +84,6 @@ class CollectiveCoordinator:
         self.reports: dict[int, dict[str, Any]] = {}
         self.last_seen = [0.0] * W
         self.done = False
-        self.sending: list[tuple[int, Any]] = []  # (worker, work) of words not yet received
         self.t0 = time.time()
 
     def now(self) -> float:
@@ -100,17 +106,12 @@ class CollectiveCoordinator:
             payload = torch.tensor([self.ranks[w] for w in live], dtype=torch.int64).view(torch.uint8)
         total = sum(self.shares[w] for w in live)
         stop = int(t >= self.spec.iterations)
-        # sent without waiting: a gloo send waits for the receiver's matching receive, which a
-        # worker posts when it needs the word, two iterations later
-        self.sending = [x for x in self.sending if not x[1].is_completed()]
         for w in live:
             try:
-                works = wire.isend(self.ranks[w], kind, t, self.shares[w], stop, self.epoch, total, len(live), src,
-                                   payload=payload)
-            except RuntimeError as e:  # the connection is gone: the worker died
+                self.rx.send(self.ranks[w], kind, t, self.shares[w], stop, self.epoch, total, len(live), src,
+                             payload=payload)
+            except (RuntimeError, OSError) as e:  # the connection is gone: the worker died
                 self.fail(w, f"send failed: {str(e).splitlines()[0][:120]}")
-                continue
-            self.sending += [(w, work) for work in works]
 
     def on_message(self, m: wire.Message) -> None:
         w = m.src - self.spec.first_worker
@@ -231,6 +232,7 @@ class CollectiveCoordinator:
                     break
             if not self.members():
                 break
+        self.rx.close()
         return self.result(meter.read())
 
     # ----------------------------------------------------------------- result

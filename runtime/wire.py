@@ -12,16 +12,26 @@ that queue with a timeout, which is how it notices silence (a dead worker):
 gloo neither reports a dead peer to an any-source receive nor survives a
 receive that times out (its timeout closes the connections), so no gloo
 operation here is ever given a timeout shorter than the run's.
+
+An all-reduce plan's coordinator and workers send the same headers over TCP
+sockets instead (:class:`Channel`, :class:`ControlServer`): their messages are
+control only (words, figures, reports), and the coordinator shares a core with a
+worker wherever the workers take every core, where a gloo exchange spins.
 """
 
 from __future__ import annotations
 
 import json
 import queue
+import selectors
+import socket
 import threading
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -58,6 +68,7 @@ FIGURES = 16  # worker -> coordinator, its update of the iteration applied: [kin
 ABORT = 17    # worker -> coordinator, its all-reduce of the iteration failed: [kind, iteration]
 REFORM = 18   # coordinator -> worker: CONTROL's fields, then the rank the state comes from; nbytes + int64
 #               member ranks: a new group, the state of that rank, and the iteration to go on from
+HELLO = 19    # worker -> coordinator, first on its control channel (Channel): [kind, its rank]
 
 # field positions
 F_KIND, F_ITER, F_A, F_B, F_C, F_D, F_E, F_NBYTES = 0, 1, 2, 3, 4, 5, 6, 9
@@ -192,3 +203,130 @@ class Receiver:
         if isinstance(item, BaseException):
             raise item
         return item
+
+
+
+# ------------------------------------------------ the all-reduce plans' control channel
+class Channel:
+    """Messages of :data:`HEADER_LEN` float64 (and a uint8 payload of ``nbytes``) over one
+    TCP socket: the headers of the gloo path, framed by their fixed length.
+
+    The coordinator of an all-reduce plan and its workers exchange their words and
+    figures this way, not over gloo point-to-point: a gloo exchange between two ranks
+    that share a core spins the waiting rank's transport thread while the other waits
+    for the core (docs/guides/validation.md, "Why the shard is pinned"), and the
+    coordinator shares a core with a worker wherever the workers take every core. A
+    blocking socket read sleeps. ``src``: the rank at the other end.
+    """
+
+    def __init__(self, sock: socket.socket, src: int) -> None:
+        if sock.family in (socket.AF_INET, socket.AF_INET6):  # a word goes out at once, not batched
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock, self.src = sock, src
+
+    def send(self, kind: int, iteration: int = 0, *fields: float, payload: torch.Tensor | None = None) -> None:
+        """One message, header then payload (a uint8 tensor), written whole."""
+        n = 0 if payload is None else int(payload.numel())
+        data = header(kind, iteration, *fields, nbytes=n).numpy().tobytes()
+        if n:
+            assert payload is not None and payload.dtype == torch.uint8
+            data += payload.contiguous().numpy().tobytes()
+        self.sock.sendall(data)
+
+    def _exact(self, n: int) -> bytes:
+        buf = bytearray()
+        while len(buf) < n:
+            got = self.sock.recv(n - len(buf))
+            if not got:
+                raise ConnectionError(f"the control channel of rank {self.src} closed by peer")
+            buf += got
+        return bytes(buf)
+
+    def recv(self) -> Message:
+        """The next message (blocking).
+
+        Raises:
+            ConnectionError: the other end closed the connection.
+        """
+        hd = np.frombuffer(self._exact(8 * HEADER_LEN), dtype=np.float64).tolist()
+        n = int(hd[F_NBYTES])
+        payload = torch.frombuffer(bytearray(self._exact(n)), dtype=torch.uint8) if n else None
+        return Message(self.src, hd, payload)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class ControlServer:
+    """The coordinator's end of every worker's :class:`Channel`: a socket listening on
+    ``host`` (any free port: :attr:`port`), :meth:`accept` of the workers' connections,
+    a thread that reads them all into a queue (:meth:`get`, as :class:`Receiver` does),
+    and :meth:`send` to one worker. A closed connection is silence: the coordinator
+    notices a dead worker by its timeout, as on the gloo path."""
+
+    def __init__(self, host: str) -> None:
+        self.listener = socket.create_server((host, 0))
+        self.port = int(self.listener.getsockname()[1])
+        self.channels: dict[int, Channel] = {}
+        self.q: queue.Queue[Message] = queue.Queue()
+        self.selector = selectors.DefaultSelector()
+
+    def accept(self, ranks: Sequence[int], timeout_s: float) -> None:
+        """Accept the connections of ``ranks`` (each sends :data:`HELLO` with its rank
+        first) for up to ``timeout_s`` in all, then start reading them; a rank that has
+        not connected by then is left out (:meth:`send` to it raises)."""
+        end = time.monotonic() + timeout_s
+        while set(ranks) - set(self.channels) and (left := end - time.monotonic()) > 0:
+            self.listener.settimeout(left)
+            try:
+                sock, _ = self.listener.accept()
+            except TimeoutError:
+                break
+            sock.settimeout(None)
+            ch = Channel(sock, -1)
+            try:
+                hello = ch.recv()
+            except ConnectionError:
+                continue
+            ch.src = int(hello.header[F_ITER])
+            self.channels[ch.src] = ch
+            self.selector.register(sock, selectors.EVENT_READ, ch)
+        threading.Thread(target=self._loop, name="hetsim-ctl", daemon=True).start()
+
+    def _loop(self) -> None:
+        try:
+            while self.selector.get_map():
+                for key, _ in self.selector.select():
+                    ch = key.data
+                    try:
+                        self.q.put(ch.recv())
+                    except OSError:  # ConnectionError included: the worker is gone
+                        self.selector.unregister(ch.sock)
+        except (OSError, ValueError, KeyError):  # closed under the loop (close())
+            return
+
+    def send(self, rank: int, kind: int, iteration: int = 0, *fields: float,
+             payload: torch.Tensor | None = None) -> None:
+        """One message to ``rank``.
+
+        Raises:
+            RuntimeError: ``rank`` never connected.
+            OSError: its connection is gone.
+        """
+        ch = self.channels.get(rank)
+        if ch is None:
+            raise RuntimeError(f"rank {rank} never connected to the control channel")
+        ch.send(kind, iteration, *fields, payload=payload)
+
+    def get(self, timeout_s: float) -> Message | None:
+        """The next message, or None after ``timeout_s`` of silence."""
+        try:
+            return self.q.get(timeout=timeout_s)
+        except queue.Empty:
+            return None
+
+    def close(self) -> None:
+        self.listener.close()
+        for ch in self.channels.values():
+            ch.close()
+        self.selector.close()

@@ -328,9 +328,13 @@ def run_worker(spec: RunSpec, w: int, local_rank: int = 0) -> None:
 
 
 def send_report(ws: WorkerSpec, t: int, totals: dict[str, Any], spans: list[list[object]],
-                send_spans: list[list[object]], **more: Any) -> None:
-    """The final ``REPORT`` to shard 0: time split, spans and the emulation really in force."""
+                send_spans: list[list[object]], channel: wire.Channel | None = None, **more: Any) -> None:
+    """The final ``REPORT`` to rank 0 (over ``channel`` where given): time split, spans and
+    the emulation really in force."""
     emulation = {**in_force(), "slowdown": [list(e) for e in ws.slowdown_events]}
     report = {**totals, "iterations": t, "spans": spans, "send_spans": send_spans, "emulation": emulation,
               **more}
-    wire.send(0, wire.REPORT, t, payload=wire.json_payload(report))
+    if channel is not None:
+        channel.send(wire.REPORT, t, payload=wire.json_payload(report))
+    else:
+        wire.send(0, wire.REPORT, t, payload=wire.json_payload(report))

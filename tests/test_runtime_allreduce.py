@@ -5,16 +5,18 @@ per rank; each run costs a few seconds, mostly process start-up."""
 from __future__ import annotations
 
 import math
+import socket
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 import yaml
 
 from experiments import run as entry
-from runtime import task
+from runtime import task, wire
 from runtime.collective import bucket_params
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,6 +43,41 @@ def config(tmp: Path, name: str = "ar", workers: int = 2, **over: Any) -> Path:
 
 def run(path: Path) -> Any:
     return entry.execute(entry.prepare(path, timeout_s=300), None)
+
+
+def test_a_control_channel_frames_headers_and_payloads() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        a = socket.create_connection(listener.getsockname())
+        b, _ = listener.accept()
+    tx, rx = wire.Channel(a, 0), wire.Channel(b, 5)
+    tx.send(wire.FIGURES, 7, 64, 0.5, 0.0125, payload=torch.tensor([1, 2, 255], dtype=torch.uint8))
+    tx.send(wire.ABORT, 8)
+    m = rx.recv()
+    assert (m.src, m.kind, m.iteration) == (5, wire.FIGURES, 7)
+    assert m.header[wire.F_A:wire.F_A + 3] == [64.0, 0.5, 0.0125] and m.header[wire.F_NBYTES] == 3.0
+    assert m.payload is not None and m.payload.tolist() == [1, 2, 255]
+    m = rx.recv()
+    assert (m.kind, m.iteration, m.payload) == (wire.ABORT, 8, None)
+    tx.close()
+    with pytest.raises(ConnectionError, match="rank 5 closed by peer"):
+        rx.recv()
+    rx.close()
+
+
+def test_the_control_server_hears_who_connected_and_refuses_who_did_not() -> None:
+    server = wire.ControlServer("127.0.0.1")
+    client = wire.Channel(socket.create_connection(("127.0.0.1", server.port)), 0)
+    client.send(wire.HELLO, 3)
+    server.accept([3, 4], timeout_s=0.5)  # rank 4 never connects: given up after the timeout
+    assert sorted(server.channels) == [3]
+    client.send(wire.FIGURES, 2, 16)
+    m = server.get(timeout_s=5.0)
+    assert m is not None and (m.src, m.kind, m.iteration, m.header[wire.F_A]) == (3, wire.FIGURES, 2, 16.0)
+    server.send(3, wire.CONTROL, 4, 16)
+    assert (client.recv().kind, server.get(timeout_s=0.05)) == (wire.CONTROL, None)
+    with pytest.raises(RuntimeError, match="rank 4 never connected"):
+        server.send(4, wire.CONTROL, 4)
+    client.close()
 
 
 def test_buckets_are_the_simulators() -> None:
