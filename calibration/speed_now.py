@@ -89,9 +89,9 @@ def around(probes: Sequence[dict[str, Any] | None]) -> dict[str, Any] | None:
 def with_drift(emu: RuntimeEmulation, problem: Problem, compute: float, copies: float) -> RuntimeEmulation:
     """``emu`` with every placed process slowed by the drift factors: a worker's compute by
     ``compute``, a PS shard's work (aggregation and update: memory-bound) and every
-    process's copies by ``copies``, and the links (``wire_Bps``, the loopback rate) by
-    ``copies``."""
+    process's copies by ``copies``, and the links (``wire_Bps``, the loopback rate, and
+    ``allreduce_Bps``, the measured all-reduce's) by ``copies``."""
     shards = {d.id for d in problem.cluster.shards}
     scales = {dev: ((copies, 1.0) if dev in shards else (compute, copies / compute)) for dev, _ in emu.placement}
     out = emu.scaled(scales)
-    return dataclasses.replace(out, wire_Bps=emu.wire_Bps / copies) if emu.wire_Bps > 0 else out
+    return dataclasses.replace(out, wire_Bps=emu.wire_Bps / copies, allreduce_Bps=emu.allreduce_Bps / copies)

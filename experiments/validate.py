@@ -346,7 +346,9 @@ def on_host(emu: RuntimeEmulation, problem: Problem, plan: Plan, opts: RuntimeOp
     """``emu`` with every rank of the real run on ``host``: each worker of ``plan`` a process
     with its ``runtime.workers`` threads and affinity, each shard one with ``runtime.threads``
     and ``runtime.ps_affinity``; the runtime's loopback messages (see below) one at a time
-    per rank. A problem that has hosts already keeps them: ``emu`` is returned as it is."""
+    per rank; an all-reduce plan's ring at the ranks' measured all-reduce (the slowest
+    profile's ``network.allreduce_bw_Bps`` and its ``allreduce_latency_s``, where measured).
+    A problem that has hosts already keeps them: ``emu`` is returned as it is."""
     cl = problem.cluster
     if cl.hosts:
         return emu
@@ -375,11 +377,18 @@ def on_host(emu: RuntimeEmulation, problem: Problem, plan: Plan, opts: RuntimeOp
     # message while it uses only part of a core. Without those figures: gloo's bare p2p
     # bandwidth for the copies and the NICs as given.
     rate = wire_rate_Bps(nets)
+    # An all-reduce plan's ring: the profile's own measurement of gloo's all-reduce of two
+    # processes on this machine (its reduction and chunking included), not the loopback
+    # messages' rate (sim.emulation.RuntimeEmulation.allreduce_Bps)
+    measured = sorted((bw, lat) for n in nets if (bw := getattr(n, "allreduce_bw_Bps", None))
+                      and (lat := getattr(n, "allreduce_latency_s", None)) is not None)
+    ar_Bps, ar_lat = (measured[0] if measured and problem.job.sync == "allreduce" else (0.0, 0.0))
     host = dataclasses.replace(host, copy_Bps=host.copy_Bps if host.copy_Bps > 0 else (rate or lowest("p2p_bw_Bps")),
                                wake_s=host.wake_s if host.wake_s > 0 else lowest("wake_latency_s"))
     # the runtime's ranks send with blocking sends from one thread and a shard receives with
     # one thread and answers pulls in turn from its main thread: messages go one at a time
-    return dataclasses.replace(emu, host=host, placement=tuple(placement), wire_Bps=rate, serial_messages=True)
+    return dataclasses.replace(emu, host=host, placement=tuple(placement), wire_Bps=rate, serial_messages=True,
+                               allreduce_latency_s=float(ar_lat), allreduce_Bps=float(ar_Bps))
 
 
 def wire_rate_Bps(nets: Sequence[Any]) -> float:

@@ -95,6 +95,11 @@ class RuntimeEmulation:
             problem's own events at that time.
         cpu_scales: device id -> :class:`CpuScale` of the process placed on a
             host (a process not listed: 1 and 1). Data-parallel DES only.
+        allreduce_latency_s, allreduce_Bps: an all-reduce plan's ring as the ranks'
+            measured all-reduce of two processes, ``L + S / B`` for ``S`` bytes
+            (``network.allreduce_latency_s``, ``allreduce_bw_Bps``): each step's hop at
+            ``L / 2`` and ``B``, in place of ``wire_Bps`` and the network's latency (a
+            2-member ring's ``2 (lat + S / 2 / bw)`` is then the measurement). 0: those.
     """
 
     host: Host | None = None
@@ -106,6 +111,8 @@ class RuntimeEmulation:
     pipeline_pulls: bool = True
     slowdowns: tuple[tuple[str, float], ...] = ()
     cpu_scales: tuple[tuple[str, CpuScale], ...] = ()
+    allreduce_latency_s: float = 0.0
+    allreduce_Bps: float = 0.0
 
     def __post_init__(self) -> None:
         for dev, s in self.cpu_scales:
@@ -114,8 +121,10 @@ class RuntimeEmulation:
         for dev, f in self.slowdowns:
             if not f > 0:
                 raise ValueError(f"the slowdown of {dev!r} must be > 0, got {f}")
-        if not (self.wire_Bps >= 0 and math.isfinite(self.wire_Bps)):
-            raise ValueError(f"wire_Bps must be >= 0 and finite, got {self.wire_Bps}")
+        for name in ("wire_Bps", "allreduce_latency_s", "allreduce_Bps"):
+            v = getattr(self, name)
+            if not (v >= 0 and math.isfinite(v)):
+                raise ValueError(f"{name} must be >= 0 and finite, got {v}")
         if self.placement and self.host is None:
             raise ValueError("a placement needs the host it places on")
         if any(pl.host != 0 for _, pl in self.placement):
@@ -160,11 +169,15 @@ def emulated_problem(problem: Problem, emulation: RuntimeEmulation | None) -> Pr
     hosts, placement = (cl.hosts, cl.placement) if e.host is None else ((e.host,), e.placement)
     if not e.message_copies:
         hosts = tuple(dataclasses.replace(h, copy_Bps=0.0) for h in hosts)
-    devices, shards = cl.devices, cl.shards
+    devices, shards, network = cl.devices, cl.shards, cl.network
     if e.wire_Bps > 0:
         devices = tuple(dataclasses.replace(d, nic_bw_Bps=e.wire_Bps) for d in devices)
         shards = tuple(dataclasses.replace(d, nic_bw_Bps=e.wire_Bps) for d in shards)
-    cluster = dataclasses.replace(cl, devices=devices, shards=shards, hosts=hosts, placement=placement)
+    if job.sync == "allreduce" and e.allreduce_Bps > 0:
+        devices = tuple(dataclasses.replace(d, nic_bw_Bps=e.allreduce_Bps) for d in devices)
+        network = dataclasses.replace(network, latency_s=e.allreduce_latency_s / 2)
+    cluster = dataclasses.replace(cl, devices=devices, shards=shards, hosts=hosts, placement=placement,
+                                  network=network)
     return dataclasses.replace(problem, cluster=cluster, job=job, dynamics=dynamics)
 
 

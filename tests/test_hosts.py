@@ -583,3 +583,42 @@ def test_handoff_rtts_report_both_ranks_and_leave_no_process() -> None:
     if Path("/proc/self/task").is_dir():
         assert got.loop_cpu_s is not None and got.shard_loop_cpu_s is not None
     assert not mp.active_children()
+
+
+def test_validate_prices_an_all_reduce_ring_by_the_measured_all_reduce() -> None:
+    """A profile that measured gloo's all-reduce of two processes at L = 2 ms + S / 1e9 B/s:
+    an all-reduce plan's ring steps at L / 2 = 1 ms and 1e9 B/s, so two members reduce
+    4e6 bytes in 2 (1e-3 + 2e6 / 1e9) = 6 ms = L + S / B, the measurement; four take
+    6 (1e-3 + 1e6 / 1e9) = 12 ms. A PS plan on the same profiles keeps the loopback rate,
+    and a profile without the measurement leaves the plan's own network (and the drift's
+    copies factor slows the measured rate as it slows the loopback's)."""
+    from calibration.speed_now import with_drift
+    from experiments.validate import on_host
+    from hardware_profiles.schema import NetworkMeasurement
+    from runtime.spec import parse_options
+    from sim.collective import Topology
+
+    net = NetworkMeasurement(p2p_bw_Bps=3e9, allreduce_latency_s=2e-3, allreduce_bw_Bps=1e9)
+    cpu = CPU.model_copy(update={"network": net})
+    opts = parse_options({"threads": 1}, "c")
+    ps_prob = problem([cpu, cpu], [PS.model_copy(update={"network": net})], LAYER, 20, latency_s=5e-5)
+    ar_prob = dataclasses.replace(ps_prob, job=dataclasses.replace(ps_prob.job, sync="allreduce"),
+                                  cluster=dataclasses.replace(ps_prob.cluster, shards=()))
+    emu = on_host(RuntimeEmulation(), ar_prob, plan(ar_prob, [10, 10]), opts, Host("local", 2, 0.0))
+    assert (emu.allreduce_latency_s, emu.allreduce_Bps) == (2e-3, 1e9)
+    cl = emulated_problem(ar_prob, emu).cluster
+    assert [d.nic_bw_Bps for d in cl.devices] == [1e9, 1e9] and cl.network.latency_s == 1e-3
+    topo = Topology(cl, [d.id for d in cl.devices])
+    assert topo.allreduce_s("ring", 4e6, [0, 1]) == _approx(6e-3)
+    four = dataclasses.replace(cl, devices=tuple(dataclasses.replace(d, id=f"cpu:{k}")
+                                                 for k, d in enumerate(cl.devices * 2)))
+    assert Topology(four, [d.id for d in four.devices]).allreduce_s("ring", 4e6, range(4)) == _approx(12e-3)
+    drifted = emulated_problem(ar_prob, with_drift(emu, ar_prob, 1.0, 1.25)).cluster
+    assert [d.nic_bw_Bps for d in drifted.devices] == _approx([8e8, 8e8])
+    ps_emu = on_host(RuntimeEmulation(), ps_prob, plan(ps_prob, [10, 10]), opts, Host("local", 2, 0.0))
+    assert ps_emu.allreduce_Bps == 0.0 and emulated_problem(ps_prob, ps_emu).cluster.network.latency_s == 5e-5
+    bare = CPU.model_copy(update={"network": NetworkMeasurement(p2p_bw_Bps=3e9)})
+    ar_bare = dataclasses.replace(ar_prob, cluster=dataclasses.replace(
+        ar_prob.cluster, devices=tuple(dataclasses.replace(d, type=bare) for d in ar_prob.cluster.devices)))
+    emu = on_host(RuntimeEmulation(), ar_bare, plan(ar_bare, [10, 10]), opts, Host("local", 2, 0.0))
+    assert emu.allreduce_Bps == 0.0 and emulated_problem(ar_bare, emu).cluster.network.latency_s == 5e-5
