@@ -39,7 +39,7 @@ import torch.distributed as dist
 
 from runtime import wire
 from runtime.affinity import CpuMeter, cpu_windows, in_force
-from runtime.spec import RunSpec
+from runtime.spec import CONNECT_TIMEOUT_S, RunSpec
 from sim.observation import Observation, WorkerStatus, accepted_shares, full_membership, rate_sps
 from sim.result import DeviceUsage, RunResult, Trace
 from sim.shares import proportional_fill
@@ -62,7 +62,9 @@ class CollectiveCoordinator:
         # rank's host): the port to every rank over the process group, then their connections
         self.rx = wire.ControlServer(os.environ["MASTER_ADDR"])
         dist.broadcast(torch.tensor([self.rx.port], dtype=torch.int64), src=0)
-        self.rx.accept(self.ranks, spec.timeout_s)
+        # every worker passed the broadcast: one that has not connected within the time the
+        # ranks have to join (CONNECT_TIMEOUT_S) is gone, and fails on its first word
+        self.rx.accept(self.ranks, CONNECT_TIMEOUT_S)
         self.t = 0  # the iteration the coordinator resolves (commit or re-form)
         self.epoch = -1
         self.group: list[int] = []  # the members of the group the workers hold

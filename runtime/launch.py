@@ -37,13 +37,11 @@ from pathlib import Path
 from typing import Any
 
 from runtime.affinity import pin
-from runtime.spec import RunSpec
+from runtime.spec import CONNECT_TIMEOUT_S, RunSpec
 from sim.result import RunResult
 
 LOOPBACK = "127.0.0.1"
 GRACE_S = 3.0
-#: seconds the ranks of a run have to join its process group
-CONNECT_TIMEOUT_S = 120.0
 #: glibc mallopt parameters (malloc.h) and the value :func:`keep_freed_memory` gives them
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
 KEEP_BYTES = 1 << 30

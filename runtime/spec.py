@@ -30,6 +30,10 @@ from sim.problem import Problem
 from sim.quantization import Adaptive
 from sim.scheduling import OnlineScheduler
 
+#: seconds the ranks of a run have to join its process group (and, in an all-reduce plan, the
+#: coordinator's control channel: runtime.coordinator)
+CONNECT_TIMEOUT_S = 120.0
+
 if TYPE_CHECKING:
     from runtime.stages import BoundarySpec
 
