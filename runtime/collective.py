@@ -350,13 +350,17 @@ class Words:
 
 def run_collective_worker(spec: RunSpec, w: int, local_rank: int = 0) -> None:
     """The loop of worker ``w`` (see the module docstring)."""
+    # the coordinator's control channel (runtime.wire.ControlServer) first: the broadcast
+    # of its port is a collective of every rank, so it comes before anything that may fail
+    port = torch.zeros(1, dtype=torch.int64)
+    dist.broadcast(port, src=0)
+    sock = socket.create_connection((os.environ["MASTER_ADDR"], int(port)), timeout=spec.timeout_s)
+    sock.settimeout(spec.timeout_s)  # silence for the run's whole limit: the coordinator is gone
+    channel = wire.Channel(sock, 0)
+    channel.send(wire.HELLO, spec.first_worker + w)
     wk = Worker(spec, w, local_rank)
     ws: WorkerSpec = spec.workers[w]
     meter = CpuMeter()
-    port = torch.zeros(1, dtype=torch.int64)
-    dist.broadcast(port, src=0)  # the coordinator's control channel (runtime.wire.ControlServer)
-    channel = wire.Channel(socket.create_connection((os.environ["MASTER_ADDR"], int(port))), 0)
-    channel.send(wire.HELLO, wk.rank)
     words = Words(wk, channel)
     first = words.reform()  # the first word of a run forms the group
     wk.regroup(first.members)

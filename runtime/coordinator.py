@@ -58,9 +58,11 @@ class CollectiveCoordinator:
         self.alive = [True] * W
         self.devices = tuple(w.device for w in spec.workers)
         self.plan_now = full_membership(spec.plan, self.devices, self.shares)
-        # the workers' control channels (wire.Channel; env:// rendezvous set MASTER_ADDR, this
-        # rank's host): the port to every rank over the process group, then their connections
-        self.rx = wire.ControlServer(os.environ["MASTER_ADDR"])
+        # the workers' control channels (wire.Channel): listening on every address of this
+        # host (on loopback alone where the run is local), the port to every rank over the
+        # process group; each worker connects to MASTER_ADDR, the host of rank 0
+        local = os.environ["MASTER_ADDR"] in ("127.0.0.1", "localhost", "::1")
+        self.rx = wire.ControlServer(os.environ["MASTER_ADDR"] if local else "")
         dist.broadcast(torch.tensor([self.rx.port], dtype=torch.int64), src=0)
         # every worker passed the broadcast: one that has not connected within the time the
         # ranks have to join (CONNECT_TIMEOUT_S) is gone, and fails on its first word
@@ -215,6 +217,12 @@ class CollectiveCoordinator:
 
     # ------------------------------------------------------------------- loop
     def run(self) -> RunResult:
+        try:
+            return self._run()
+        finally:
+            self.rx.close()
+
+    def _run(self) -> RunResult:
         meter = CpuMeter()
         self.last_seen = [self.now()] * self.W
         self.send_word(0)
@@ -234,7 +242,6 @@ class CollectiveCoordinator:
                     break
             if not self.members():
                 break
-        self.rx.close()
         return self.result(meter.read())
 
     # ----------------------------------------------------------------- result

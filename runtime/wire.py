@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import queue
-import selectors
 import socket
 import threading
 import time
@@ -260,50 +259,71 @@ class Channel:
 class ControlServer:
     """The coordinator's end of every worker's :class:`Channel`: a socket listening on
     ``host`` (any free port: :attr:`port`), :meth:`accept` of the workers' connections,
-    a thread that reads them all into a queue (:meth:`get`, as :class:`Receiver` does),
-    and :meth:`send` to one worker. A closed connection is silence: the coordinator
-    notices a dead worker by its timeout, as on the gloo path."""
+    a reader thread per connection feeding one queue (:meth:`get`, as :class:`Receiver`
+    does; a worker stalled halfway through a message holds up only its own thread), and
+    :meth:`send` to one worker. A closed connection is silence: the coordinator notices
+    a dead worker by its timeout, as on the gloo path; any other error of a reader is
+    raised by :meth:`get`."""
 
     def __init__(self, host: str) -> None:
         self.listener = socket.create_server((host, 0))
         self.port = int(self.listener.getsockname()[1])
         self.channels: dict[int, Channel] = {}
-        self.q: queue.Queue[Message] = queue.Queue()
-        self.selector = selectors.DefaultSelector()
+        self.q: queue.Queue[Message | BaseException] = queue.Queue()
+        self.readers: list[threading.Thread] = []
+        self.lock = threading.Lock()
 
     def accept(self, ranks: Sequence[int], timeout_s: float) -> None:
-        """Accept the connections of ``ranks`` (each sends :data:`HELLO` with its rank
-        first) for up to ``timeout_s`` in all, then start reading them; a rank that has
-        not connected by then is left out (:meth:`send` to it raises)."""
+        """Accept the connections of ``ranks`` for up to ``timeout_s`` in all: each is read
+        by a thread of its own from the start, which expects a :data:`HELLO` with its rank
+        by the deadline and closes a connection that says nothing in time, something else,
+        or a rank not in ``ranks`` or already connected. Returns once every rank has
+        connected or at the deadline; a rank not connected by then is left out
+        (:meth:`send` to it raises)."""
         end = time.monotonic() + timeout_s
-        while set(ranks) - set(self.channels) and (left := end - time.monotonic()) > 0:
-            self.listener.settimeout(left)
+        expected = set(ranks)
+        while (left := end - time.monotonic()) > 0:
+            with self.lock:
+                if expected <= set(self.channels):
+                    return
+            self.listener.settimeout(min(left, 0.05))
             try:
                 sock, _ = self.listener.accept()
             except TimeoutError:
-                break
-            sock.settimeout(None)
-            ch = Channel(sock, -1)
-            try:
-                hello = ch.recv()
-            except ConnectionError:
                 continue
-            ch.src = int(hello.header[F_ITER])
-            self.channels[ch.src] = ch
-            self.selector.register(sock, selectors.EVENT_READ, ch)
-        threading.Thread(target=self._loop, name="hetsim-ctl", daemon=True).start()
+            t = threading.Thread(target=self._serve, args=(sock, expected, end), daemon=True,
+                                 name="hetsim-ctl")
+            t.start()
+            self.readers.append(t)
 
-    def _loop(self) -> None:
+    def _serve(self, sock: socket.socket, expected: set[int], end: float) -> None:
+        """One connection: its HELLO by ``end``, then every message into the queue."""
+        sock.settimeout(max(end - time.monotonic(), 1e-3))
+        ch = Channel(sock, -1)
         try:
-            while self.selector.get_map():
-                for key, _ in self.selector.select():
-                    ch = key.data
-                    try:
-                        self.q.put(ch.recv())
-                    except OSError:  # ConnectionError included: the worker is gone
-                        self.selector.unregister(ch.sock)
-        except (OSError, ValueError, KeyError):  # closed under the loop (close())
+            hello = ch.recv()
+        except OSError:  # silent past the deadline, or gone (ConnectionError included)
+            ch.close()
             return
+        rank = int(hello.header[F_ITER])
+        with self.lock:
+            ok = hello.kind == HELLO and rank in expected and rank not in self.channels
+            if ok:
+                ch.src = rank
+                self.channels[rank] = ch
+        if not ok:
+            ch.close()
+            return
+        sock.settimeout(None)
+        while True:
+            try:
+                m = ch.recv()
+            except OSError:  # closed: the worker is gone, or close()
+                return
+            except BaseException as e:  # noqa: BLE001 - handed to the main loop
+                self.q.put(e)
+                return
+            self.q.put(m)
 
     def send(self, rank: int, kind: int, iteration: int = 0, *fields: float,
              payload: torch.Tensor | None = None) -> None:
@@ -313,7 +333,8 @@ class ControlServer:
             RuntimeError: ``rank`` never connected.
             OSError: its connection is gone.
         """
-        ch = self.channels.get(rank)
+        with self.lock:
+            ch = self.channels.get(rank)
         if ch is None:
             raise RuntimeError(f"rank {rank} never connected to the control channel")
         ch.send(kind, iteration, *fields, payload=payload)
@@ -321,12 +342,23 @@ class ControlServer:
     def get(self, timeout_s: float) -> Message | None:
         """The next message, or None after ``timeout_s`` of silence."""
         try:
-            return self.q.get(timeout=timeout_s)
+            item = self.q.get(timeout=timeout_s)
         except queue.Empty:
             return None
+        if isinstance(item, BaseException):
+            raise item
+        return item
 
     def close(self) -> None:
+        """Stop listening, end every connection and wait for its reader."""
         self.listener.close()
-        for ch in self.channels.values():
+        with self.lock:
+            channels = list(self.channels.values())
+        for ch in channels:
+            try:
+                ch.sock.shutdown(socket.SHUT_RDWR)  # wakes its reader's recv
+            except OSError:
+                pass  # already gone
             ch.close()
-        self.selector.close()
+        for t in self.readers:
+            t.join(timeout=5.0)

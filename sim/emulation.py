@@ -99,7 +99,8 @@ class RuntimeEmulation:
             measured all-reduce of two processes, ``L + S / B`` for ``S`` bytes
             (``network.allreduce_latency_s``, ``allreduce_bw_Bps``): each step's hop at
             ``L / 2`` and ``B``, in place of ``wire_Bps`` and the network's latency (a
-            2-member ring's ``2 (lat + S / 2 / bw)`` is then the measurement). 0: those.
+            2-member ring's ``2 (lat + S / 2 / bw)`` is then the measurement). Ring plans
+            on a flat network only (a tree's or a node's steps are not a ring's). 0: those.
     """
 
     host: Host | None = None
@@ -173,7 +174,7 @@ def emulated_problem(problem: Problem, emulation: RuntimeEmulation | None) -> Pr
     if e.wire_Bps > 0:
         devices = tuple(dataclasses.replace(d, nic_bw_Bps=e.wire_Bps) for d in devices)
         shards = tuple(dataclasses.replace(d, nic_bw_Bps=e.wire_Bps) for d in shards)
-    if job.sync == "allreduce" and e.allreduce_Bps > 0:
+    if job.sync == "allreduce" and job.allreduce == "ring" and not cl.nodes and e.allreduce_Bps > 0:
         devices = tuple(dataclasses.replace(d, nic_bw_Bps=e.allreduce_Bps) for d in devices)
         network = dataclasses.replace(network, latency_s=e.allreduce_latency_s / 2)
     cluster = dataclasses.replace(cl, devices=devices, shards=shards, hosts=hosts, placement=placement,

@@ -615,6 +615,17 @@ def test_validate_prices_an_all_reduce_ring_by_the_measured_all_reduce() -> None
     assert Topology(four, [d.id for d in four.devices]).allreduce_s("ring", 4e6, range(4)) == _approx(12e-3)
     drifted = emulated_problem(ar_prob, with_drift(emu, ar_prob, 1.0, 1.25)).cluster
     assert [d.nic_bw_Bps for d in drifted.devices] == _approx([8e8, 8e8])
+    assert drifted.network.latency_s == 1e-3  # the copies factor slows the rate, not the latency
+    # a tree's steps are not a ring's: the plan keeps its network
+    tree = dataclasses.replace(ar_prob, job=dataclasses.replace(ar_prob.job, allreduce="tree"))
+    assert emulated_problem(tree, emu).cluster.network.latency_s == 5e-5
+    # two profiles measured apart: the ring at the slower one's figures, its latency with them
+    slow = CPU.model_copy(update={"name": "cpu-b", "network": NetworkMeasurement(
+        p2p_bw_Bps=3e9, allreduce_latency_s=1e-3, allreduce_bw_Bps=5e8)})
+    mixed = dataclasses.replace(ar_prob, cluster=dataclasses.replace(ar_prob.cluster, devices=(
+        ar_prob.cluster.devices[0], dataclasses.replace(ar_prob.cluster.devices[1], type=slow))))
+    emu = on_host(RuntimeEmulation(), mixed, plan(mixed, [10, 10]), opts, Host("local", 2, 0.0))
+    assert (emu.allreduce_latency_s, emu.allreduce_Bps) == (1e-3, 5e8)
     ps_emu = on_host(RuntimeEmulation(), ps_prob, plan(ps_prob, [10, 10]), opts, Host("local", 2, 0.0))
     assert ps_emu.allreduce_Bps == 0.0 and emulated_problem(ps_prob, ps_emu).cluster.network.latency_s == 5e-5
     bare = CPU.model_copy(update={"network": NetworkMeasurement(p2p_bw_Bps=3e9)})

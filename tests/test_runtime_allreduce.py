@@ -8,6 +8,8 @@ import math
 import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -64,20 +66,59 @@ def test_a_control_channel_frames_headers_and_payloads() -> None:
     rx.close()
 
 
+def test_a_control_channel_reassembles_a_message_that_arrives_in_pieces() -> None:
+    a, b = socket.socketpair()
+    tx, rx = wire.Channel(a, 0), wire.Channel(b, 2)
+    data = wire.header(wire.REPORT, 3, nbytes=5).numpy().tobytes() + bytes([9, 8, 7, 6, 5])
+
+    def dribble() -> None:
+        for i in range(0, len(data), 7):  # 85 bytes, 7 at a time
+            a.sendall(data[i:i + 7])
+            time.sleep(0.002)
+
+    t = threading.Thread(target=dribble)
+    t.start()
+    m = rx.recv()
+    t.join()
+    assert (m.src, m.kind, m.iteration, m.payload.tolist()) == (2, wire.REPORT, 3, [9, 8, 7, 6, 5])
+    tx.close()
+    rx.close()
+
+
+def _client(port: int, rank: int | None) -> wire.Channel:
+    ch = wire.Channel(socket.create_connection(("127.0.0.1", port)), 0)
+    if rank is not None:
+        ch.send(wire.HELLO, rank)
+    return ch
+
+
 def test_the_control_server_hears_who_connected_and_refuses_who_did_not() -> None:
     server = wire.ControlServer("127.0.0.1")
-    client = wire.Channel(socket.create_connection(("127.0.0.1", server.port)), 0)
-    client.send(wire.HELLO, 3)
-    server.accept([3, 4], timeout_s=0.5)  # rank 4 never connects: given up after the timeout
-    assert sorted(server.channels) == [3]
-    client.send(wire.FIGURES, 2, 16)
+    silent = _client(server.port, None)  # connects, never says who it is
+    stranger = _client(server.port, 9)  # not one of the ranks
+    one, two = _client(server.port, 3), _client(server.port, 4)
+    accepting = threading.Thread(target=server.accept, args=([3, 4, 5], 1.0))  # rank 5 never connects
+    accepting.start()
+    accepting.join(timeout=30.0)
+    assert not accepting.is_alive() and sorted(server.channels) == [3, 4]
+    # rank 3 stalls halfway through a message: rank 4's still comes through
+    one.sock.sendall(wire.header(wire.FIGURES, 2, 16).numpy().tobytes()[:40])
+    two.send(wire.FIGURES, 2, 24)
     m = server.get(timeout_s=5.0)
-    assert m is not None and (m.src, m.kind, m.iteration, m.header[wire.F_A]) == (3, wire.FIGURES, 2, 16.0)
+    assert m is not None and (m.src, m.kind, m.iteration, m.header[wire.F_A]) == (4, wire.FIGURES, 2, 24.0)
+    one.sock.sendall(wire.header(wire.FIGURES, 2, 16).numpy().tobytes()[40:])
+    m = server.get(timeout_s=5.0)
+    assert m is not None and (m.src, m.header[wire.F_A]) == (3, 16.0)
     server.send(3, wire.CONTROL, 4, 16)
-    assert (client.recv().kind, server.get(timeout_s=0.05)) == (wire.CONTROL, None)
-    with pytest.raises(RuntimeError, match="rank 4 never connected"):
-        server.send(4, wire.CONTROL, 4)
-    client.close()
+    assert (one.recv().kind, server.get(timeout_s=0.05)) == (wire.CONTROL, None)
+    with pytest.raises(RuntimeError, match="rank 5 never connected"):
+        server.send(5, wire.CONTROL, 4)
+    server.close()  # ends both connections and their readers
+    assert not any(t.is_alive() for t in server.readers)
+    with pytest.raises(ConnectionError):
+        two.recv()
+    for ch in (silent, stranger, one, two):
+        ch.close()
 
 
 def test_buckets_are_the_simulators() -> None:
