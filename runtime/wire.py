@@ -246,6 +246,7 @@ class Channel:
 
         Raises:
             ConnectionError: the other end closed the connection.
+            TimeoutError: the socket has a timeout and nothing came within it.
         """
         hd = np.frombuffer(self._exact(8 * HEADER_LEN), dtype=np.float64).tolist()
         n = int(hd[F_NBYTES])
