@@ -121,6 +121,7 @@ from runtime.spec import RunSpec, RuntimeOptions, build_spec, parse_options
 from sim import costmodel, zoo
 from sim.cluster import Host, Placement
 from sim.emulation import RuntimeEmulation, emulated_problem
+from sim.overrides import overriding, registered
 from sim.plan import Plan
 from sim.problem import Problem
 from sim.result import RunResult
@@ -697,7 +698,14 @@ def rescore(v: Validation, profile: DeviceProfile | None = None) -> Validation:
     cores and recorded background load, its metrics compared with the recorded real ones.
     For working on the DES without rerunning the real side; ``diagnostics`` stay as
     recorded (they describe the DES that ran then). ``profile``: the ``--fresh-profile``
-    the runs were priced with, if any."""
+    the runs were priced with, if any. The config is read with the ``--set`` overrides
+    it ran with (``info["overrides"]``)."""
+    sets = [f"{k}={json.dumps(x)}" for k, x in v.info.get("overrides", [])]
+    with overriding([v.config], sets):
+        return _rescore(v, profile)
+
+
+def _rescore(v: Validation, profile: DeviceProfile | None) -> Validation:
     runs = []
     for r in v.runs:
         h = r.diagnostics["host"]
@@ -928,6 +936,9 @@ def validate(config: str | Path, scheduler_arg: str | None = None, iterations: i
     ranked = ranking_preserved(
         {r.scheduler: v for r in runs if (v := r.metrics["iteration_time_mean_s"]["sim"]) is not None},
         {r.scheduler: v for r in runs if (v := r.metrics["iteration_time_mean_s"]["real"]) is not None})
+    # the --set overrides the config was read with: the record says what ran, and rescore
+    # applies them again
+    info["overrides"] = [[key, value] for key, _, value in registered(config)]
     result = Validation(source, cfg.name, runs, ranked, info)
     if out is not None:
         write_files(out, [result])
@@ -945,7 +956,8 @@ def report_md(results: Sequence[Validation], title: str = "hetsim validate") -> 
 
     lines = [f"# {title}", ""]
     for v in results:
-        lines += [f"## {v.name} (`{v.config}`)", ""]
+        sets = "".join(f" --set {k}={json.dumps(x)}" for k, x in v.info.get("overrides", []))
+        lines += [f"## {v.name} (`{v.config}`{sets})", ""]
         h = v.info
         lines.append(f"{h.get('workers')} workers, {h.get('shards')} PS shard(s), "
                      f"{h.get('worker_threads')} worker threads on {h.get('cores')} cores"

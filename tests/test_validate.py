@@ -307,7 +307,8 @@ def test_validate_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str])
                 if "resource_tracker" not in " ".join(p.cmdline())}
 
     before = ranks()
-    assert cli.main(["validate", str(path), "--out", str(out)]) == 0
+    # iterations 6, as the file says, but through --set: the record keeps what the command set
+    assert cli.main(["validate", str(path), "--out", str(out), "--set", "job.iterations=6"]) == 0
     left = ranks() - before
     assert not left, f"processes left behind: {left}"
     for f in ("report.md", "validation.csv", "validation.json", "sim_vs_real.png",
@@ -369,6 +370,14 @@ def test_validate_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     # rescored (the simulated side again against the recorded real one): every metric as recorded
     recorded = validate.Validation.from_json(data)
     assert validate.rescore(recorded).runs[0].metrics == recorded.runs[0].metrics
+    # the --set overrides a run was read with are recorded, shown, and read again by rescore:
+    # the same record with the batch doubled simulates longer iterations against the same real ones
+    assert data["info"]["overrides"] == [["job.iterations", 6]]
+    assert f"## tiny_validate (`{path}` --set job.iterations=6)" in report
+    doubled = validate.Validation.from_json({**data, "info": {
+        **data["info"], "overrides": [["job.iterations", 6], ["job.global_batch", 32]]}})
+    it = "iteration_time_mean_s"
+    assert validate.rescore(doubled).runs[0].metrics[it]["sim"] > recorded.runs[0].metrics[it]["sim"]
     # each process's CPU after the warm-up (2 of the 6 iterations): measured from its ticks,
     # no more than over its whole loop
     for dev, got in real["runtime"]["cpu"].items():
