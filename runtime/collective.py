@@ -41,8 +41,6 @@ from __future__ import annotations
 
 import datetime
 import inspect
-import os
-import socket
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -350,14 +348,9 @@ class Words:
 
 def run_collective_worker(spec: RunSpec, w: int, local_rank: int = 0) -> None:
     """The loop of worker ``w`` (see the module docstring)."""
-    # the coordinator's control channel (runtime.wire.ControlServer) first: the broadcast
-    # of its port is a collective of every rank, so it comes before anything that may fail
-    port = torch.zeros(1, dtype=torch.int64)
-    dist.broadcast(port, src=0)
-    sock = socket.create_connection((os.environ["MASTER_ADDR"], int(port)), timeout=spec.timeout_s)
-    sock.settimeout(spec.timeout_s)  # silence for the run's whole limit: the coordinator is gone
-    channel = wire.Channel(sock, 0)
-    channel.send(wire.HELLO, spec.first_worker + w)
+    # the coordinator's control channel first: the broadcast of its port is a collective of
+    # every rank, so it comes before anything that may fail
+    channel = wire.connect_control(spec.first_worker + w, spec.timeout_s)
     wk = Worker(spec, w, local_rank)
     ws: WorkerSpec = spec.workers[w]
     meter = CpuMeter()

@@ -29,13 +29,11 @@ only.
 
 from __future__ import annotations
 
-import os
 import time
 from collections import defaultdict
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from runtime import wire
 from runtime.affinity import CpuMeter, cpu_windows, in_force
@@ -58,15 +56,9 @@ class CollectiveCoordinator:
         self.alive = [True] * W
         self.devices = tuple(w.device for w in spec.workers)
         self.plan_now = full_membership(spec.plan, self.devices, self.shares)
-        # the workers' control channels (wire.Channel): listening on every address of this
-        # host (on loopback alone where the run is local), the port to every rank over the
-        # process group; each worker connects to MASTER_ADDR, the host of rank 0
-        local = os.environ["MASTER_ADDR"] in ("127.0.0.1", "localhost", "::1")
-        self.rx = wire.ControlServer(os.environ["MASTER_ADDR"] if local else "")
-        dist.broadcast(torch.tensor([self.rx.port], dtype=torch.int64), src=0)
-        # every worker passed the broadcast: one that has not connected within the time the
-        # ranks have to join (CONNECT_TIMEOUT_S) is gone, and fails on its first word
-        self.rx.accept(self.ranks, CONNECT_TIMEOUT_S)
+        # the workers' control channels; every worker passed the port's broadcast, so one that
+        # has not connected within the time ranks have to join is gone: it fails on its first word
+        self.rx = wire.serve_control(self.ranks, CONNECT_TIMEOUT_S)
         self.t = 0  # the iteration the coordinator resolves (commit or re-form)
         self.epoch = -1
         self.group: list[int] = []  # the members of the group the workers hold

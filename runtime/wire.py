@@ -22,6 +22,7 @@ worker wherever the workers take every core, where a gloo exchange spins.
 from __future__ import annotations
 
 import json
+import os
 import queue
 import socket
 import threading
@@ -170,6 +171,18 @@ def json_of(m: Message) -> Any:
     return json.loads(bytes(m.payload.tolist()).decode())
 
 
+def _next(q: queue.Queue[Message | BaseException], timeout_s: float) -> Message | None:
+    """The next message a reader thread queued, or None after ``timeout_s`` of silence; an
+    error it queued is raised here, in the thread that reads the queue."""
+    try:
+        item = q.get(timeout=timeout_s)
+    except queue.Empty:
+        return None
+    if isinstance(item, BaseException):
+        raise item
+    return item
+
+
 class Receiver:
     """Background any-source receiver feeding a queue (see the module docstring)."""
 
@@ -195,13 +208,7 @@ class Receiver:
 
     def get(self, timeout_s: float) -> Message | None:
         """The next message, or None after ``timeout_s`` of silence."""
-        try:
-            item = self.q.get(timeout=timeout_s)
-        except queue.Empty:
-            return None
-        if isinstance(item, BaseException):
-            raise item
-        return item
+        return _next(self.q, timeout_s)
 
 
 
@@ -342,13 +349,7 @@ class ControlServer:
 
     def get(self, timeout_s: float) -> Message | None:
         """The next message, or None after ``timeout_s`` of silence."""
-        try:
-            item = self.q.get(timeout=timeout_s)
-        except queue.Empty:
-            return None
-        if isinstance(item, BaseException):
-            raise item
-        return item
+        return _next(self.q, timeout_s)
 
     def close(self) -> None:
         """Stop listening, end every connection and wait for its reader."""
@@ -363,3 +364,31 @@ class ControlServer:
             ch.close()
         for t in self.readers:
             t.join(timeout=5.0)
+
+
+#: MASTER_ADDR values of a run on this machine alone: the control server listens there only
+_LOCAL = ("127.0.0.1", "localhost", "::1")
+
+
+def serve_control(ranks: Sequence[int], timeout_s: float) -> ControlServer:
+    """Rank 0's side of the control channels: a :class:`ControlServer` on this host
+    (every address, or loopback alone where ``MASTER_ADDR`` is loopback), its port
+    broadcast over the process group (every rank takes part: :func:`connect_control`),
+    and ``ranks``' connections accepted for up to ``timeout_s``."""
+    addr = os.environ["MASTER_ADDR"]
+    server = ControlServer(addr if addr in _LOCAL else "")
+    dist.broadcast(torch.tensor([server.port], dtype=torch.int64), src=0)
+    server.accept(ranks, timeout_s)
+    return server
+
+
+def connect_control(rank: int, timeout_s: float) -> Channel:
+    """A worker's side: the port from rank 0's broadcast, a connection to ``MASTER_ADDR``
+    (the host of rank 0) there, and its :data:`HELLO`. Every read and write of the channel
+    gives up after ``timeout_s`` of silence (the coordinator is gone)."""
+    port = torch.zeros(1, dtype=torch.int64)
+    dist.broadcast(port, src=0)
+    sock = socket.create_connection((os.environ["MASTER_ADDR"], int(port)), timeout=timeout_s)
+    channel = Channel(sock, 0)
+    channel.send(HELLO, rank)
+    return channel
