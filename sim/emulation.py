@@ -99,8 +99,11 @@ class RuntimeEmulation:
             measured all-reduce of two processes, ``L + S / B`` for ``S`` bytes
             (``network.allreduce_latency_s``, ``allreduce_bw_Bps``): each step's hop at
             ``L / 2`` and ``B``, in place of ``wire_Bps`` and the network's latency (a
-            2-member ring's ``2 (lat + S / 2 / bw)`` is then the measurement). Ring plans
-            on a flat network only (a tree's or a node's steps are not a ring's). 0: those.
+            2-member ring's ``2 (lat + S / 2 / bw)`` is then the measurement), ``B``
+            divided by the member's stretch on its host when the ring's members share
+            cores (:meth:`sim.cluster.Cluster.host_stretch`: every member busy at once;
+            the measurement had a core per rank). Ring plans on a flat network only (a
+            tree's or a node's steps are not a ring's). 0: those.
     """
 
     host: Host | None = None
@@ -174,11 +177,15 @@ def emulated_problem(problem: Problem, emulation: RuntimeEmulation | None) -> Pr
     if e.wire_Bps > 0:
         devices = tuple(dataclasses.replace(d, nic_bw_Bps=e.wire_Bps) for d in devices)
         shards = tuple(dataclasses.replace(d, nic_bw_Bps=e.wire_Bps) for d in shards)
-    if job.sync == "allreduce" and job.allreduce == "ring" and not cl.nodes and e.allreduce_Bps > 0:
-        devices = tuple(dataclasses.replace(d, nic_bw_Bps=e.allreduce_Bps) for d in devices)
-        network = dataclasses.replace(network, latency_s=e.allreduce_latency_s / 2)
     cluster = dataclasses.replace(cl, devices=devices, shards=shards, hosts=hosts, placement=placement,
                                   network=network)
+    if job.sync == "allreduce" and job.allreduce == "ring" and not cl.nodes and e.allreduce_Bps > 0:
+        # The measured B is a rank's, with a core to itself: every member moves its bytes
+        # at once, so a member sharing its cores with others moves them at its fair share.
+        stretch = cluster.host_stretch([d.id for d in devices])
+        devices = tuple(dataclasses.replace(d, nic_bw_Bps=e.allreduce_Bps / f) for d, f in zip(devices, stretch))
+        network = dataclasses.replace(network, latency_s=e.allreduce_latency_s / 2)
+        cluster = dataclasses.replace(cluster, devices=devices, network=network)
     return dataclasses.replace(problem, cluster=cluster, job=job, dynamics=dynamics)
 
 

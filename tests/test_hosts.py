@@ -589,7 +589,7 @@ def test_validate_prices_an_all_reduce_ring_by_the_measured_all_reduce() -> None
     """A profile that measured gloo's all-reduce of two processes at L = 2 ms + S / 1e9 B/s:
     an all-reduce plan's ring steps at L / 2 = 1 ms and 1e9 B/s, so two members reduce
     4e6 bytes in 2 (1e-3 + 2e6 / 1e9) = 6 ms = L + S / B, the measurement; four take
-    6 (1e-3 + 1e6 / 1e9) = 12 ms. A PS plan on the same profiles keeps the loopback rate,
+    6 (1e-3 + 1e6 / 1e9) = 12 ms with a core each, 18 ms as four ranks on two cores. A PS plan on the same profiles keeps the loopback rate,
     and a profile without the measurement leaves the plan's own network (and the drift's
     copies factor slows the measured rate as it slows the loopback's)."""
     from calibration.speed_now import with_drift
@@ -613,6 +613,15 @@ def test_validate_prices_an_all_reduce_ring_by_the_measured_all_reduce() -> None
     four = dataclasses.replace(cl, devices=tuple(dataclasses.replace(d, id=f"cpu:{k}")
                                                  for k, d in enumerate(cl.devices * 2)))
     assert Topology(four, [d.id for d in four.devices]).allreduce_s("ring", 4e6, range(4)) == _approx(12e-3)
+    # four ranks on the two cores: every member moves its bytes at once, each at half a
+    # core, so at B / 2: 6 (1e-3 + 1e6 / 5e8) = 18 ms
+    ps4 = problem([cpu] * 4, [PS.model_copy(update={"network": net})], LAYER, 20, latency_s=5e-5)
+    ar4 = dataclasses.replace(ps4, job=dataclasses.replace(ps4.job, sync="allreduce"),
+                              cluster=dataclasses.replace(ps4.cluster, shards=()))
+    emu4 = on_host(RuntimeEmulation(), ar4, plan(ar4, [5, 5, 5, 5]), opts, Host("local", 2, 0.0))
+    cl4 = emulated_problem(ar4, emu4).cluster
+    assert [d.nic_bw_Bps for d in cl4.devices] == _approx([5e8] * 4) and cl4.network.latency_s == 1e-3
+    assert Topology(cl4, [d.id for d in cl4.devices]).allreduce_s("ring", 4e6, range(4)) == _approx(18e-3)
     drifted = emulated_problem(ar_prob, with_drift(emu, ar_prob, 1.0, 1.25)).cluster
     assert [d.nic_bw_Bps for d in drifted.devices] == _approx([8e8, 8e8])
     assert drifted.network.latency_s == 1e-3  # the copies factor slows the rate, not the latency

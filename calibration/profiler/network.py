@@ -98,16 +98,20 @@ def _net_worker(rank: int, port: int, backend: str, device: str, sizes: Sequence
         torch.cuda.set_device(dev)
     _loopback_group(rank, port, backend)
     try:
-        out: dict[str, list[list[float]]] = {"p2p_s": [], "allreduce_s": []}
+        out: dict[str, list[list[float]]] = {}
 
         def sync() -> None:
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)
 
-        for n in sizes:
-            buf = torch.zeros(max(1, n // 4), dtype=torch.float32, device=dev)
-            one_way = []
-            for i in range(reps + 3):
+        # Sizes and kinds interleaved, round after round: the machine's speed changes
+        # every 0.1-5 s (docs/notes/2026-12-02-rounds.md), and a size timed in one burst
+        # would carry one speed state into the slope between sizes.
+        bufs = [torch.zeros(max(1, n // 4), dtype=torch.float32, device=dev) for n in sizes]
+        out["p2p_s"] = [[] for _ in sizes]
+        out["allreduce_s"] = [[] for _ in sizes]
+        for i in range(reps + 3):
+            for j, buf in enumerate(bufs):
                 dist.barrier()
                 sync()
                 t0 = time.perf_counter()
@@ -118,19 +122,15 @@ def _net_worker(rank: int, port: int, backend: str, device: str, sizes: Sequence
                     dist.recv(buf, 0)
                     dist.send(buf, 0)
                 sync()
-                if i >= 3:  # the first round trips are warm-up
-                    one_way.append((time.perf_counter() - t0) / 2)
-            ar = []
-            for i in range(reps + 3):
+                t1 = time.perf_counter()
                 dist.barrier()
                 sync()
-                t0 = time.perf_counter()
+                t2 = time.perf_counter()
                 dist.all_reduce(buf)
                 sync()
-                if i >= 3:
-                    ar.append(time.perf_counter() - t0)
-            out["p2p_s"].append(one_way)
-            out["allreduce_s"].append(ar)
+                if i >= 3:  # the first rounds are warm-up
+                    out["p2p_s"][j].append((t1 - t0) / 2)
+                    out["allreduce_s"][j].append(time.perf_counter() - t2)
         if rank == 0:
             results.put(out)
         dist.barrier()
