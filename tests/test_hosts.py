@@ -527,7 +527,7 @@ def test_wake_us_from_the_config() -> None:
 
 def test_wire_figures_by_hand() -> None:
     """wire_bench's arithmetic on made-up rows: sizes 1e6 and 3e6 bytes, one warm-up round
-    (ignored) and one measured round each. Round trip 0.1 ms; pulls 0.6 and 1.1 ms (less the
+    (ignored: both sizes once) and one measured round (both sizes again), in that order. Round trip 0.1 ms; pulls 0.6 and 1.1 ms (less the
     round trip: 0.5 and 1.0 ms, so 0.5 ms per 2e6 bytes: 4e9 B/s), pushes 1.1 and 2.1 ms
     (2e9 B/s). CPU over the same 2e6 bytes: worker push 1 ms, shard push 0.5 ms, shard pull
     0.5 ms, worker pull 0.4 ms; the mean over the four, 0.6 ms per 2e6 bytes: 3.333e9 B/s.
@@ -536,15 +536,19 @@ def test_wire_figures_by_hand() -> None:
     from hardware_profiles.errors import HetsimError
 
     junk = [(9.0, 9.0, 9.0)] * 3
-    worker = [junk, [(1e-4, 0, 0), (6e-4, 0, 1e-4), (1.1e-3, 0, 2e-4)],
-              junk, [(1e-4, 0, 0), (1.1e-3, 0, 5e-4), (2.1e-3, 0, 1.2e-3)]]
-    shard = [[9.0] * 3, [0.0, 2e-4, 3e-4], [9.0] * 3, [0.0, 7e-4, 8e-4]]
+    worker = [junk, junk, [(1e-4, 0, 0), (6e-4, 0, 1e-4), (1.1e-3, 0, 2e-4)],
+              [(1e-4, 0, 0), (1.1e-3, 0, 5e-4), (2.1e-3, 0, 1.2e-3)]]
+    shard = [[9.0] * 3, [9.0] * 3, [0.0, 2e-4, 3e-4], [0.0, 7e-4, 8e-4]]
     r = wire_figures([1_000_000, 3_000_000], worker, shard, reps=1, warmup=1)
     assert r["wire_pull_Bps"] == pytest.approx(4e9, rel=1e-3)
     assert r["wire_push_Bps"] == pytest.approx(2e9, rel=1e-3)
     per_B = {"w_push": 1e-3 / 2e6, "s_push": 0.5e-3 / 2e6, "s_pull": 0.5e-3 / 2e6, "w_pull": 0.4e-3 / 2e6}
     assert r["wire_cpu_s_per_B"] == pytest.approx(per_B, rel=1e-3)
     assert r["wire_cpu_Bps"] == pytest.approx(4 / sum(per_B.values()), rel=1e-3)
+    # the rows the ranks wrote: sizes interleaved round after round, warm-up rounds first
+    from calibration.profiler.network import _interleaved
+    assert _interleaved(2, 1, 1) == [(0, False), (1, False), (0, True), (1, True)]
+    assert _interleaved(3, 2, 0) == [(0, True), (1, True), (2, True)] * 2
     worker[3][1] = (5e-4, 0, 5e-4)  # a pull that took no longer at 3e6 bytes than at 1e6
     with pytest.raises(HetsimError, match="did not grow"):
         wire_figures([1_000_000, 3_000_000], worker, shard, reps=1, warmup=1)

@@ -84,6 +84,14 @@ def _run_ranks(procs: Sequence[Any], results: Any, n: int, timeout_s: float, wha
     return got
 
 
+def _interleaved(n_sizes: int, reps: int, warmup: int) -> list[tuple[int, bool]]:
+    """The order a benchmark times its message sizes in: round after round, every size once
+    a round, ``warmup`` rounds first; per item ``(size index, measured)``. The machine's
+    speed changes every 0.1-5 s (docs/notes/2026-12-02-rounds.md): a size timed in one
+    burst would carry one speed state into the slope between sizes."""
+    return [(j, k >= warmup) for k in range(warmup + reps) for j in range(n_sizes)]
+
+
 def _net_worker(rank: int, port: int, backend: str, device: str, sizes: Sequence[int],
                 reps: int, results: Any) -> None:
     """One rank of the network benchmark (run in a spawned process)."""
@@ -98,39 +106,33 @@ def _net_worker(rank: int, port: int, backend: str, device: str, sizes: Sequence
         torch.cuda.set_device(dev)
     _loopback_group(rank, port, backend)
     try:
-        out: dict[str, list[list[float]]] = {}
-
         def sync() -> None:
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)
 
-        # Sizes and kinds interleaved, round after round: the machine's speed changes
-        # every 0.1-5 s (docs/notes/2026-12-02-rounds.md), and a size timed in one burst
-        # would carry one speed state into the slope between sizes.
         bufs = [torch.zeros(max(1, n // 4), dtype=torch.float32, device=dev) for n in sizes]
-        out["p2p_s"] = [[] for _ in sizes]
-        out["allreduce_s"] = [[] for _ in sizes]
-        for i in range(reps + 3):
-            for j, buf in enumerate(bufs):
-                dist.barrier()
-                sync()
-                t0 = time.perf_counter()
-                if rank == 0:
-                    dist.send(buf, 1)
-                    dist.recv(buf, 1)
-                else:
-                    dist.recv(buf, 0)
-                    dist.send(buf, 0)
-                sync()
-                t1 = time.perf_counter()
-                dist.barrier()
-                sync()
-                t2 = time.perf_counter()
-                dist.all_reduce(buf)
-                sync()
-                if i >= 3:  # the first rounds are warm-up
-                    out["p2p_s"][j].append((t1 - t0) / 2)
-                    out["allreduce_s"][j].append(time.perf_counter() - t2)
+        out = {"p2p_s": [[] for _ in sizes], "allreduce_s": [[] for _ in sizes]}
+        for j, measured in _interleaved(len(sizes), reps, 3):  # 3 warm-up rounds
+            buf = bufs[j]
+            dist.barrier()
+            sync()
+            t0 = time.perf_counter()
+            if rank == 0:
+                dist.send(buf, 1)
+                dist.recv(buf, 1)
+            else:
+                dist.recv(buf, 0)
+                dist.send(buf, 0)
+            sync()
+            t1 = time.perf_counter()
+            dist.barrier()
+            sync()
+            t2 = time.perf_counter()
+            dist.all_reduce(buf)
+            sync()
+            if measured:
+                out["p2p_s"][j].append((t1 - t0) / 2)
+                out["allreduce_s"][j].append(time.perf_counter() - t2)
         if rank == 0:
             results.put(out)
         dist.barrier()
@@ -327,7 +329,7 @@ def _wire_rank(rank: int, port: int, sizes: Sequence[int], reps: int, warmup: in
         pin({core})
     torch.set_num_threads(1)
     _loopback_group(rank, port)
-    rounds = [(n, k) for n in sizes for k in range(reps + warmup)]
+    rounds = [sizes[j] for j, _ in _interleaved(len(sizes), reps, warmup)]
     if rank == 0:
         rx = wire.Receiver()
         flats = {n: torch.randn(n // 4) for n in sizes}
@@ -335,7 +337,7 @@ def _wire_rank(rank: int, port: int, sizes: Sequence[int], reps: int, warmup: in
         # a phase's CPU: the process's (every thread: the receiver's, gloo's) from the end of
         # the previous reply to the end of this one; waiting for a message costs none
         c0 = time.process_time()
-        for n, _ in rounds:
+        for n in rounds:
             row = []
             for kind in ("rtt", "pull", "push"):
                 m = rx.get(60.0)
@@ -354,7 +356,7 @@ def _wire_rank(rank: int, port: int, sizes: Sequence[int], reps: int, warmup: in
         params = {n: torch.zeros(n // 4) for n in sizes}
         grads = {n: torch.randn(n // 4) for n in sizes}
         out = []
-        for n, _ in rounds:
+        for n in rounds:
             times: list[tuple[float, float, float]] = []  # (wall, until sent, CPU) per phase
             for kind in ("rtt", "pull", "push"):
                 c0, a = time.process_time(), time.perf_counter()
@@ -381,8 +383,9 @@ def wire_bench(sizes: Sequence[int] = (4 << 20, 16 << 20, 48 << 20), reps: int =
     """What the runtime's own messages cost on this host (CPU hosts, fp32 payloads).
 
     Two ranks as :func:`_wire_rank` plays them (a shard-like and a pinned worker-like
-    one, freed memory kept as every runtime rank keeps it), ``reps`` rounds per size of
-    a header-only round trip, a pull and a push of ``n`` bytes. Per-byte figures are the
+    one, freed memory kept as every runtime rank keeps it), ``reps`` rounds (each size
+    once a round, :func:`_interleaved`) of a header-only round trip, a pull and a push
+    of ``n`` bytes. Per-byte figures are the
     least-squares slopes of the medians over the sizes (fixed costs drop out):
 
     - ``wire_pull_Bps`` / ``wire_push_Bps``: bytes per second of one lone message,
@@ -410,13 +413,14 @@ def wire_bench(sizes: Sequence[int] = (4 << 20, 16 << 20, 48 << 20), reps: int =
 
 def wire_figures(sizes: Sequence[int], worker: Sequence[Sequence[Sequence[float]]],
                  shard: Sequence[Sequence[float]], reps: int, warmup: int) -> dict[str, Any]:
-    """:func:`wire_bench`'s figures from its ranks' rows (per round, size by size: the worker's
+    """:func:`wire_bench`'s figures from its ranks' rows (in :func:`_interleaved` order: the worker's
     ``(wall, until sent, CPU)`` of the round trip, the pull and the push; the shard's CPU of
     each): per size the medians over the ``reps`` rounds after ``warmup``, the pull and push
     less the round trip; then the least-squares slope of each over the sizes."""
+    order = _interleaved(len(sizes), reps, warmup)
     med: dict[int, dict[str, float]] = {}
     for j, n in enumerate(sizes):
-        rows = range(j * (reps + warmup) + warmup, (j + 1) * (reps + warmup))
+        rows = [i for i, (jj, measured) in enumerate(order) if jj == j and measured]
         rtt = float(np.median([worker[i][0][0] for i in rows]))
         med[n] = {"pull": float(np.median([worker[i][1][0] for i in rows])) - rtt,
                   "push": float(np.median([worker[i][2][0] for i in rows])) - rtt,

@@ -94,7 +94,7 @@ def spec_for(quick: bool) -> ProfileSpec:
                     "resnet18": (1, 2), "resnet50": (1, 2), "vgg16": (1,),
                     "transformer": (1, 2)},
             min_reps=3, max_reps=10, target_s=0.6,
-            net_bytes=(8, 65_536, 1_048_576, 4_194_304, 16_777_216), net_reps=20, wake_rounds=200, wire_reps=5,
+            net_bytes=(8, 65_536, 1_048_576, 4_194_304, 16_777_216), net_reps=20, wake_rounds=200, wire_reps=15,
         )
     return ProfileSpec(
         gemm=tuple((s, s, s) for s in (32, 64, 128, 256, 512, 1024, 2048))
