@@ -101,8 +101,8 @@ class RuntimeEmulation:
             ``L / 2`` and ``B``, in place of ``wire_Bps`` and the network's latency (a
             2-member ring's ``2 (lat + S / 2 / bw)`` is then the measurement), ``B``
             divided by the member's stretch on its host when the ring's members share
-            cores (:meth:`sim.cluster.Cluster.host_stretch`: every member busy at once;
-            the measurement had a core per rank). Ring plans on a flat network only (a
+            cores (:meth:`sim.cluster.Cluster.host_stretch` with every member runnable
+            on one thread, gloo's; the measurement had a core per rank). Ring plans on a flat network only (a
             tree's or a node's steps are not a ring's). 0: those.
     """
 
@@ -153,9 +153,10 @@ class RuntimeEmulation:
 def emulated_problem(problem: Problem, emulation: RuntimeEmulation | None) -> Problem:
     """``problem`` with the part of ``emulation`` a config could state: the teacher's layer
     and each worker's table for it, the slowdowns as events at t = 0 (the dynamics then
-    in time order), every rank on the emulation's host, the links at ``wire_Bps`` and the
-    hosts' copies free of CPU without ``message_copies``. ``problem`` itself where
-    ``emulation`` is None.
+    in time order), every rank on the emulation's host, the links at ``wire_Bps`` (a ring
+    all-reduce's at ``allreduce_Bps`` over each member's stretch, its latency
+    ``allreduce_latency_s / 2``: :class:`RuntimeEmulation`) and the hosts' copies free of
+    CPU without ``message_copies``. ``problem`` itself where ``emulation`` is None.
 
     Raises:
         ConfigError: a worker's profile already has a table for the teacher's signature.
@@ -181,8 +182,10 @@ def emulated_problem(problem: Problem, emulation: RuntimeEmulation | None) -> Pr
                                   network=network)
     if job.sync == "allreduce" and job.allreduce == "ring" and not cl.nodes and e.allreduce_Bps > 0:
         # The measured B is a rank's, with a core to itself: every member moves its bytes
-        # at once, so a member sharing its cores with others moves them at its fair share.
-        stretch = cluster.host_stretch([d.id for d in devices])
+        # at once, on one thread (gloo's), so a member sharing its cores with others moves
+        # them at one thread's fair share, whatever its compute threads.
+        one = tuple((dev, dataclasses.replace(pl, threads=1)) for dev, pl in cluster.placement)
+        stretch = dataclasses.replace(cluster, placement=one).host_stretch([d.id for d in devices])
         devices = tuple(dataclasses.replace(d, nic_bw_Bps=e.allreduce_Bps / f) for d, f in zip(devices, stretch))
         network = dataclasses.replace(network, latency_s=e.allreduce_latency_s / 2)
         cluster = dataclasses.replace(cluster, devices=devices, network=network)

@@ -552,6 +552,8 @@ def test_wire_figures_by_hand() -> None:
     worker[3][1] = (5e-4, 0, 5e-4)  # a pull that took no longer at 3e6 bytes than at 1e6
     with pytest.raises(HetsimError, match="did not grow"):
         wire_figures([1_000_000, 3_000_000], worker, shard, reps=1, warmup=1)
+    with pytest.raises(ValueError, match="3 from the worker, 4 from the shard, 4 expected"):
+        wire_figures([1_000_000, 3_000_000], worker[:3], shard, reps=1, warmup=1)
 
 
 def test_wire_bench_runs_and_leaves_no_process() -> None:
@@ -626,6 +628,10 @@ def test_validate_prices_an_all_reduce_ring_by_the_measured_all_reduce() -> None
     cl4 = emulated_problem(ar4, emu4).cluster
     assert [d.nic_bw_Bps for d in cl4.devices] == _approx([5e8] * 4) and cl4.network.latency_s == 1e-3
     assert Topology(cl4, [d.id for d in cl4.devices]).allreduce_s("ring", 4e6, range(4)) == _approx(18e-3)
+    # a rank's ring runs on one thread whatever its compute threads: two each, still B / 2
+    two = on_host(RuntimeEmulation(), ar4, plan(ar4, [5, 5, 5, 5]), parse_options({"threads": 2}, "c"),
+                  Host("local", 2, 0.0))
+    assert [d.nic_bw_Bps for d in emulated_problem(ar4, two).cluster.devices] == _approx([5e8] * 4)
     drifted = emulated_problem(ar_prob, with_drift(emu, ar_prob, 1.0, 1.25)).cluster
     assert [d.nic_bw_Bps for d in drifted.devices] == _approx([8e8, 8e8])
     assert drifted.network.latency_s == 1e-3  # the copies factor slows the rate, not the latency

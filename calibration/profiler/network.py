@@ -111,7 +111,7 @@ def _net_worker(rank: int, port: int, backend: str, device: str, sizes: Sequence
                 torch.cuda.synchronize(dev)
 
         bufs = [torch.zeros(max(1, n // 4), dtype=torch.float32, device=dev) for n in sizes]
-        out = {"p2p_s": [[] for _ in sizes], "allreduce_s": [[] for _ in sizes]}
+        out: dict[str, list[list[float]]] = {"p2p_s": [[] for _ in sizes], "allreduce_s": [[] for _ in sizes]}
         for j, measured in _interleaved(len(sizes), reps, 3):  # 3 warm-up rounds
             buf = bufs[j]
             dist.barrier()
@@ -418,6 +418,9 @@ def wire_figures(sizes: Sequence[int], worker: Sequence[Sequence[Sequence[float]
     each): per size the medians over the ``reps`` rounds after ``warmup``, the pull and push
     less the round trip; then the least-squares slope of each over the sizes."""
     order = _interleaved(len(sizes), reps, warmup)
+    if not len(worker) == len(shard) == len(order):
+        raise ValueError(f"wire benchmark rows: {len(worker)} from the worker, {len(shard)} from the shard, "
+                         f"{len(order)} expected ({len(sizes)} sizes x {warmup + reps} rounds)")
     med: dict[int, dict[str, float]] = {}
     for j, n in enumerate(sizes):
         rows = [i for i, (jj, measured) in enumerate(order) if jj == j and measured]

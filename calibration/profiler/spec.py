@@ -21,13 +21,15 @@ class ProfileSpec:
         target_s: time budget of one item's repeats; sets the repeat count
             between min_reps and max_reps from the warm-up's duration.
         net_bytes: message sizes of the network benchmark.
-        net_reps: repeats per message size.
+        net_reps: measured rounds of the network benchmark, every message size once
+            a round (after 3 warm-up rounds).
         rounds: how many interleaved rounds the repeats are taken in (see
             :func:`~calibration.profiler.timing._run_rounds`); one: every item's
             repeats back to back.
-        wake_rounds, wire_reps: round trips of the CPU network extras
-            (:func:`~calibration.profiler.network.wake_bench`,
-            :func:`~calibration.profiler.network.wire_bench`).
+        wake_rounds, wire_reps: round trips of the wake-up benchmark
+            (:func:`~calibration.profiler.network.wake_bench`), and measured rounds
+            of the wire benchmark, every size once a round
+            (:func:`~calibration.profiler.network.wire_bench`).
         batches: batch sizes of single-layer benchmarks in place of their own (a GPU's
             per-mode benchmarks, :mod:`calibration.profiler.gpu`; a name not here keeps
             its own).
