@@ -628,6 +628,16 @@ def test_validate_prices_an_all_reduce_ring_by_the_measured_all_reduce() -> None
     cl4 = emulated_problem(ar4, emu4).cluster
     assert [d.nic_bw_Bps for d in cl4.devices] == _approx([5e8] * 4) and cl4.network.latency_s == 1e-3
     assert Topology(cl4, [d.id for d in cl4.devices]).allreduce_s("ring", 4e6, range(4)) == _approx(18e-3)
+    # pinned unevenly (two ranks on core 0, one on core 1): the shared ones at B / 2 gate
+    # the ring, 4 (1e-3 + 1e6 / 5e8) = 12 ms for 3e6 bytes (a core each: 4 (1e-3 + 1e-3) = 8 ms)
+    ps3 = problem([cpu] * 3, [PS.model_copy(update={"network": net})], LAYER, 20, latency_s=5e-5)
+    ar3 = dataclasses.replace(ps3, job=dataclasses.replace(ps3.job, sync="allreduce"),
+                              cluster=dataclasses.replace(ps3.cluster, shards=()))
+    pins = parse_options({"threads": 1, "workers": [{"affinity": [0]}, {"affinity": [0]}, {"affinity": [1]}]}, "c")
+    cl3 = emulated_problem(ar3, on_host(RuntimeEmulation(), ar3, plan(ar3, [7, 7, 6]), pins,
+                                        Host("local", 2, 0.0))).cluster
+    assert [d.nic_bw_Bps for d in cl3.devices] == _approx([5e8, 5e8, 1e9])
+    assert Topology(cl3, [d.id for d in cl3.devices]).allreduce_s("ring", 3e6, range(3)) == _approx(12e-3)
     # a rank's ring runs on one thread whatever its compute threads: two each, still B / 2
     two = on_host(RuntimeEmulation(), ar4, plan(ar4, [5, 5, 5, 5]), parse_options({"threads": 2}, "c"),
                   Host("local", 2, 0.0))
