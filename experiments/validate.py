@@ -381,9 +381,9 @@ def on_host(emu: RuntimeEmulation, problem: Problem, plan: Plan, opts: RuntimeOp
     # An all-reduce plan's ring: the profile's own measurement of gloo's all-reduce of two
     # processes on this machine (its reduction and chunking included), not the loopback
     # messages' rate (sim.emulation.RuntimeEmulation.allreduce_Bps)
-    ar_Bps, ar_lat = min(((bw, lat) for n in nets if (bw := getattr(n, "allreduce_bw_Bps", None))
-                          and (lat := getattr(n, "allreduce_latency_s", None)) is not None),
-                         default=(0.0, 0.0)) if problem.job.sync == "allreduce" else (0.0, 0.0)
+    measured = [(bw, lat) for n in nets if (bw := getattr(n, "allreduce_bw_Bps", None))
+                and (lat := getattr(n, "allreduce_latency_s", None)) is not None]
+    ar_Bps, ar_lat = min(measured, default=(0.0, 0.0)) if problem.job.sync == "allreduce" else (0.0, 0.0)
     host = dataclasses.replace(host, copy_Bps=host.copy_Bps if host.copy_Bps > 0 else (rate or lowest("p2p_bw_Bps")),
                                wake_s=host.wake_s if host.wake_s > 0 else lowest("wake_latency_s"))
     # the runtime's ranks send with blocking sends from one thread and a shard receives with

@@ -58,7 +58,7 @@ class CollectiveCoordinator:
         self.plan_now = full_membership(spec.plan, self.devices, self.shares)
         # the workers' control channels; every worker passed the port's broadcast, so one that
         # has not connected within the time ranks have to join is gone: it fails on its first word
-        self.rx = wire.serve_control(self.ranks, CONNECT_TIMEOUT_S)
+        self.control = wire.serve_control(self.ranks, CONNECT_TIMEOUT_S)
         self.t = 0  # the iteration the coordinator resolves (commit or re-form)
         self.epoch = -1
         self.group: list[int] = []  # the members of the group the workers hold
@@ -104,7 +104,7 @@ class CollectiveCoordinator:
         stop = int(t >= self.spec.iterations)
         for w in live:
             try:
-                self.rx.send(self.ranks[w], kind, t, self.shares[w], stop, self.epoch, total, len(live), src,
+                self.control.send(self.ranks[w], kind, t, self.shares[w], stop, self.epoch, total, len(live), src,
                              payload=payload)
             except (RuntimeError, OSError) as e:  # the connection is gone: the worker died
                 self.fail(w, f"send failed: {str(e).splitlines()[0][:120]}")
@@ -212,7 +212,7 @@ class CollectiveCoordinator:
         try:
             return self._run()
         finally:
-            self.rx.close()
+            self.control.close()
 
     def _run(self) -> RunResult:
         meter = CpuMeter()
@@ -220,7 +220,7 @@ class CollectiveCoordinator:
         self.send_word(0)
         self.send_word(1)
         while True:
-            m = self.rx.get(timeout_s=POLL_S)
+            m = self.control.get(timeout_s=POLL_S)
             if m is not None:
                 self.on_message(m)
             if not self.done:

@@ -211,7 +211,6 @@ class Receiver:
         return _next(self.q, timeout_s)
 
 
-
 # ------------------------------------------------ the all-reduce plans' control channel
 class Channel:
     """Messages of :data:`HEADER_LEN` float64 (and a uint8 payload of ``nbytes``) over one

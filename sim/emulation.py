@@ -102,8 +102,8 @@ class RuntimeEmulation:
             2-member ring's ``2 (lat + S / 2 / bw)`` is then the measurement), ``B``
             divided by the member's stretch on its host when the ring's members share
             cores (:meth:`sim.cluster.Cluster.host_stretch` with every member runnable
-            on one thread, gloo's; the measurement had a core per rank). Ring plans on a flat network only (a
-            tree's or a node's steps are not a ring's). 0: those.
+            on one thread, gloo's; the measurement had a core per rank). Ring plans on
+            a flat network only (a tree's or a node's steps are not a ring's). 0: those.
     """
 
     host: Host | None = None
@@ -174,12 +174,11 @@ def emulated_problem(problem: Problem, emulation: RuntimeEmulation | None) -> Pr
     hosts, placement = (cl.hosts, cl.placement) if e.host is None else ((e.host,), e.placement)
     if not e.message_copies:
         hosts = tuple(dataclasses.replace(h, copy_Bps=0.0) for h in hosts)
-    devices, shards, network = cl.devices, cl.shards, cl.network
+    devices, shards = cl.devices, cl.shards
     if e.wire_Bps > 0:
         devices = tuple(dataclasses.replace(d, nic_bw_Bps=e.wire_Bps) for d in devices)
         shards = tuple(dataclasses.replace(d, nic_bw_Bps=e.wire_Bps) for d in shards)
-    cluster = dataclasses.replace(cl, devices=devices, shards=shards, hosts=hosts, placement=placement,
-                                  network=network)
+    cluster = dataclasses.replace(cl, devices=devices, shards=shards, hosts=hosts, placement=placement)
     if job.sync == "allreduce" and job.allreduce == "ring" and not cl.nodes and e.allreduce_Bps > 0:
         # The measured B is a rank's, with a core to itself: every member moves its bytes
         # at once, on one thread (gloo's), so a member sharing its cores with others moves
@@ -187,8 +186,8 @@ def emulated_problem(problem: Problem, emulation: RuntimeEmulation | None) -> Pr
         one = tuple((dev, dataclasses.replace(pl, threads=1)) for dev, pl in cluster.placement)
         stretch = dataclasses.replace(cluster, placement=one).host_stretch([d.id for d in devices])
         devices = tuple(dataclasses.replace(d, nic_bw_Bps=e.allreduce_Bps / f) for d, f in zip(devices, stretch))
-        network = dataclasses.replace(network, latency_s=e.allreduce_latency_s / 2)
-        cluster = dataclasses.replace(cluster, devices=devices, network=network)
+        cluster = dataclasses.replace(cluster, devices=devices,
+                                      network=dataclasses.replace(cl.network, latency_s=e.allreduce_latency_s / 2))
     return dataclasses.replace(problem, cluster=cluster, job=job, dynamics=dynamics)
 
 

@@ -527,8 +527,8 @@ def test_wake_us_from_the_config() -> None:
 
 def test_wire_figures_by_hand() -> None:
     """wire_bench's arithmetic on made-up rows: sizes 1e6 and 3e6 bytes, one warm-up round
-    (ignored: both sizes once) and one measured round (both sizes again), in that order. Round trip 0.1 ms; pulls 0.6 and 1.1 ms (less the
-    round trip: 0.5 and 1.0 ms, so 0.5 ms per 2e6 bytes: 4e9 B/s), pushes 1.1 and 2.1 ms
+    (ignored: both sizes once) and one measured round (both sizes again), in that order.
+    Round trip 0.1 ms; pulls 0.6 and 1.1 ms (less the round trip: 0.5 and 1.0 ms, so 0.5 ms per 2e6 bytes: 4e9 B/s), pushes 1.1 and 2.1 ms
     (2e9 B/s). CPU over the same 2e6 bytes: worker push 1 ms, shard push 0.5 ms, shard pull
     0.5 ms, worker pull 0.4 ms; the mean over the four, 0.6 ms per 2e6 bytes: 3.333e9 B/s.
     A time that does not grow is refused."""
@@ -595,8 +595,8 @@ def test_validate_prices_an_all_reduce_ring_by_the_measured_all_reduce() -> None
     """A profile that measured gloo's all-reduce of two processes at L = 2 ms + S / 1e9 B/s:
     an all-reduce plan's ring steps at L / 2 = 1 ms and 1e9 B/s, so two members reduce
     4e6 bytes in 2 (1e-3 + 2e6 / 1e9) = 6 ms = L + S / B, the measurement; four take
-    6 (1e-3 + 1e6 / 1e9) = 12 ms with a core each, 18 ms as four ranks on two cores. A PS plan on the same profiles keeps the loopback rate,
-    and a profile without the measurement leaves the plan's own network (and the drift's
+    6 (1e-3 + 1e6 / 1e9) = 12 ms with a core each, 18 ms as four ranks on two cores. A PS
+    plan on the same profiles keeps the loopback rate, and a profile without the measurement leaves the plan's own network (and the drift's
     copies factor slows the measured rate as it slows the loopback's)."""
     from calibration.speed_now import with_drift
     from experiments.validate import on_host
@@ -608,8 +608,13 @@ def test_validate_prices_an_all_reduce_ring_by_the_measured_all_reduce() -> None
     cpu = CPU.model_copy(update={"network": net})
     opts = parse_options({"threads": 1}, "c")
     ps_prob = problem([cpu, cpu], [PS.model_copy(update={"network": net})], LAYER, 20, latency_s=5e-5)
-    ar_prob = dataclasses.replace(ps_prob, job=dataclasses.replace(ps_prob.job, sync="allreduce"),
-                                  cluster=dataclasses.replace(ps_prob.cluster, shards=()))
+
+    def ring_of(n: int) -> Problem:  # n of these CPUs, all-reduce, no shards
+        p = problem([cpu] * n, [PS.model_copy(update={"network": net})], LAYER, 20, latency_s=5e-5)
+        return dataclasses.replace(p, job=dataclasses.replace(p.job, sync="allreduce"),
+                                   cluster=dataclasses.replace(p.cluster, shards=()))
+
+    ar_prob = ring_of(2)
     emu = on_host(RuntimeEmulation(), ar_prob, plan(ar_prob, [10, 10]), opts, Host("local", 2, 0.0))
     assert (emu.allreduce_latency_s, emu.allreduce_Bps) == (2e-3, 1e9)
     cl = emulated_problem(ar_prob, emu).cluster
@@ -621,18 +626,14 @@ def test_validate_prices_an_all_reduce_ring_by_the_measured_all_reduce() -> None
     assert Topology(four, [d.id for d in four.devices]).allreduce_s("ring", 4e6, range(4)) == _approx(12e-3)
     # four ranks on the two cores: every member moves its bytes at once, each at half a
     # core, so at B / 2: 6 (1e-3 + 1e6 / 5e8) = 18 ms
-    ps4 = problem([cpu] * 4, [PS.model_copy(update={"network": net})], LAYER, 20, latency_s=5e-5)
-    ar4 = dataclasses.replace(ps4, job=dataclasses.replace(ps4.job, sync="allreduce"),
-                              cluster=dataclasses.replace(ps4.cluster, shards=()))
+    ar4 = ring_of(4)
     emu4 = on_host(RuntimeEmulation(), ar4, plan(ar4, [5, 5, 5, 5]), opts, Host("local", 2, 0.0))
     cl4 = emulated_problem(ar4, emu4).cluster
     assert [d.nic_bw_Bps for d in cl4.devices] == _approx([5e8] * 4) and cl4.network.latency_s == 1e-3
     assert Topology(cl4, [d.id for d in cl4.devices]).allreduce_s("ring", 4e6, range(4)) == _approx(18e-3)
     # pinned unevenly (two ranks on core 0, one on core 1): the shared ones at B / 2 gate
     # the ring, 4 (1e-3 + 1e6 / 5e8) = 12 ms for 3e6 bytes (a core each: 4 (1e-3 + 1e-3) = 8 ms)
-    ps3 = problem([cpu] * 3, [PS.model_copy(update={"network": net})], LAYER, 20, latency_s=5e-5)
-    ar3 = dataclasses.replace(ps3, job=dataclasses.replace(ps3.job, sync="allreduce"),
-                              cluster=dataclasses.replace(ps3.cluster, shards=()))
+    ar3 = ring_of(3)
     pins = parse_options({"threads": 1, "workers": [{"affinity": [0]}, {"affinity": [0]}, {"affinity": [1]}]}, "c")
     cl3 = emulated_problem(ar3, on_host(RuntimeEmulation(), ar3, plan(ar3, [7, 7, 6]), pins,
                                         Host("local", 2, 0.0))).cluster

@@ -385,8 +385,8 @@ def wire_bench(sizes: Sequence[int] = (4 << 20, 16 << 20, 48 << 20), reps: int =
     Two ranks as :func:`_wire_rank` plays them (a shard-like and a pinned worker-like
     one, freed memory kept as every runtime rank keeps it), ``reps`` rounds (each size
     once a round, :func:`_interleaved`) of a header-only round trip, a pull and a push
-    of ``n`` bytes. Per-byte figures are the
-    least-squares slopes of the medians over the sizes (fixed costs drop out):
+    of ``n`` bytes. Per-byte figures are the least-squares slopes of the medians over
+    the sizes (fixed costs drop out):
 
     - ``wire_pull_Bps`` / ``wire_push_Bps``: bytes per second of one lone message,
       wall clock (the worker's pull from request to parameters loaded, its push from
@@ -413,9 +413,9 @@ def wire_bench(sizes: Sequence[int] = (4 << 20, 16 << 20, 48 << 20), reps: int =
 
 def wire_figures(sizes: Sequence[int], worker: Sequence[Sequence[Sequence[float]]],
                  shard: Sequence[Sequence[float]], reps: int, warmup: int) -> dict[str, Any]:
-    """:func:`wire_bench`'s figures from its ranks' rows (in :func:`_interleaved` order: the worker's
-    ``(wall, until sent, CPU)`` of the round trip, the pull and the push; the shard's CPU of
-    each): per size the medians over the ``reps`` rounds after ``warmup``, the pull and push
+    """:func:`wire_bench`'s figures from its ranks' rows (in :func:`_interleaved` order: the
+    worker's ``(wall, until sent, CPU)`` of the round trip, the pull and the push; the shard's
+    CPU of each): per size the medians over the ``reps`` rounds after ``warmup``, the pull and push
     less the round trip; then the least-squares slope of each over the sizes."""
     order = _interleaved(len(sizes), reps, warmup)
     if not len(worker) == len(shard) == len(order):
