@@ -1,23 +1,27 @@
-"""How fast this machine runs now against when its profile was measured: the drift factors.
+"""How fast this machine runs now against when its profile was measured: the drift factor.
 
 A shared machine's speed moves: on this project's 2-core VM the runtime's iterations
-ran 10-25% slower a quarter of an hour after a fresh profile than just after it,
-GEMMs unchanged, memory-bound work (copies, elementwise passes, loopback messages)
-slower. A DES priced with the profile as it was then predicts the machine as it
-was then. `hetsim validate` with a fresh profile therefore measures, just before
-each real run and after the last, two of the profile's own figures again with the
-profiler's own harness, and scales the emulated ranks by the ratios, the median over
-those probes (:func:`around`, :func:`with_drift`):
+ran 10-25% slower a quarter of an hour after a fresh profile than just after it. A DES
+priced with the profile as it was then predicts the machine as it was then. `hetsim
+validate` with a fresh profile therefore times, just before each real run and after
+the last, the whole training iteration (forward, backward; no hooks) of the model the
+runtime trains, at the batch shares of the run, where the profile timed that very model
+(a :mod:`calibration.model_variants` label in ``raw["models"]``), with the profiler's own
+harness: now / then, the median over the shares. The DES then runs every process's
+work (compute, a shard's aggregation and update, every message's copies) that much
+slower and the loopback links that much slower too: the median over those probes
+(:func:`around`, :func:`with_drift`).
 
-- **compute**: the whole training iteration (forward, backward; no hooks) of the
-  model the runtime trains, at the batch shares of the run, where the profile timed
-  that very model (a :mod:`calibration.model_variants` label in ``raw["models"]``);
-  now / then, the median over the shares;
-- **copies**: :func:`calibration.host.memory_factor`, the profile's large copies
-  again.
+One factor for everything: over 615 processes of recorded validation runs, each
+process's real CPU, against the same process of the same config in other runs, moved
+with this factor (elasticity 0.8-0.9, correlation 0.62-0.72 over workers, shards and
+all-reduce workers; the real copies' CPU alone 1.0-1.3, correlation 0.51-0.56), and
+not with a probe of large copies (64 MB, memory-bound: correlation 0.04-0.22), which
+an earlier version applied to the copies and links
+(docs/notes/2026-12-07-drift-one-factor.md).
 
 A profile that did not time the runtime's model (the committed ones, made with the
-zoo's default sizes) gets no factors: the DES prices with it as it is.
+zoo's default sizes) gets no factor: the DES prices with it as it is.
 """
 
 from __future__ import annotations
@@ -27,7 +31,6 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from calibration.host import memory_factor
 from sim.emulation import RuntimeEmulation
 from sim.problem import Problem
 
@@ -61,37 +64,29 @@ def compute_factor(problem: Problem, label: str, shares: Sequence[int], threads:
 
 
 def speed_now(problem: Problem, label: str, shares: Sequence[int], threads: int) -> dict[str, Any] | None:
-    """``{"compute": factor, "copies": factor, "compute_probe", "copies_probe"}`` (see the
-    module docstring; the copies: :func:`calibration.host.memory_factor` of the problem);
-    None where either cannot be measured against the profile."""
+    """``{"compute": factor, "compute_probe": ...}``: :func:`compute_factor` of the problem
+    (see the module docstring); None where it cannot be measured against the profile."""
     comp = compute_factor(problem, label, shares, threads)
-    mem = memory_factor(problem) if comp is not None else None
-    if comp is None or mem is None:
-        return None
-    return {"compute": comp["factor"], "copies": mem["factor"], "compute_probe": comp, "copies_probe": mem}
+    return None if comp is None else {"compute": comp["factor"], "compute_probe": comp}
 
 
 def around(probes: Sequence[dict[str, Any] | None]) -> dict[str, Any] | None:
-    """The speed factors of a set of real runs, timed with :func:`speed_now` before each run
-    and after the last: ``{"compute", "copies"}`` the medians over the probes of each
-    factor (of two, their mean), ``"probes"`` them all; None without probes or where one
-    is None. One probe lasts a fraction of a second and catches the machine's passing
-    moods as well as its drift; the runs last seconds and the drift takes minutes, so the
-    median over the probes around them stands for the speed they ran at (the figures
-    behind this: docs/notes/2026-12-07-fresh-profile-variants.md)."""
+    """The speed factor of a set of real runs, timed with :func:`speed_now` before each run
+    and after the last: ``{"compute"}`` the median over the probes (of two, their mean),
+    ``"probes"`` them all; None without probes or where one is None. One probe lasts a
+    fraction of a second and catches the machine's passing moods as well as its drift;
+    the runs last seconds and the drift takes minutes, so the median over the probes
+    around them stands for the speed they ran at (the figures behind this:
+    docs/notes/2026-12-07-fresh-profile-variants.md)."""
     if not probes or any(p is None for p in probes):
         return None
     return {"compute": statistics.median(p["compute"] for p in probes),  # type: ignore[index]
-            "copies": statistics.median(p["copies"] for p in probes),  # type: ignore[index]
             "probes": list(probes)}
 
 
-def with_drift(emu: RuntimeEmulation, problem: Problem, compute: float, copies: float) -> RuntimeEmulation:
-    """``emu`` with every placed process slowed by the drift factors: a worker's compute by
-    ``compute``, a PS shard's work (aggregation and update: memory-bound) and every
-    process's copies by ``copies``, and the links (``wire_Bps``, the loopback rate, and
-    ``allreduce_Bps``, the measured all-reduce's) by ``copies``."""
-    shards = {d.id for d in problem.cluster.shards}
-    scales = {dev: ((copies, 1.0) if dev in shards else (compute, copies / compute)) for dev, _ in emu.placement}
-    out = emu.scaled(scales)
-    return dataclasses.replace(out, wire_Bps=emu.wire_Bps / copies, allreduce_Bps=emu.allreduce_Bps / copies)
+def with_drift(emu: RuntimeEmulation, problem: Problem, factor: float) -> RuntimeEmulation:
+    """``emu`` with every placed process's work (compute, a PS shard's aggregation and
+    update, every message's copies) ``factor`` times slower, and the links (``wire_Bps``,
+    the loopback rate, and ``allreduce_Bps``, the measured all-reduce's) too."""
+    out = emu.scaled({dev: (factor, 1.0) for dev, _ in emu.placement})
+    return dataclasses.replace(out, wire_Bps=emu.wire_Bps / factor, allreduce_Bps=emu.allreduce_Bps / factor)

@@ -1,7 +1,7 @@
 """Fit the runtime CPU model (calibration/runtime_cpu.py) to real runs of configs that are not validated.
 
     python -m bench.runtime_calibration [--out results/runtime_calibration] [--only c1,c3]
-        [--report-only] [--write PROFILE] [--fresh-profile FILE]
+        [--report-only [--resimulate]] [--write PROFILE] [--fresh-profile FILE]
 
 Runs `hetsim validate` on each config of experiments/configs/runtime_calibration/
 (real runs on this machine, emulated as in the validation suite), takes from each
@@ -18,7 +18,9 @@ runs with this machine's profile FILE (measured into it first when missing, as `
 validate --fresh-profile` does); with ``--write FILE`` the fit then completes that
 profile, so that `hetsim validate --fresh-profile FILE` uses a runtime CPU model of this
 machine (the iteration-time table, priced with the configs' own profiles, is left out). ``--report-only`` refits from OUT/*/validation.json without
-running anything. Writes OUT/calibration.json and OUT/report.md.
+running anything; with ``--resimulate`` from the DES figures of those runs again, as the DES
+is now (after a change to the DES: the real CPU is as recorded, the model's inputs are
+not). Writes OUT/calibration.json and OUT/report.md.
 
 The validation suite's configs (experiments/configs/validation/) are never used
 here: the suite measures the model out of sample.
@@ -57,17 +59,23 @@ CONFIG_DIR = ROOT / "experiments" / "configs" / "runtime_calibration"
 CALIBRATION_THREADS = 1
 
 
-def samples_of(v: validate.Validation) -> list[tuple[str, runtime_cpu.Figures, float]]:
+def samples_of(v: validate.Validation, figures: Sequence[dict[str, runtime_cpu.Figures]] | None = None
+               ) -> list[tuple[str, runtime_cpu.Figures, float]]:
     """``(label, DES figures, real CPU ms per iteration)`` of every process of every run of
-    ``v`` that has both (the figures are those of the DES before any runtime CPU model)."""
+    ``v`` that has both (the figures are those of the DES before any runtime CPU model: as
+    recorded, or ``figures``, one dict per run, e.g. :func:`experiments.validate.first_figures`)."""
     out = []
-    for r in v.runs:
-        figs = (r.diagnostics.get("runtime_cpu") or {}).get("figures") or {}
+    for k, r in enumerate(v.runs):
+        if figures is not None:
+            figs = figures[k]
+        else:
+            figs = {dev: runtime_cpu.Figures(**f)
+                    for dev, f in ((r.diagnostics.get("runtime_cpu") or {}).get("figures") or {}).items()}
         cpu = r.diagnostics.get("cpu_per_iteration") or {}
         for dev, f in figs.items():
             real = cpu.get("processes", {}).get(dev, {}).get("real_ms")
             if real:
-                out.append((f"{v.name}|{r.scheduler}|{dev}", runtime_cpu.Figures(**f), float(real)))
+                out.append((f"{v.name}|{r.scheduler}|{dev}", f, float(real)))
     return out
 
 
@@ -141,16 +149,23 @@ def fit_report(samples: list[tuple[str, runtime_cpu.Figures, float]],
     return model, pd.DataFrame(rows), summary
 
 
-def saved_samples(out: Path, stems: list[str]
+def saved_samples(out: Path, stems: list[str], resimulate: bool = False, profile: Path | None = None
                   ) -> tuple[list[tuple[str, runtime_cpu.Figures, float]], list[dict[str, Any]]] | None:
     """The samples and runs (:func:`runs_of`) of the configs ``stems`` from
     OUT/STEM/validation.json where every one exists, else from OUT/calibration.json's
     ``samples`` (unrounded, as fitted) and ``runs`` (none in a file from before they were
-    kept); None without either."""
+    kept); None without either. ``resimulate``: the samples' DES figures from the DES as
+    it is now (:func:`experiments.validate.first_figures`, priced with ``profile`` where
+    given, the ``--fresh-profile`` the runs had), not as recorded; needs the
+    validation.json files."""
     files = [out / s / "validation.json" for s in stems]
     if all(f.is_file() for f in files):
         vs = [validate.Validation.from_json(json.loads(f.read_text())) for f in files]
-        return [x for v in vs for x in samples_of(v)], [x for v in vs for x in runs_of(v)]
+        prof = load_profile_file(profile) if resimulate and profile is not None else None
+        return ([x for v in vs for x in samples_of(v, validate.first_figures(v, prof) if resimulate else None)],
+                [x for v in vs for x in runs_of(v)])
+    if resimulate:
+        return None
     cal = out / "calibration.json"
     if not cal.is_file() or "samples" not in (data := json.loads(cal.read_text())):
         return None
@@ -216,6 +231,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--only", help="comma-separated config name prefixes (c1,c3)")
     ap.add_argument("--report-only", action="store_true",
                     help="refit from OUT/*/validation.json, or from OUT/calibration.json's samples")
+    ap.add_argument("--resimulate", action="store_true",
+                    help="with --report-only: the DES figures of the saved runs from the DES as it is now "
+                         "(after a change to the DES), not as recorded; with --fresh-profile FILE, priced with FILE")
     ap.add_argument("--write", metavar="PROFILE", help="store the fit in this profile's network.runtime_cpu")
     ap.add_argument("--fresh-profile", metavar="FILE", type=Path,
                     help="price every rank with this machine's profile FILE (measured first when missing)")
@@ -229,12 +247,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     previous = out / "calibration.json"
     runs: list[dict[str, Any]] = []
     if args.report_only:
-        saved = saved_samples(out, [c.stem for c in configs])
+        if args.resimulate and args.fresh_profile is not None and not args.fresh_profile.is_file():
+            print(f"{args.fresh_profile}: no such profile (--resimulate prices the saved runs with it)",
+                  file=sys.stderr)
+            return 2
+        saved = saved_samples(out, [c.stem for c in configs], args.resimulate, args.fresh_profile)
         if saved is None:
-            print(f"{out}: neither */validation.json of every config nor calibration.json with samples "
-                  "(run without --report-only first)", file=sys.stderr)
+            need = ("*/validation.json of every config" if args.resimulate
+                    else "neither */validation.json of every config nor calibration.json with samples")
+            print(f"{out}: {need} (run without --report-only first)", file=sys.stderr)
             return 2
         samples, runs = saved
+        if args.fresh_profile is not None:  # the iteration table prices with the configs' own profiles
+            runs = []
     else:
         samples = []
         for i, c in enumerate(configs):

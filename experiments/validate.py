@@ -687,7 +687,7 @@ def _first_des(config: str | Path, scheduler: str, host: Host, iterations: int |
     sched, plan = runner.schedule(loaded, problem, scheduler)
     emu = emulation(problem, plan, opts, host)
     if drift is not None:
-        emu = with_drift(emu, problem, drift["compute"], drift["copies"])
+        emu = with_drift(emu, problem, drift["compute"])
     first = runner.evaluate(problem, plan, "des", trace=trace, scheduler=sched, emulation=emu)
     return _FirstDes(loaded, opts, problem, plan, emu, emulated_problem(problem, emu), first)
 
@@ -721,6 +721,22 @@ def _rescore(v: Validation, profile: DeviceProfile | None) -> Validation:
         {r.scheduler: x for r in runs if (x := r.metrics["iteration_time_mean_s"]["sim"]) is not None},
         {r.scheduler: x for r in runs if (x := r.metrics["iteration_time_mean_s"]["real"]) is not None})
     return Validation(v.config, v.name, runs, ranked, v.info)
+
+
+def first_figures(v: Validation, profile: DeviceProfile | None = None) -> list[dict[str, runtime_cpu.Figures]]:
+    """Per run of ``v``, the :func:`calibration.runtime_cpu.figures` of its first DES run
+    again, with the DES as it is now (the run's host, background load, drift and ``--set``
+    overrides as recorded; ``profile``: the ``--fresh-profile`` it was priced with): what
+    a runtime CPU model is fitted to, after a change to the DES, without the real runs again."""
+    sets = [f"{k}={json.dumps(x)}" for k, x in v.info.get("overrides", [])]
+    out = []
+    with overriding([v.config], sets):
+        for r in v.runs:
+            h = r.diagnostics["host"]
+            f = _first_des(v.config, r.scheduler, Host("local", h["cores"], h["background_threads"]), None,
+                           profile, drift=r.diagnostics.get("drift"))
+            out.append(runtime_cpu.figures(f.simulated, f.result))
+    return out
 
 
 def resimulate(config: str | Path, scheduler: str, host: Host, models: dict[str, runtime_cpu.RuntimeCpuModel],
@@ -869,7 +885,7 @@ def validate(config: str | Path, scheduler_arg: str | None = None, iterations: i
         load_after = os.getloadavg()[0]
         drift = around(real_runs.probes)
         if drift is not None:
-            emu = with_drift(emu, problem, drift["compute"], drift["copies"])
+            emu = with_drift(emu, problem, drift["compute"])
         simulated = emulated_problem(problem, emu)
         info = _host_info(simulated, plan, spec.n_workers, spec.n_shards, load_before)
         if on_step:

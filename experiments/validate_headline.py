@@ -84,8 +84,7 @@ def headline(metrics: Mapping[str, Mapping[str, Any]], diagnostics: Mapping[str,
             "component_median_abs_error": median_abs(everything), "components": len(everything),
             **{f"{k}_median_abs_error": median_abs(v) for k, v in comps.items()},
             "calibrated_models": calibrated_models(diagnostics),
-            "drift": ({k: diagnostics["drift"][k] for k in ("compute", "copies")}
-                      if diagnostics.get("drift") else None),
+            "drift": {"compute": diagnostics["drift"]["compute"]} if diagnostics.get("drift") else None,
             "profiles": dict(diagnostics.get("profiles") or {}),
             "iteration_time_mean_error_without_calibrated": _rel(without_calibrated_s(diagnostics),
                                                                  it.get("real"))}
@@ -115,8 +114,8 @@ def headline_text(h: Mapping[str, Any]) -> str:
     else:
         parts.append("no calibrated model of this machine used (no runtime CPU model)")
     if h.get("drift"):
-        parts.append(f"this machine's speed now against its profile (applied): compute x{h['drift']['compute']:.3f}, "
-                     f"copies x{h['drift']['copies']:.3f}")
+        parts.append(f"this machine's speed now against its profile (applied to every process's work and "
+                     f"the loopback links): x{h['drift']['compute']:.3f}")
     return "; ".join(parts)
 
 

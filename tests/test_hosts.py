@@ -596,8 +596,8 @@ def test_validate_prices_an_all_reduce_ring_by_the_measured_all_reduce() -> None
     an all-reduce plan's ring steps at L / 2 = 1 ms and 1e9 B/s, so two members reduce
     4e6 bytes in 2 (1e-3 + 2e6 / 1e9) = 6 ms = L + S / B, the measurement; four take
     6 (1e-3 + 1e6 / 1e9) = 12 ms with a core each, 18 ms as four ranks on two cores. A PS
-    plan on the same profiles keeps the loopback rate, and a profile without the measurement leaves the plan's own network (and the drift's
-    copies factor slows the measured rate as it slows the loopback's)."""
+    plan on the same profiles keeps the loopback rate, and a profile without the measurement leaves the plan's own network (and the drift
+    factor slows the measured rate as it slows the loopback's)."""
     from calibration.speed_now import with_drift
     from experiments.validate import on_host
     from hardware_profiles.schema import NetworkMeasurement
@@ -643,9 +643,9 @@ def test_validate_prices_an_all_reduce_ring_by_the_measured_all_reduce() -> None
     two = on_host(RuntimeEmulation(), ar4, plan(ar4, [5, 5, 5, 5]), parse_options({"threads": 2}, "c"),
                   Host("local", 2, 0.0))
     assert [d.nic_bw_Bps for d in emulated_problem(ar4, two).cluster.devices] == _approx([5e8] * 4)
-    drifted = emulated_problem(ar_prob, with_drift(emu, ar_prob, 1.0, 1.25)).cluster
+    drifted = emulated_problem(ar_prob, with_drift(emu, ar_prob, 1.25)).cluster
     assert [d.nic_bw_Bps for d in drifted.devices] == _approx([8e8, 8e8])
-    assert drifted.network.latency_s == 1e-3  # the copies factor slows the rate, not the latency
+    assert drifted.network.latency_s == 1e-3  # the drift slows the rate, not the latency
     # a tree's steps are not a ring's: the plan keeps its network
     tree = dataclasses.replace(ar_prob, job=dataclasses.replace(ar_prob.job, allreduce="tree"))
     assert emulated_problem(tree, emu).cluster.network.latency_s == 5e-5

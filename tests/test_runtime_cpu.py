@@ -363,3 +363,52 @@ def test_fresh_machine_fits_the_runtime_cpu_model_once_and_resumes(tmp_path: Pat
     data["name"] = "two"
     other.write_text(json.dumps(data))
     assert runtime_calibration.fresh_machine(other, 2).network.runtime_cpu is None and ran == []
+
+
+def test_resimulated_samples_come_from_the_des_as_it_is_now(tmp_path: Path) -> None:
+    """A recorded BSP run (c1: three workers, one shard) whose recorded figures are stale
+    (one bogus process): with ``resimulate`` its samples pair the recorded real CPU with
+    the DES's figures again, for every process. Its recorded drift x1.25 slows every
+    process's work and copies alike, so each figure is 1.25 times the one without drift
+    (BSP: every worker computes its share every iteration, whatever the timing) and the
+    message ends are the same."""
+    cfg = runtime_calibration.CONFIG_DIR / "c1_mlp_3w_bsp.yaml"
+    devs = ["this_machine:0", "this_machine:1", "this_machine:2", "ps:0"]
+    real = {d: 10.0 + k for k, d in enumerate(devs)}
+
+    def recorded(drift: dict[str, float] | None) -> validate.Validation:
+        diag = {"host": {"cores": 2, "background_threads": 0.0}, "drift": drift,
+                "runtime_cpu": {"figures": {devs[0]: dataclasses.asdict(Figures("worker", 1.0, 1.0, 1.0, 1.0))}},
+                "cpu_per_iteration": {"processes": {d: {"real_ms": r} for d, r in real.items()}}}
+        metrics = {"iteration_time_mean_s": {"sim": 0.05, "real": 0.04, "rel_error": 0.25}}
+        return validate.Validation(str(cfg), cfg.stem, [validate.SchedulerRun("equal", metrics, diag)], None, {})
+
+    (tmp_path / cfg.stem).mkdir()
+    (tmp_path / cfg.stem / "validation.json").write_text(json.dumps(recorded({"compute": 1.25}).to_json()))
+    saved = runtime_calibration.saved_samples(tmp_path, [cfg.stem])
+    assert saved is not None and [(lab, f.compute_ms, r) for lab, f, r in saved[0]] == [
+        (f"c1_mlp_3w_bsp|equal|{devs[0]}", 1.0, 10.0)]  # as recorded
+    again = runtime_calibration.saved_samples(tmp_path, [cfg.stem], resimulate=True)
+    assert again is not None
+    got = {lab.split("|")[2]: (f, r) for lab, f, r in again[0]}
+    assert sorted(got) == sorted(devs) and all(got[d][1] == real[d] for d in devs)
+    [plain] = validate.first_figures(recorded(None))
+    for d in devs:
+        f, p = got[d][0], plain[d]
+        assert (f.role, f.messages, f.sharing) == (p.role, p.messages, p.sharing)
+        assert (f.compute_ms, f.transport_ms) == (pytest.approx(1.25 * p.compute_ms), pytest.approx(1.25 * p.transport_ms))
+    assert got["ps:0"][0].role == "ps" and plain[devs[0]].compute_ms > 1.0
+    # without the runs' files there is nothing to resimulate
+    assert runtime_calibration.saved_samples(tmp_path, ["c9_mlp_2w_asp_pipe"], resimulate=True) is None
+
+
+def test_resimulate_without_its_profile_or_runs_exits_2_with_one_line(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "gone.json"
+    assert runtime_calibration.main(["--out", str(tmp_path), "--report-only", "--resimulate",
+                                     "--fresh-profile", str(missing)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and str(missing) in err and "no such profile" in err
+    assert runtime_calibration.main(["--out", str(tmp_path), "--report-only", "--resimulate"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "*/validation.json of every config" in err
