@@ -18,7 +18,8 @@ shards and the workers of an all-reduce job (their CPU goes to the collective's
 buckets and DDP's reducer, not to PS messages; their compute terms are the workers'
 where workers were fitted)
 have coefficients of their own (:class:`RuntimeCpuModel`), fitted by
-:func:`fit` (non-negative least squares on relative errors) to real runs of configs
+:func:`fit_configs` (non-negative least squares on relative errors, drawn towards the
+DES's own figures by a ridge chosen by leaving each config out) to real runs of configs
 other than those validated (``python -m bench.runtime_calibration``), and stored in
 the profile (``network.runtime_cpu``). `hetsim validate` then runs the DES twice:
 once as it is, and once with each process's CPU scaled to the prediction
@@ -183,12 +184,41 @@ class RuntimeCpuModel:
             raise ValueError(f"runtime_cpu{'.' + where if where else ''}: {err['msg']}") from None
 
 
-def fit(samples: list[tuple[Figures, float]], note: str = "") -> RuntimeCpuModel:
+#: what the fit is drawn towards: the DES's own CPU (compute and transport as charged, no more)
+PRIOR = (1.0, 0.0, 1.0, 0.0)
+#: the ridge strengths :func:`choose_ridge` tries (per sample, on relative errors)
+RIDGE_GRID = (0.0, 0.001, 0.003, 0.01, 0.03, 0.1)
+
+
+def _fit_role(rows: list[tuple[Figures, float]], lam: float,
+              fixed: tuple[float, ...] | None = None) -> tuple[float, ...]:
+    """One role's coefficients: non-negative least squares of ``predicted / real - 1`` over
+    ``rows``, plus ``lam`` x rows x the squared distance to :data:`PRIOR` (a ridge; 0: plain
+    NNLS). ``fixed``: the compute terms (``a``, ``b``) given, the others fitted to what is left."""
+    real = np.array([r for _, r in rows])
+    A = np.array([f.terms() for f, _ in rows]) / real[:, None]
+    y = np.ones(len(rows))
+    prior = np.array(PRIOR)
+    if fixed is not None:
+        y = y - A[:, :2] @ np.array(fixed)
+        A, prior = A[:, 2:], prior[2:]
+    if lam > 0:
+        s = float(np.sqrt(lam * len(rows)))
+        A = np.vstack([A, s * np.eye(A.shape[1])])
+        y = np.concatenate([y, s * prior])
+    x, _ = nnls(A, y)
+    return (*fixed, *(float(v) for v in x)) if fixed is not None else tuple(float(v) for v in x)
+
+
+def fit(samples: list[tuple[Figures, float]], note: str = "",
+        ridge: dict[str, float] | None = None) -> RuntimeCpuModel:
     """Fit :class:`RuntimeCpuModel` to ``(figures, real CPU ms per iteration)`` pairs: per
     role, non-negative least squares of ``predicted / real - 1`` (each process counts alike,
-    whatever its CPU, so a config with more processes weighs more). A worker or PS role
-    without samples keeps the identity (compute and transport as the DES charges them);
-    all-reduce workers without samples take the workers' coefficients (``allreduce`` None).
+    whatever its CPU, so a config with more processes weighs more), drawn towards
+    :data:`PRIOR` by ``ridge[role]`` (absent: 0, plain NNLS; see :func:`choose_ridge`). A
+    worker or PS role without samples keeps the identity (compute and transport as the DES
+    charges them); all-reduce workers without samples take the workers' coefficients
+    (``allreduce`` None).
 
     All-reduce workers share the workers' compute coefficients (``a``, ``b``) where there
     are worker samples, and only their transport and message terms are fitted, to the CPU
@@ -200,6 +230,7 @@ def fit(samples: list[tuple[Figures, float]], note: str = "") -> RuntimeCpuModel
     Raises:
         ValueError: a real figure <= 0.
     """
+    ridge = ridge or {}
     coef: dict[str, tuple[float, ...]] = {}
     for role in ROLES:
         rows = [(f, r) for f, r in samples if f.role == role]
@@ -209,17 +240,47 @@ def fit(samples: list[tuple[Figures, float]], note: str = "") -> RuntimeCpuModel
             if role != "allreduce":
                 coef[role] = (1.0, 0.0, 1.0, 0.0)
             continue
-        real = np.array([r for _, r in rows])
-        terms = np.array([f.terms() for f, _ in rows])
-        if role == "allreduce" and any(f.role == "worker" for f, _ in samples):
-            compute = coef["worker"][:2]
-            left = 1.0 - terms[:, :2] @ np.array(compute) / real
-            x, _ = nnls(terms[:, 2:] / real[:, None], left)
-            coef[role] = (*compute, *(float(v) for v in x))
-            continue
-        x, _ = nnls(terms / real[:, None], np.ones(len(rows)))
-        coef[role] = tuple(float(v) for v in x)
+        shared = role == "allreduce" and any(f.role == "worker" for f, _ in samples)
+        coef[role] = _fit_role(rows, ridge.get(role, 0.0), coef["worker"][:2] if shared else None)
     return RuntimeCpuModel(coef["worker"], coef["ps"], note, coef.get("allreduce"))  # type: ignore[arg-type]
+
+
+def choose_ridge(samples: list[tuple[str, Figures, float]]) -> dict[str, float]:
+    """Per role with samples, the ridge of :data:`RIDGE_GRID` whose fits predict each config
+    left out best: ``(config, figures, real)`` samples; the median |relative error| over
+    the role's processes, each predicted by the fit to the other configs (the smallest
+    ridge among equals). The calibration configs are few (17) and the terms nearly
+    collinear (a process's compute and copies both grow with its model), so plain NNLS
+    splits a role's CPU between terms differently from one machine's runs to the next;
+    drawn towards the DES's own figures it predicts configs it did not see better. The
+    all-reduce role's folds take the workers' compute terms fitted to the same folds."""
+    out: dict[str, float] = {}
+    for role in ROLES:
+        configs = sorted({c for c, f, _ in samples if f.role == role})
+        if not configs:
+            continue
+        scores = []
+        for lam in RIDGE_GRID:
+            errs = []
+            for left in configs:
+                if len(configs) > 1:
+                    train = [(f, r) for c, f, r in samples if c != left]
+                else:
+                    train = [(f, r) for _, f, r in samples]
+                m = fit(train, ridge={**out, role: lam})
+                errs += [abs(m.predict_ms(f) / r - 1.0) for c, f, r in samples if c == left and f.role == role]
+            scores.append((float(np.median(errs)), lam))
+        out[role] = min(scores)[1]
+    return out
+
+
+def fit_configs(samples: list[tuple[str, Figures, float]], note: str = "") -> RuntimeCpuModel:
+    """:func:`fit` to ``(config, figures, real)`` samples with each role's ridge from
+    :func:`choose_ridge`, which the note records."""
+    ridge = choose_ridge(samples)
+    how = "ridge towards the DES's own CPU, by leaving each config out: " + ", ".join(
+        f"{role} {lam:g}" for role, lam in ridge.items())
+    return fit([(f, r) for _, f, r in samples], f"{note}; {how}" if note else how, ridge)
 
 
 def models_of(problem: Problem) -> dict[str, RuntimeCpuModel]:

@@ -97,7 +97,7 @@ def iteration_rows(runs: list[dict[str, Any]], samples: list[tuple[str, runtime_
     rows = []
     for run in runs:
         cfg = run["config"]
-        left_out = runtime_cpu.fit([(f, r) for lab, f, r in samples if lab.split("|")[0] != cfg])
+        left_out = fitted([x for x in samples if x[0].split("|")[0] != cfg])
         got = validate.resimulate(CONFIG_DIR / f"{cfg}.yaml", run["scheduler"],
                                   Host("local", run["cores"], run["background_threads"]),
                                   {"fit": model, "left_out": left_out})
@@ -111,13 +111,19 @@ def iteration_rows(runs: list[dict[str, Any]], samples: list[tuple[str, runtime_
     return rows
 
 
+def fitted(samples: list[tuple[str, runtime_cpu.Figures, float]], note: str = "") -> runtime_cpu.RuntimeCpuModel:
+    """:func:`calibration.runtime_cpu.fit_configs` of labelled samples (configs: the label's
+    first field): each role's ridge chosen by leaving each config out."""
+    return runtime_cpu.fit_configs([(lab.split("|")[0], f, r) for lab, f, r in samples], note)
+
+
 def leave_one_out(samples: list[tuple[str, runtime_cpu.Figures, float]]) -> dict[str, float]:
     """Per sample, the relative error of its prediction by the model fitted to every other
     config's samples (configs: the label's first field)."""
     configs = sorted({s[0].split("|")[0] for s in samples})
     out = {}
     for c in configs:
-        model = runtime_cpu.fit([(f, r) for lab, f, r in samples if lab.split("|")[0] != c])
+        model = fitted([x for x in samples if x[0].split("|")[0] != c])
         for lab, f, r in samples:
             if lab.split("|")[0] == c:
                 out[lab] = model.predict_ms(f) / r - 1.0
@@ -127,7 +133,7 @@ def leave_one_out(samples: list[tuple[str, runtime_cpu.Figures, float]]) -> dict
 def fit_report(samples: list[tuple[str, runtime_cpu.Figures, float]],
                note: str) -> tuple[runtime_cpu.RuntimeCpuModel, pd.DataFrame, dict[str, Any]]:
     """The fit on every sample, a row per process and the summary figures."""
-    model = runtime_cpu.fit([(f, r) for _, f, r in samples], note)
+    model = fitted(samples, note)
     loo = leave_one_out(samples) if len({s[0].split("|")[0] for s in samples}) > 1 else {}
     rows = []
     for lab, f, r in samples:
@@ -218,8 +224,7 @@ def fresh_machine(path: Path, threads: int, on_step: Callable[[str], None] | Non
     if not samples:
         raise ConfigError(str(CONFIG_DIR), "runtime", "no calibration run has both DES figures and real CPU")
     names = ", ".join(dict.fromkeys(lab.split("|")[0] for lab, _, _ in samples))
-    model = runtime_cpu.fit([(f, r) for _, f, r in samples],
-                            f"hetsim validate --fresh-profile, fitted {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} "
+    model = fitted(samples, f"hetsim validate --fresh-profile, fitted {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} "
                             f"UTC: {len(samples)} processes of {names}")
     write_model(path, model)
     return load_profile_file(path)
@@ -277,7 +282,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     model, df, summary = fit_report(samples, note)
     coef = pd.DataFrame([{"role": role, **dict(zip(runtime_cpu.TERMS, model.coef(role)))} for role in
                          runtime_cpu.ROLES])
-    text = ["# Runtime CPU model: fit", "", note, "",
+    text = ["# Runtime CPU model: fit", "", model.note, "",
             "cpu = a compute + b compute (m - 1) + c transport + d messages (ms per iteration; d in ms per "
             "message end)", "", markdown_table(coef.round(4)), "",
             f"Median |error| per process: the DES alone {pct(summary['des_median_abs_error'], sign=False)}, the fit "

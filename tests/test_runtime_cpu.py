@@ -412,3 +412,48 @@ def test_resimulate_without_its_profile_or_runs_exits_2_with_one_line(tmp_path: 
     assert runtime_calibration.main(["--out", str(tmp_path), "--report-only", "--resimulate"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "*/validation.json of every config" in err
+
+
+def test_the_ridge_draws_a_role_towards_the_des_own_cpu() -> None:
+    """One worker: compute 10 ms, nothing else, really 20 ms. Plain NNLS: a = 2. With ridge
+    l the fit minimises (10 a / 20 - 1)^2 + l (a - 1)^2: a = (1/2 + l) / (1/4 + l), 1.5 at
+    l = 1/4; a huge ridge leaves the DES's own figure, a = 1. The transport term, which no
+    sample has, is 0 plainly and its prior 1 with any ridge. The PS role, without
+    samples, keeps the identity."""
+    s = [(Figures("worker", 10.0, 0.0, 0.0, 1.0), 20.0)]
+    assert runtime_cpu.fit(s).worker == pytest.approx((2.0, 0.0, 0.0, 0.0))
+    assert runtime_cpu.fit(s, ridge={"worker": 0.25}).worker == pytest.approx((1.5, 0.0, 1.0, 0.0))
+    assert runtime_cpu.fit(s, ridge={"worker": 1e9}).worker == pytest.approx((1.0, 0.0, 1.0, 0.0), abs=1e-6)
+    assert runtime_cpu.fit(s, ridge={"worker": 0.25}).ps == (1.0, 0.0, 1.0, 0.0)
+
+
+def test_choose_ridge_picks_the_strength_that_predicts_left_out_configs_best() -> None:
+    """Samples made exactly by a model: every fold recovers it, so the smallest strength (0)
+    wins and the fit is the model. Made noisy (each config's processes off by its own
+    factor): the chosen strength is, per role, the one of the grid with the smallest
+    median |error| over the configs left out, recomputed here fold by fold."""
+    import numpy as np
+
+    truth = RuntimeCpuModel(worker=(0.9, 0.2, 1.5, 0.05), ps=(0.6, 0.0, 0.7, 0.8))
+    grid = [(c, t, n, m) for c, t, n, m in [(10, 4, 2, 1), (10, 4, 2, 3), (2, 1, 22, 3), (25, 5, 9, 2), (5, 0.5, 2, 2),
+                                             (14, 9, 4, 2), (30, 2, 2, 1), (7, 7, 12, 3)]]
+    exact = [(f"c{i}", f, truth.predict_ms(f)) for role in ("worker", "ps")
+             for i, f in enumerate(Figures(role, *g) for g in grid)]
+    assert runtime_cpu.choose_ridge(exact) == {"worker": 0.0, "ps": 0.0}
+    assert runtime_cpu.fit_configs(exact).worker == pytest.approx(truth.worker, abs=1e-9)
+    rng = np.random.default_rng(3)
+    off = {f"c{i}": float(rng.uniform(0.7, 1.4)) for i in range(len(grid))}
+    noisy = [(c, f, r * off[c]) for c, f, r in exact]
+    chosen = runtime_cpu.choose_ridge(noisy)
+    for role in ("worker", "ps"):
+        def loo(lam: float) -> float:
+            errs = []
+            for left in off:
+                m = runtime_cpu.fit([(f, r) for c, f, r in noisy if c != left], ridge={**chosen, role: lam})
+                errs += [abs(m.predict_ms(f) / r - 1) for c, f, r in noisy if c == left and f.role == role]
+            return float(np.median(errs))
+        scores = {lam: loo(lam) for lam in runtime_cpu.RIDGE_GRID}
+        assert scores[chosen[role]] == min(scores.values())
+    model = runtime_cpu.fit_configs(noisy, "n")
+    assert model == runtime_cpu.fit([(f, r) for _, f, r in noisy], model.note, chosen)
+    assert model.note.startswith("n; ridge towards the DES's own CPU") and "worker" in model.note
