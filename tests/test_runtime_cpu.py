@@ -445,14 +445,16 @@ def test_choose_ridge_picks_the_strength_that_predicts_left_out_configs_best() -
     off = {f"c{i}": float(rng.uniform(0.7, 1.4)) for i in range(len(grid))}
     noisy = [(c, f, r * off[c]) for c, f, r in exact]
     chosen = runtime_cpu.choose_ridge(noisy)
+
+    def loo(role: str, lam: float) -> float:
+        errs = []
+        for left in off:
+            m = runtime_cpu.fit([(f, r) for c, f, r in noisy if c != left], ridge={**chosen, role: lam})
+            errs += [abs(m.predict_ms(f) / r - 1) for c, f, r in noisy if c == left and f.role == role]
+        return float(np.median(errs))
+
     for role in ("worker", "ps"):
-        def loo(lam: float) -> float:
-            errs = []
-            for left in off:
-                m = runtime_cpu.fit([(f, r) for c, f, r in noisy if c != left], ridge={**chosen, role: lam})
-                errs += [abs(m.predict_ms(f) / r - 1) for c, f, r in noisy if c == left and f.role == role]
-            return float(np.median(errs))
-        scores = {lam: loo(lam) for lam in runtime_cpu.RIDGE_GRID}
+        scores = {lam: loo(role, lam) for lam in runtime_cpu.RIDGE_GRID}
         assert scores[chosen[role]] == min(scores.values())
     model = runtime_cpu.fit_configs(noisy, "n")
     assert model == runtime_cpu.fit([(f, r) for _, f, r in noisy], model.note, chosen)
