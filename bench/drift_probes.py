@@ -6,10 +6,11 @@ A probe earns its place if, when it reads a slower machine, the processes of tha
 really use more CPU. This reads every validation.json under the DIRs with probes and, per
 process, its real CPU (``cpu_per_iteration``: in all, and of its messages' copies) over its
 DES figure without the drift (``runtime_cpu.figures`` divided by the drift factor the DES
-ran at); then, within each (config, process) seen in 3 runs or more, the deviations of the
-logs from their mean: the slope (elasticity) and correlation of real CPU against each
-probe's factor (the median over a run's probes). 1 and a high correlation: the probe tracks
-the runs; 0: it does not. Prints one line per role and probe.
+ran at); then, within each (config, ``--set`` overrides, scheduler, process) seen in 3 runs
+or more, the deviations of the logs from their mean: the slope (elasticity) and
+correlation of real CPU against each probe's factor (the median over a run's probes). 1
+and a high correlation: the probe tracks the runs; 0: it does not. Prints one line per
+role, probe and real CPU (in all, or of the copies).
 """
 
 from __future__ import annotations
@@ -25,24 +26,31 @@ from pathlib import Path
 import numpy as np
 
 
-def runs(dirs: Iterable[Path]) -> Iterable[tuple[str, dict]]:
-    """``(config name, scheduler run)`` of every validation.json under ``dirs`` whose run recorded probes."""
+def runs(dirs: Iterable[Path]) -> Iterable[tuple[tuple[str, ...], dict]]:
+    """``(group, scheduler run)`` of every run with probes in the validation.json files under
+    ``dirs``, each run once (a suite's own validation.json lists the runs its configs'
+    files hold: it is skipped, and a run met twice is taken once). ``group``: the config,
+    its ``--set`` overrides and the scheduler, the runs of which are compared."""
+    seen: set[str] = set()
     for d in dirs:
         for f in sorted(d.rglob("validation.json")):
-            data = json.loads(f.read_text())
-            for v in data if isinstance(data, list) else [data]:
-                if not isinstance(v, dict) or not isinstance(v.get("schedulers"), dict):
-                    continue
-                for run in v["schedulers"].values():
-                    if ((run.get("diagnostics") or {}).get("drift") or {}).get("probes"):
-                        yield v["name"], run
+            v = json.loads(f.read_text())
+            if not isinstance(v, dict) or not isinstance(v.get("schedulers"), dict):
+                continue  # a suite's list of its configs' records
+            sets = json.dumps((v.get("info") or {}).get("overrides") or [])
+            for name, run in v["schedulers"].items():
+                drift = (run.get("diagnostics") or {}).get("drift") or {}
+                key = json.dumps([v.get("name"), name, drift.get("probes")], sort_keys=True)
+                if drift.get("probes") and key not in seen:
+                    seen.add(key)
+                    yield (v["name"], sets, name), run
 
 
 def rows(dirs: Iterable[Path]) -> list[dict]:
     """Per process of every run with probes: its role, each probe's factor and the logs of its
     real CPU over its undrifted DES figure (in all, and of its copies)."""
     out = []
-    for name, run in runs(dirs):
+    for group, run in runs(dirs):
         dg = run["diagnostics"]
         probes = dg["drift"]["probes"]
         factors = {k: statistics.median(p[k] for p in probes) for k in probes[0] if isinstance(probes[0][k], float)}
@@ -60,7 +68,7 @@ def rows(dirs: Iterable[Path]) -> list[dict]:
                 continue
             copies = (np.log(p["real_transport_ms"] / transport)
                       if p.get("real_transport_ms") and transport > 0 else None)
-            out.append({"group": (name, dev), "role": f["role"], "factors": factors,
+            out.append({"group": (*group, dev), "role": f["role"], "factors": factors,
                         "total": float(np.log(p["real_ms"] / des)), "copies": copies})
     return out
 
@@ -85,7 +93,7 @@ def elasticities(data: Sequence[dict], min_runs: int = 3) -> list[tuple[str, str
                     y = np.array([r[what] for r in g])
                     xs += list(x - x.mean())
                     ys += list(y - y.mean())
-                if len(xs) >= 5 and np.std(xs) > 0:
+                if len(xs) >= 5 and np.std(xs) > 0 and np.std(ys) > 0:
                     slope = float(np.polyfit(xs, ys, 1)[0])
                     out.append((role, probe, what, slope, float(np.corrcoef(xs, ys)[0, 1]), len(xs)))
     return out

@@ -253,7 +253,9 @@ def choose_ridge(samples: list[tuple[str, Figures, float]]) -> dict[str, float]:
     collinear (a process's compute and copies both grow with its model), so plain NNLS
     splits a role's CPU between terms differently from one machine's runs to the next;
     drawn towards the DES's own figures it predicts configs it did not see better. The
-    all-reduce role's folds take the workers' compute terms fitted to the same folds."""
+    all-reduce role's folds take the workers' compute terms fitted to the same folds. A
+    role seen in one config only has no fold to leave out: it is scored on its own
+    samples, which plain NNLS fits best (0)."""
     out: dict[str, float] = {}
     for role in ROLES:
         configs = sorted({c for c, f, _ in samples if f.role == role})

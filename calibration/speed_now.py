@@ -14,11 +14,11 @@ slower and the loopback links that much slower too: the median over those probes
 
 One factor for everything: over 615 processes of recorded validation runs, each
 process's real CPU, against the same process of the same config in other runs, moved
-with this factor (elasticity 0.8-0.9, correlation 0.62-0.72 over workers, shards and
-all-reduce workers; the real copies' CPU alone 1.0-1.3, correlation 0.51-0.56), and
-not with a probe of large copies (64 MB, memory-bound: correlation 0.04-0.22), which
+with this factor (elasticity 0.8-0.9, correlation 0.65-0.74 over workers, shards and
+all-reduce workers; the real copies' CPU alone 1.0-1.2, correlation 0.51-0.58), and
+not with a probe of large copies (64 MB, memory-bound: correlation 0.00-0.21), which
 an earlier version applied to the copies and links
-(docs/notes/2026-12-07-drift-one-factor.md).
+(docs/notes/2026-12-07-drift-one-factor.md, ``python -m bench.drift_probes``).
 
 A profile that did not time the runtime's model (the committed ones, made with the
 zoo's default sizes) gets no factor: the DES prices with it as it is.
@@ -84,7 +84,7 @@ def around(probes: Sequence[dict[str, Any] | None]) -> dict[str, Any] | None:
             "probes": list(probes)}
 
 
-def with_drift(emu: RuntimeEmulation, problem: Problem, factor: float) -> RuntimeEmulation:
+def with_drift(emu: RuntimeEmulation, factor: float) -> RuntimeEmulation:
     """``emu`` with every placed process's work (compute, a PS shard's aggregation and
     update, every message's copies) ``factor`` times slower, and the links (``wire_Bps``,
     the loopback rate, and ``allreduce_Bps``, the measured all-reduce's) too."""

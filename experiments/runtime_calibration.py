@@ -167,6 +167,12 @@ def saved_samples(out: Path, stems: list[str], resimulate: bool = False, profile
     files = [out / s / "validation.json" for s in stems]
     if all(f.is_file() for f in files):
         vs = [validate.Validation.from_json(json.loads(f.read_text())) for f in files]
+        if resimulate and profile is None:
+            fresh = [f for f, v in zip(files, vs) for r in v.runs
+                     if any("--fresh-profile" in str(x) for x in (r.diagnostics.get("profiles") or {}).values())]
+            if fresh:
+                raise ConfigError(str(fresh[0]), "profiles", "priced with a --fresh-profile: give that "
+                                  "--fresh-profile FILE to --resimulate")
         prof = load_profile_file(profile) if resimulate and profile is not None else None
         return ([x for v in vs for x in samples_of(v, validate.first_figures(v, prof) if resimulate else None)],
                 [x for v in vs for x in runs_of(v)])
@@ -243,6 +249,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--fresh-profile", metavar="FILE", type=Path,
                     help="price every rank with this machine's profile FILE (measured first when missing)")
     args = ap.parse_args(argv)
+    if args.resimulate and not args.report_only:
+        ap.error("--resimulate works on saved runs: give --report-only too")
     out = Path(args.out)
     configs = sorted(CONFIG_DIR.glob("*.yaml"))
     if args.only:
@@ -256,7 +264,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{args.fresh_profile}: no such profile (--resimulate prices the saved runs with it)",
                   file=sys.stderr)
             return 2
-        saved = saved_samples(out, [c.stem for c in configs], args.resimulate, args.fresh_profile)
+        try:
+            saved = saved_samples(out, [c.stem for c in configs], args.resimulate, args.fresh_profile)
+        except ConfigError as e:
+            print(e, file=sys.stderr)
+            return 2
         if saved is None:
             need = ("*/validation.json of every config" if args.resimulate
                     else "neither */validation.json of every config nor calibration.json with samples")

@@ -687,7 +687,7 @@ def _first_des(config: str | Path, scheduler: str, host: Host, iterations: int |
     sched, plan = runner.schedule(loaded, problem, scheduler)
     emu = emulation(problem, plan, opts, host)
     if drift is not None:
-        emu = with_drift(emu, problem, drift["compute"])
+        emu = with_drift(emu, drift["compute"])
     first = runner.evaluate(problem, plan, "des", trace=trace, scheduler=sched, emulation=emu)
     return _FirstDes(loaded, opts, problem, plan, emu, emulated_problem(problem, emu), first)
 
@@ -885,7 +885,7 @@ def validate(config: str | Path, scheduler_arg: str | None = None, iterations: i
         load_after = os.getloadavg()[0]
         drift = around(real_runs.probes)
         if drift is not None:
-            emu = with_drift(emu, problem, drift["compute"])
+            emu = with_drift(emu, drift["compute"])
         simulated = emulated_problem(problem, emu)
         info = _host_info(simulated, plan, spec.n_workers, spec.n_shards, load_before)
         if on_step:
@@ -1012,8 +1012,8 @@ def report_md(results: Sequence[Validation], title: str = "hetsim validate") -> 
                           "fp32 values took " + ", ".join(f"{1e3 * a:.3g}" for a in mp["now_s"]) + " ms against "
                           "the profile's " + ", ".join(f"{1e3 * b:.3g}" for b in mp["profile_s"])
                           + f" ms: memory copies {mp['factor']:.3f} times the profile's, before the real runs "
-                          "(a diagnostic; with a fresh profile the DES runs at the speed-now factors of the "
-                          "headline, which time the copies again around the run).", ""]
+                          "(a diagnostic; with a fresh profile the DES runs at the speed factor of the "
+                          "headline: the runtime's model timed again around the run).", ""]
             rm = r.diagnostics.get("runtime_cpu") or {}
             if rm.get("models"):
                 first = rm["sim_without_model"]["iteration_time_mean_s"]

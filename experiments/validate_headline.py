@@ -75,7 +75,8 @@ def headline(metrics: Mapping[str, Mapping[str, Any]], diagnostics: Mapping[str,
     ``iteration_time_mean_error``; ``component_median_abs_error`` over ``components``
     per-worker compute and communication metrics, and ``compute_median_abs_error`` /
     ``comm_median_abs_error`` of each kind; ``calibrated_models``; ``drift`` (the speed-now
-    factors the DES ran at, None without a fresh profile); ``profiles``; and
+    factor the DES ran at, ``{"compute"}``, and ``copies`` where a run recorded before there
+    was one factor has it; None without a fresh profile); ``profiles``; and
     ``iteration_time_mean_error_without_calibrated``."""
     comps = component_errors(metrics)
     everything = [e for errs in comps.values() for e in errs]
@@ -84,7 +85,8 @@ def headline(metrics: Mapping[str, Mapping[str, Any]], diagnostics: Mapping[str,
             "component_median_abs_error": median_abs(everything), "components": len(everything),
             **{f"{k}_median_abs_error": median_abs(v) for k, v in comps.items()},
             "calibrated_models": calibrated_models(diagnostics),
-            "drift": {"compute": diagnostics["drift"]["compute"]} if diagnostics.get("drift") else None,
+            "drift": ({k: diagnostics["drift"][k] for k in ("compute", "copies") if k in diagnostics["drift"]}
+                      if diagnostics.get("drift") else None),
             "profiles": dict(diagnostics.get("profiles") or {}),
             "iteration_time_mean_error_without_calibrated": _rel(without_calibrated_s(diagnostics),
                                                                  it.get("real"))}
@@ -113,7 +115,11 @@ def headline_text(h: Mapping[str, Any]) -> str:
                      f"{pct(h['iteration_time_mean_error_without_calibrated'])}")
     else:
         parts.append("no calibrated model of this machine used (no runtime CPU model)")
-    if h.get("drift"):
+    if h.get("drift") and "copies" in h["drift"]:  # a record from before there was one factor
+        parts.append(f"this machine's speed now against its profile, as recorded: compute x{h['drift']['compute']:.3f}, "
+                     f"copies x{h['drift']['copies']:.3f} (the DES of that run applied both; one rescored now "
+                     f"applies the compute one to everything)")
+    elif h.get("drift"):
         parts.append(f"this machine's speed now against its profile (applied to every process's work and "
                      f"the loopback links): x{h['drift']['compute']:.3f}")
     return "; ".join(parts)

@@ -643,7 +643,7 @@ def test_validate_prices_an_all_reduce_ring_by_the_measured_all_reduce() -> None
     two = on_host(RuntimeEmulation(), ar4, plan(ar4, [5, 5, 5, 5]), parse_options({"threads": 2}, "c"),
                   Host("local", 2, 0.0))
     assert [d.nic_bw_Bps for d in emulated_problem(ar4, two).cluster.devices] == _approx([5e8] * 4)
-    drifted = emulated_problem(ar_prob, with_drift(emu, ar_prob, 1.25)).cluster
+    drifted = emulated_problem(ar_prob, with_drift(emu, 1.25)).cluster
     assert [d.nic_bw_Bps for d in drifted.devices] == _approx([8e8, 8e8])
     assert drifted.network.latency_s == 1e-3  # the drift slows the rate, not the latency
     # a tree's steps are not a ring's: the plan keeps its network

@@ -99,7 +99,7 @@ def test_copy_scale_stretches_only_the_copies() -> None:
 
 
 def test_fit_recovers_the_coefficients_that_made_the_samples() -> None:
-    truth = RuntimeCpuModel(worker=(0.9, 0.2, 1.5, 0.05), ps=(0.6, 0.0, 0.7, 0.8))
+    truth = RuntimeCpuModel(worker=(0.9, 0.2, 1.5, 0.05), ps=(0.6, 0.0, 0.7, 0.8), allreduce=(0.9, 0.2, 0.6, 0.3))
     figs = [Figures(role, c, t, n, m) for role in ("worker", "ps")
             for c, t, n, m in [(10, 4, 2, 1), (10, 4, 2, 3), (2, 1, 22, 3), (25, 5, 9, 2), (5, 0.5, 2, 2),
                                (27, 1.3, 2, 3)]]
@@ -412,6 +412,30 @@ def test_resimulate_without_its_profile_or_runs_exits_2_with_one_line(tmp_path: 
     assert runtime_calibration.main(["--out", str(tmp_path), "--report-only", "--resimulate"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "*/validation.json of every config" in err
+    # not a profile: one line naming the file
+    bad = tmp_path / "bad.json"
+    bad.write_text("{bad")
+    stems = [c.stem for c in sorted(runtime_calibration.CONFIG_DIR.glob("*.yaml"))]
+    for stem in stems:  # saved runs of every config (none with a fresh profile)
+        (tmp_path / stem).mkdir()
+        (tmp_path / stem / "validation.json").write_text(json.dumps(validate.Validation(
+            stem, stem, [validate.SchedulerRun("equal", {}, {"profiles": {"mine": "measured then"}})], None,
+            {}).to_json()))
+    assert runtime_calibration.main(["--out", str(tmp_path), "--report-only", "--resimulate",
+                                     "--fresh-profile", str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith(str(bad))
+    # runs priced with a fresh profile, resimulated without it: refused, naming a run's file
+    (tmp_path / stems[0] / "validation.json").write_text(json.dumps(validate.Validation(
+        stems[0], stems[0], [validate.SchedulerRun("equal", {}, {"profiles": {"here": "--fresh-profile x.json"}})],
+        None, {}).to_json()))
+    assert runtime_calibration.main(["--out", str(tmp_path), "--report-only", "--resimulate"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and stems[0] in err and "give that --fresh-profile FILE" in err
+    # --resimulate without --report-only would run every calibration config for real: refused
+    with pytest.raises(SystemExit) as ex:
+        runtime_calibration.main(["--out", str(tmp_path), "--resimulate"])
+    assert ex.value.code == 2 and "give --report-only too" in capsys.readouterr().err
 
 
 def test_the_ridge_draws_a_role_towards_the_des_own_cpu() -> None:
@@ -437,10 +461,14 @@ def test_choose_ridge_picks_the_strength_that_predicts_left_out_configs_best() -
     truth = RuntimeCpuModel(worker=(0.9, 0.2, 1.5, 0.05), ps=(0.6, 0.0, 0.7, 0.8))
     grid = [(c, t, n, m) for c, t, n, m in [(10, 4, 2, 1), (10, 4, 2, 3), (2, 1, 22, 3), (25, 5, 9, 2), (5, 0.5, 2, 2),
                                              (14, 9, 4, 2), (30, 2, 2, 1), (7, 7, 12, 3)]]
-    exact = [(f"c{i}", f, truth.predict_ms(f)) for role in ("worker", "ps")
+    exact = [(f"c{i}", f, truth.predict_ms(f)) for role in ("worker", "ps", "allreduce")
              for i, f in enumerate(Figures(role, *g) for g in grid)]
-    assert runtime_cpu.choose_ridge(exact) == {"worker": 0.0, "ps": 0.0}
-    assert runtime_cpu.fit_configs(exact).worker == pytest.approx(truth.worker, abs=1e-9)
+    assert runtime_cpu.choose_ridge(exact) == {"worker": 0.0, "ps": 0.0, "allreduce": 0.0}
+    got = runtime_cpu.fit_configs(exact)
+    # the all-reduce role takes the workers' compute terms and fits its own two to the rest
+    for role in ("worker", "ps", "allreduce"):
+        assert got.coef(role) == pytest.approx(truth.coef(role), abs=1e-9)
+    exact = [x for x in exact if x[1].role != "allreduce"]
     rng = np.random.default_rng(3)
     off = {f"c{i}": float(rng.uniform(0.7, 1.4)) for i in range(len(grid))}
     noisy = [(c, f, r * off[c]) for c, f, r in exact]

@@ -56,7 +56,7 @@ def test_with_drift_slows_every_process_and_the_links_by_one_factor() -> None:
     ids = [d.id for d in prob.cluster.devices]
     placement = ((ids[0], Placement(0, 1, (0,))), (ids[1], Placement(0, 1, (1,))), ("ps:0", Placement(0, 1, None)))
     emu = RuntimeEmulation(host=Host("h", 3), placement=placement, wire_Bps=1e9)
-    got = speed_now.with_drift(emu, prob, 1.25)
+    got = speed_now.with_drift(emu, 1.25)
     assert [got.cpu_scale(d) for d in (*ids, "ps:0")] == [CpuScale(1.25, 1.0)] * 3
     assert got.wire_Bps == pytest.approx(8e8)
     # in the DES a worker alone on its core computes 1.25 times as long: fwd 1e8 / 1e10 = 10 ms

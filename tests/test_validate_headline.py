@@ -160,3 +160,19 @@ def test_a_bad_fresh_profile_is_one_line_exit_2(tmp_path: Path, capsys: pytest.C
     assert cli.main(["validate", str(path), "--fresh-profile", str(bad), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("hetsim: error: ") and "bad.json: name:" in err[0], err
+
+
+def test_headline_gives_the_speed_factor_one_or_as_recorded() -> None:
+    """A run with one speed factor (x1.062, its probes beside it) says it applied it to
+    everything; a run recorded before there was one factor (compute x1.127, copies x1.189)
+    gives both as recorded and says what a rescore does with them."""
+    probes = [{"compute": 1.0}, {"compute": 1.124}]
+    h = headline(METRICS, {**DIAG, "drift": {"compute": 1.062, "probes": probes}})
+    assert h["drift"] == {"compute": 1.062}
+    assert headline_text(h).endswith("; this machine's speed now against its profile (applied to every "
+                                     "process's work and the loopback links): x1.062")
+    old = headline(METRICS, {**DIAG, "drift": {"compute": 1.127, "copies": 1.189, "probes": []}})
+    assert old["drift"] == {"compute": 1.127, "copies": 1.189}
+    assert headline_text(old).endswith("; this machine's speed now against its profile, as recorded: compute "
+                                       "x1.127, copies x1.189 (the DES of that run applied both; one rescored "
+                                       "now applies the compute one to everything)")
