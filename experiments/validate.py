@@ -700,17 +700,28 @@ def rescore(v: Validation, profile: DeviceProfile | None = None) -> Validation:
     recorded (they describe the DES that ran then). ``profile``: the ``--fresh-profile``
     the runs were priced with, if any. The config is read with the ``--set`` overrides
     it ran with (``info["overrides"]``)."""
-    sets = [f"{k}={json.dumps(x)}" for k, x in v.info.get("overrides", [])]
-    with overriding([v.config], sets):
+    with overriding([v.config], _recorded_sets(v)):
         return _rescore(v, profile)
+
+
+def _recorded_sets(v: Validation) -> list[str]:
+    """The ``--set`` overrides ``v`` ran with (``info["overrides"]``), as given on the command line."""
+    return [f"{k}={json.dumps(x)}" for k, x in v.info.get("overrides", [])]
+
+
+def _first_des_again(v: Validation, r: SchedulerRun, profile: DeviceProfile | None,
+                     trace: bool = False) -> _FirstDes:
+    """:func:`_first_des` of run ``r`` of ``v`` on its recorded host, background load and
+    drift (the config read with ``v``'s overrides: call it inside :func:`overriding`)."""
+    h = r.diagnostics["host"]
+    return _first_des(v.config, r.scheduler, Host("local", h["cores"], h["background_threads"]), None,
+                      profile, trace=trace, drift=r.diagnostics.get("drift"))
 
 
 def _rescore(v: Validation, profile: DeviceProfile | None) -> Validation:
     runs = []
     for r in v.runs:
-        h = r.diagnostics["host"]
-        f = _first_des(v.config, r.scheduler, Host("local", h["cores"], h["background_threads"]), None,
-                       profile, trace=True, drift=r.diagnostics.get("drift"))
+        f = _first_des_again(v, r, profile, trace=True)
         scales = runtime_cpu.scales_for(f.simulated, runtime_cpu.figures(f.simulated, f.result))
         sim = (des_again(f.loaded, f.problem, r.scheduler, f.emu.scaled(scales), f.plan, trace=True)
                if scales else f.result)
@@ -728,13 +739,10 @@ def first_figures(v: Validation, profile: DeviceProfile | None = None) -> list[d
     again, with the DES as it is now (the run's host, background load, drift and ``--set``
     overrides as recorded; ``profile``: the ``--fresh-profile`` it was priced with): what
     a runtime CPU model is fitted to, after a change to the DES, without the real runs again."""
-    sets = [f"{k}={json.dumps(x)}" for k, x in v.info.get("overrides", [])]
     out = []
-    with overriding([v.config], sets):
+    with overriding([v.config], _recorded_sets(v)):
         for r in v.runs:
-            h = r.diagnostics["host"]
-            f = _first_des(v.config, r.scheduler, Host("local", h["cores"], h["background_threads"]), None,
-                           profile, drift=r.diagnostics.get("drift"))
+            f = _first_des_again(v, r, profile)
             out.append(runtime_cpu.figures(f.simulated, f.result))
     return out
 
