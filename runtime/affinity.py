@@ -44,20 +44,76 @@ def pin(cpus: list[int] | set[int]) -> None:
             pass  # the thread has exited
 
 
+#: the name (``/proc/self/task/*/comm``) of gloo's transport threads: one event loop per
+#: process, which reads and writes every socket of the process group
+GLOO_LOOP = "gloo_tcp_loop"
+
+
+def threads_named(name: str) -> list[int]:
+    """The ids of this process's threads called ``name`` now ([] without ``/proc``)."""
+    out = []
+    for tid in thread_ids():
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                if f.read().strip() == name:
+                    out.append(tid)
+        except OSError:
+            continue  # the thread has exited
+    return out
+
+
+def lower_priority(name: str, nice: int) -> int:
+    """Give this process's threads called ``name`` the niceness ``nice`` (Linux: each
+    thread's own ``setpriority``; raising it needs no privilege); returns how many
+    threads got it (0 where the OS has no per-thread niceness or ``nice`` is 0).
+
+    The runtime does this to gloo's event loop (:data:`GLOO_LOOP`) where
+    ``runtime.gloo_loop_nice`` asks (default 0: not). That loop takes each socket's lock
+    with a try-lock and, when another thread holds it, returns to ``epoll_wait``, whose
+    level-triggered events are still there: on a core shared with the holder it spins
+    through its time slice while the holder waits for the core. Niced, it yields the
+    core to the holder, and to any compute on that core as well. On this project's
+    2-core VM, at 19: c2 (pipelined pushes) 93 -> 43 ms an iteration, v7 (four ASP
+    workers and the shard on two cores) 95 -> 102 ms, its workers' compute no longer
+    slowed but their pushes waiting for the shard's starved loop
+    (docs/notes/2026-12-07-gloo-loop-nice.md)."""
+    if nice <= 0 or not hasattr(os, "setpriority"):
+        return 0
+    done = 0
+    for tid in threads_named(name):
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, nice)
+            done += 1
+        except OSError:
+            pass  # the thread has exited
+    return done
+
+
 def in_force() -> dict[str, Any]:
-    """The emulation this process really runs with: torch threads and the CPUs its
-    threads may use (the union over every thread: gloo's included)."""
+    """The emulation this process really runs with: torch threads, the CPUs its threads
+    may use (the union over every thread: gloo's included) and the niceness of gloo's
+    event loop threads (``gloo_loop_nice``: the set of their values, sorted; [] without
+    such a thread, None where the OS does not say)."""
     import torch
 
+    nice: list[int] | None = None
+    if hasattr(os, "getpriority") and thread_ids():
+        values = set()
+        for tid in threads_named(GLOO_LOOP):
+            try:
+                values.add(os.getpriority(os.PRIO_PROCESS, tid))
+            except OSError:
+                pass  # the thread has exited
+        nice = sorted(values)
     if not hasattr(os, "sched_getaffinity"):
-        return {"threads": torch.get_num_threads(), "affinity": None}
+        return {"threads": torch.get_num_threads(), "affinity": None, "gloo_loop_nice": nice}
     cpus = set(os.sched_getaffinity(0))
     for tid in thread_ids():
         try:
             cpus |= os.sched_getaffinity(tid)
         except OSError:
             pass  # the thread has exited
-    return {"threads": torch.get_num_threads(), "affinity": sorted(cpus)}
+    return {"threads": torch.get_num_threads(), "affinity": sorted(cpus), "gloo_loop_nice": nice}
 
 
 def thread_cpu() -> dict[int, tuple[str, float]] | None:

@@ -36,7 +36,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from runtime.affinity import pin
+from runtime.affinity import GLOO_LOOP, lower_priority, pin
 from runtime.spec import CONNECT_TIMEOUT_S, RunSpec
 from sim.result import RunResult
 
@@ -80,6 +80,7 @@ def run_rank(spec: RunSpec, rank: int, world: int, local_rank: int = 0,
         pin(cpus)
     dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=spec.timeout_s))
+    lower_priority(GLOO_LOOP, spec.gloo_loop_nice)  # its threads start with the group
     if on_connected is not None:
         on_connected()
     try:

@@ -81,6 +81,11 @@ class RuntimeOptions(_Strict):
     pipeline_pulls: bool = Field(
         False, description="with job.pipeline: pulls layer-wise too (each tensor applied and sent as soon "
         "as every worker's gradient of it is in; forward waits per layer); BSP, one-stage plans")
+    gloo_loop_nice: int = Field(
+        0, ge=0, le=19, description="niceness of gloo's event loop thread in every rank (Linux; 0: left "
+        "as it is). The loop spins while a thread of its process holds a socket's lock; niced, it lets "
+        "the holder run where they share a core, but yields to compute there too "
+        "(runtime.affinity.lower_priority)")
 
 
 @dataclass
@@ -141,6 +146,7 @@ class RunSpec:
     plan: Plan
     pipeline: bool = False  # push each gradient as its backward finishes
     pipeline_pulls: bool = False  # and pull each tensor as it is applied (runtime.pulls)
+    gloo_loop_nice: int = 0  # niceness of gloo's event loop threads (runtime.affinity.lower_priority)
     device: str = "cpu"
     threads: int = 1
     ps_affinity: list[int] | None = None  # CPU ids of every PS shard process (None: not pinned)
@@ -271,7 +277,8 @@ def build_spec(problem: Problem, plan: Plan, opts: RuntimeOptions, scheduler: An
         staleness=job.staleness, bits=job.quant_bits, adaptive=job.quant_adaptive,
         quant_every=job.quant_every, lr=opts.lr, failure_timeout_s=job.failure_timeout_s,
         warmup=job.warmup_iterations, workers=workers, shards=list(plan.ps_shards), plan=plan,
-        pipeline=job.pipeline, pipeline_pulls=opts.pipeline_pulls, device=opts.device, threads=opts.threads,
+        pipeline=job.pipeline, pipeline_pulls=opts.pipeline_pulls, gloo_loop_nice=opts.gloo_loop_nice,
+        device=opts.device, threads=opts.threads,
         ps_affinity=opts.ps_affinity, timeout_s=timeout_s,
         max_trace_spans=opts.max_trace_spans, scheduler=online, devices=priced_devices(problem, plan),
         ignored=ignored, checkpoint_every=opts.checkpoint_every, crash_after_iteration=opts.crash_after_iteration,

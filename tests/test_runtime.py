@@ -280,6 +280,44 @@ def _burn(cpu_s: float) -> None:
         pass
 
 
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir() or not hasattr(os, "setpriority"),
+                    reason="no /proc or no per-thread niceness: lower_priority does nothing here")
+def test_lower_priority_nices_only_the_threads_of_that_name() -> None:
+    import threading
+
+    from runtime.affinity import lower_priority, threads_named
+
+    ready, done = threading.Event(), threading.Event()
+
+    def named(name: str) -> None:
+        with open(f"/proc/self/task/{threading.get_native_id()}/comm", "w") as f:
+            f.write(name)
+        ready.set()
+        done.wait(10)
+
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    a = threading.Thread(target=named, args=("hetsim-nicetest",))
+    a.start()
+    ready.wait(10)
+    ready.clear()
+    b = threading.Thread(target=named, args=("hetsim-other",))
+    b.start()
+    ready.wait(10)
+    try:
+        assert threads_named("hetsim-nicetest") == [a.native_id]
+        assert lower_priority("hetsim-nicetest", 0) == 0  # 0: left as it is
+        assert os.getpriority(os.PRIO_PROCESS, a.native_id) == own
+        assert lower_priority("hetsim-nicetest", min(own + 7, 19)) == 1
+        assert os.getpriority(os.PRIO_PROCESS, a.native_id) == min(own + 7, 19)
+        assert os.getpriority(os.PRIO_PROCESS, b.native_id) == own  # another name: untouched
+        assert os.getpriority(os.PRIO_PROCESS, 0) == own  # and so is the caller
+        assert lower_priority("no-such-thread", 19) == 0
+    finally:
+        done.set()
+        a.join()
+        b.join()
+
+
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="no /proc: no per-thread CPU")
 def test_cpu_meter_counts_every_thread_by_name() -> None:
     import threading
@@ -365,9 +403,11 @@ def test_quantized_pushes_carry_packed_bytes(tmp_path: Path) -> None:
     res = run(config(tmp_path, job={"quantization": 4, "iterations": 8},
                      runtime={"workers": [{"threads": 2, "affinity": [0]}], "ps_affinity": [0]}))
     emu = res.extra["runtime"]["emulation"]  # what the processes really ran with
-    assert emu["this_machine:0"] == {"threads": 2, "affinity": [0], "slowdown": []}
+    # gloo's event loop as the process made it (runtime.gloo_loop_nice 0, the default) where the OS says
+    nice = [os.getpriority(os.PRIO_PROCESS, 0)] if Path("/proc/self/task").is_dir() else None
+    assert emu["this_machine:0"] == {"threads": 2, "affinity": [0], "gloo_loop_nice": nice, "slowdown": []}
     assert emu["this_machine:1"]["threads"] == 1
-    assert emu["ps:0"] == {"threads": 1, "affinity": [0]}  # runtime.ps_affinity pins the shard
+    assert emu["ps:0"] == {"threads": 1, "affinity": [0], "gloo_loop_nice": nice}  # runtime.ps_affinity pins it
     cpu = res.extra["runtime"]["cpu"]  # every rank's CPU over its loop, gloo's threads apart
     assert set(cpu) == {"this_machine:0", "this_machine:1", "ps:0"}
     for proc, got in cpu.items():
@@ -425,8 +465,11 @@ def test_hps_moves_work_off_a_slowed_worker(tmp_path: Path) -> None:
     res = run(config(tmp_path, job={"iterations": 10, "global_batch": 64},
                      scheduler={"name": "hps", "params": {"rebalance_every": 2}},
                      runtime={"model_kwargs": {"in_features": 64, "hidden": [256, 256], "classes": 8},
-                              "workers": [{}, {"slowdown": 4.0}]}))
-    assert res.extra["runtime"]["emulation"]["this_machine:1"]["slowdown"] == [[0.0, 4.0]]
+                              "workers": [{}, {"slowdown": 4.0}], "gloo_loop_nice": 19}))
+    emu = res.extra["runtime"]["emulation"]
+    assert emu["this_machine:1"]["slowdown"] == [[0.0, 4.0]]
+    if Path("/proc/self/task").is_dir() and hasattr(os, "setpriority"):  # every rank's gloo loop niced
+        assert {k: e["gloo_loop_nice"] for k, e in emu.items()} == dict.fromkeys(emu, [19])
     shares = res.extra["runtime"]["shares"]
     assert shares[0] == [32, 32]
     assert res.extra["rebalances"] >= 1
@@ -484,6 +527,9 @@ def test_runtime_sections_the_ranks_would_fail_on_are_refused_before_any_rank_st
     with pytest.raises(ConfigError, match=r"runtime\.model_kwargs: the mlp module refuses them: .*negative"):
         entry.prepare(config(tmp_path, runtime={"model_kwargs": {"in_features": 16, "hidden": [-5],
                                                                  "classes": 4}}))
+    for bad, why in ((20, "less than or equal to 19"), (-1, "greater than or equal to 0"), ("x", "valid integer")):
+        with pytest.raises(ConfigError, match=rf"runtime\.gloo_loop_nice: .*{why}"):
+            entry.prepare(config(tmp_path, runtime={"gloo_loop_nice": bad}))
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match=r"runtime\.device: cuda, but torch sees no CUDA device"):
             entry.prepare(config(tmp_path, runtime={"device": "cuda"}))
