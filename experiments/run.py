@@ -91,6 +91,7 @@ def prepare(path: str | Path, config: str | Path | None = None, iterations: int 
         raise ConfigError("<command line>", "--iterations", f"must be > 0, got {iterations}")
     spec = build_spec(problem, plan, opts, sched, iterations, timeout_s, str(cfg_path),
                       plan_source=str(plan_file) if plan_file is not None else f"plan from scheduler {name!r}")
+    check_gpus(spec, str(cfg_path))
     resolved = cfg.model_dump(mode="json")
     resolved["runtime"] = opts.model_dump(mode="json")
     return Prepared(spec, plan, resolved, str(cfg_path))
@@ -120,6 +121,24 @@ def check_runtime(model: str, seed: int, opts: RuntimeOptions, source: str) -> N
     except Exception as e:  # noqa: BLE001 (whatever the module's constructor raises is the user's input)
         why = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ConfigError(source, "runtime.model_kwargs", f"the {model} module refuses them: {why}") from None
+
+
+def check_gpus(spec: RunSpec, source: str) -> None:
+    """Refuse an all-reduce plan on ``runtime.device: cuda`` that one machine's ``hetsim run``
+    cannot give a GPU per worker: nccl refuses two ranks of a group on one GPU (under
+    torchrun each node's ranks take its GPUs by ``LOCAL_RANK``; not checked here).
+
+    Raises:
+        ConfigError: naming ``runtime.device``, the workers and the GPUs.
+    """
+    if spec.device != "cuda" or not spec.allreduce or under_torchrun():
+        return
+    import torch
+
+    gpus = torch.cuda.device_count()
+    if spec.n_workers > gpus:
+        raise ConfigError(source, "runtime.device", f"cuda with job.sync: allreduce needs a GPU per worker (nccl "
+                          f"refuses two ranks on one GPU): {spec.n_workers} workers, {gpus} GPU(s) visible")
 
 
 def attach_checkpoints(prep: Prepared, out: Path, resume: bool, writer: bool = True) -> None:

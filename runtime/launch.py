@@ -144,6 +144,14 @@ def die_with_parent() -> None:
         pass
 
 
+def local_rank_of(spec: RunSpec, rank: int) -> int:
+    """The local rank ``hetsim run`` gives ``rank`` of one machine's run: a worker its index
+    among the workers (so that ``runtime.device: cuda`` puts worker w on GPU w modulo the
+    GPUs, :func:`runtime.task.compute_device`), a PS shard or the coordinator 0 (they do
+    not compute on a GPU)."""
+    return max(rank - spec.first_worker, 0)
+
+
 def _child(spec: RunSpec, rank: int, world: int, port: int, result_path: str) -> None:
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -152,7 +160,7 @@ def _child(spec: RunSpec, rank: int, world: int, port: int, result_path: str) ->
     code = 0
     try:
         marker = Path(result_path).with_name(f"connected.{rank}")
-        res = run_rank(spec, rank, world, local_rank=0, on_connected=marker.touch)
+        res = run_rank(spec, rank, world, local_rank=local_rank_of(spec, rank), on_connected=marker.touch)
         if rank == 0:
             tmp = result_path + ".tmp"
             with open(tmp, "wb") as f:

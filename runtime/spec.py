@@ -61,7 +61,9 @@ class RuntimeOptions(_Strict):
         default_factory=dict, description="sizes passed to sim.zoo.torch_module (e.g. hidden: [32])")
     lr: float = Field(0.1, gt=0, description="SGD learning rate applied at the PS")
     threads: int = Field(1, ge=1, description="torch threads of every rank unless a worker says otherwise")
-    device: Literal["cpu", "cuda"] = Field("cpu", description="where workers compute (cuda: GPU local_rank)")
+    device: Literal["cpu", "cuda"] = Field(
+        "cpu", description="where workers compute (cuda: worker w on GPU w modulo the GPUs; under torchrun the GPU "
+        "of its LOCAL_RANK; an all-reduce plan wants a GPU per worker)")
     workers: list[WorkerOptions] = Field(default_factory=list, description="per worker, plan order")
     ps_affinity: list[int] | None = Field(
         None, description="CPU ids every PS shard process is pinned to (Linux; absent: not pinned)")

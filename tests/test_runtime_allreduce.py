@@ -18,6 +18,7 @@ import torch
 import yaml
 
 from experiments import run as entry
+from hardware_profiles.errors import ConfigError
 from runtime import task, wire
 from runtime.collective import bucket_params
 
@@ -189,3 +190,28 @@ def test_what_the_runtime_does_not_run_is_refused(tmp_path: Path, over: dict, fi
     out = subprocess.run([sys.executable, "-m", "experiments.cli", "run", str(config(tmp_path, **over))],
                          capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.returncode == 2 and field in out.stderr and out.stderr.strip().count("\n") == 0
+
+
+def test_hetsim_run_gives_each_worker_its_own_local_rank(tmp_path: Path) -> None:
+    """Worker w computes on GPU w modulo the GPUs (runtime.task.compute_device); the
+    coordinator, rank 0, computes on none."""
+    from runtime.launch import local_rank_of
+
+    spec = entry.prepare(config(tmp_path, workers=3)).spec
+    assert spec.first_worker == 1
+    assert [local_rank_of(spec, r) for r in range(spec.world_size)] == [0, 0, 1, 2]
+    assert [task.compute_device("cuda", local_rank_of(spec, r)) for r in range(1, 4)] == \
+        [f"cuda:{w % max(1, torch.cuda.device_count())}" for w in range(3)]
+
+
+def test_an_allreduce_plan_on_cuda_wants_a_gpu_per_worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # two workers, one GPU seen: nccl would refuse the group; one line naming the field
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    for var in ("RANK", "WORLD_SIZE", "MASTER_ADDR"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(ConfigError, match=r"runtime\.device: cuda with job\.sync: allreduce needs a GPU per "
+                                          r"worker .*: 2 workers, 1 GPU\(s\) visible"):
+        entry.prepare(config(tmp_path, runtime={"model_kwargs": KW, "device": "cuda"}))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert entry.prepare(config(tmp_path, runtime={"model_kwargs": KW, "device": "cuda"})).spec.device == "cuda"
