@@ -68,6 +68,10 @@ fi
 
 gpu=0
 "$py" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null && gpu=1
+if [[ $gpu -eq 0 ]] && command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q GPU; then
+  # a GPU the driver sees but this torch does not (a CPU wheel): every GPU step would be skipped
+  record torch_cuda failed 0 "nvidia-smi lists a GPU but $py's torch sees no CUDA: set PYTHON to one whose torch has CUDA"
+fi
 hetsim=("$py" -m experiments.cli)
 
 # -- profile and fit -----------------------------------------------------------

@@ -115,6 +115,7 @@ class Worker:
         self.spec, self.w, self.ws = spec, w, spec.workers[w]
         self.rank = spec.first_worker + w
         self.device = task.compute_device(spec.device, local_rank)
+        task.bind_device(self.device)
         module, _ = task.build(spec.model, spec.seed, spec.model_kwargs)
         self.module = module.to(self.device).train()
         self.teacher = task.Teacher(spec.model, spec.seed, spec.model_kwargs, self.device)
@@ -224,6 +225,7 @@ class Worker:
         # DDP averages over the members: n x share / total makes that the sample-weighted mean
         scale = (n * share / c.total if c.total else 0.0) if self.ddp is not None else 1.0
         factor = slowdown_at(self.ws, time.time() - self.start)
+        task.sync(self.device)  # the teacher's forward done before the student's is timed
         f0, c0 = time.time(), time.thread_time()
         loss = task.loss_fn(task.call(net, x), y)
         if factor > 1.0:
@@ -269,6 +271,7 @@ class Worker:
         try:
             for k, (send, work) in enumerate(works):
                 work.wait()
+                task.sync(self.device)  # nccl's wait only orders the stream: the bucket is reduced now
                 self.span(self.net_spans, f"allreduce b{k}", a, time.time())
                 self.flats.append(send.float() if send.dtype != torch.float32 else send)
         except RuntimeError:  # a member died mid-reduction: the coordinator re-forms the group

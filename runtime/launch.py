@@ -156,7 +156,7 @@ def _child(spec: RunSpec, rank: int, world: int, port: int, result_path: str) ->
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ.update({"MASTER_ADDR": LOOPBACK, "MASTER_PORT": str(port), "RANK": str(rank),
-                       "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank)})
+                       "WORLD_SIZE": str(world), "LOCAL_RANK": str(local_rank_of(spec, rank))})
     code = 0
     try:
         marker = Path(result_path).with_name(f"connected.{rank}")

@@ -306,7 +306,9 @@ def check_run_options(problem: Problem, opts: RuntimeOptions, multistage: bool, 
     if opts.pipeline_pulls:
         why = ("needs job.pipeline: true (the pushes pipelined)" if not job.pipeline
                else f"is built for job.sync: bsp only, not {job.sync}" if job.sync != "bsp"
-               else "is built for one-stage plans only" if multistage else "")
+               else "is built for one-stage plans only" if multistage
+               else "is built for runtime.device: cpu only (its receiver takes values straight into the "
+               "parameters over gloo, which moves CPU memory)" if opts.device == "cuda" else "")
         if why:
             raise ConfigError(source, "runtime.pipeline_pulls", why)
 

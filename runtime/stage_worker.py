@@ -97,6 +97,7 @@ class StageLoop:
         self.me = me = Replica(spec, w)
         self.last = len(spec.stages) - 1
         self.device = task.compute_device("cpu" if ws.cpu else spec.device, local_rank)
+        task.bind_device(self.device)
         module, _ = task.build(spec.model, spec.seed, spec.model_kwargs)
         self.module = module = module.to(self.device).train()
         self.blocks = stages.blocks(spec.model, module)[slice(*me.stage.blocks)]

@@ -26,6 +26,21 @@ NOISE = 0.1
 PROBE = 256
 
 
+def bind_device(device: str) -> None:
+    """Make ``device`` this process's current CUDA device (a no-op for ``cpu``), so that
+    what defaults to the current device (``torch.cuda.synchronize``, ``mem_get_info``, an
+    nccl group's object collectives) means the rank's own GPU, not GPU 0."""
+    if device.startswith("cuda"):
+        torch.cuda.set_device(device)
+
+
+def sync(device: str) -> None:
+    """Wait for ``device``'s queued work (a no-op for ``cpu``): before a clock is read
+    around GPU work, which the host only queues."""
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
+
+
 def compute_device(kind: str, local_rank: int) -> str:
     """The torch device a rank computes on: ``cpu``, or for ``cuda`` the GPU of its local
     rank, ranks sharing the GPUs in turn where there are fewer GPUs than ranks (every

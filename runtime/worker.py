@@ -250,6 +250,7 @@ def run_worker(spec: RunSpec, w: int, local_rank: int = 0) -> None:
     ws = spec.workers[w]  # its threads and CPUs were set by runtime.launch.run_rank
     S = spec.n_shards
     device = task.compute_device(spec.device, local_rank)
+    task.bind_device(device)
     module, _ = task.build(spec.model, spec.seed, spec.model_kwargs)
     module = module.to(device).train()
     teacher = task.Teacher(spec.model, spec.seed, spec.model_kwargs, device)
@@ -289,6 +290,7 @@ def run_worker(spec: RunSpec, w: int, local_rank: int = 0) -> None:
             module.zero_grad(set_to_none=False)
             if sender is not None:
                 sender.begin(t, bits, qgen, share)
+            task.sync(device)  # the teacher's forward done: it is not the student's compute
             a, p0, c0 = time.time(), time.perf_counter(), time.thread_time()
             loss = task.loss_fn(task.call(module, x), y)
             loss.backward()

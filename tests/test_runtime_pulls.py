@@ -79,6 +79,16 @@ def test_pipelined_pulls_refuse_what_they_do_not_cover(tmp_path: Path, over: dic
     assert "runtime.pipeline_pulls" in proc.stderr and why in proc.stderr
 
 
+def test_pipelined_pulls_refuse_a_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the receiver takes values straight into the parameters over gloo, which moves CPU memory
+    from experiments import run as entry
+    from hardware_profiles.errors import ConfigError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(ConfigError, match=r"runtime\.pipeline_pulls: is built for runtime\.device: cpu only"):
+        entry.prepare(pipelined(tmp_path, "gpu", runtime={"device": "cuda"}))
+
+
 def test_forward_waits_for_each_layers_parameters_only() -> None:
     """No processes: the receiver thread is replaced by flagging tensors by hand."""
     torch.manual_seed(0)

@@ -125,6 +125,8 @@ def setup_host(device: str, threads: int | None = None) -> tuple[Any, dict[str, 
     import torch
 
     dev = check_device(device)
+    if dev.type == "cuda":  # events and synchronize time the current device: make it this one
+        torch.cuda.set_device(dev)
     n_threads = threads or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                             else os.cpu_count() or 1)
     torch.set_num_threads(int(n_threads))
