@@ -114,8 +114,7 @@ class Worker:
     def __init__(self, spec: RunSpec, w: int, local_rank: int) -> None:
         self.spec, self.w, self.ws = spec, w, spec.workers[w]
         self.rank = spec.first_worker + w
-        self.device = task.compute_device(spec.device, local_rank)
-        task.bind_device(self.device)
+        self.device = task.bind_device(task.compute_device(spec.device, local_rank))
         module, _ = task.build(spec.model, spec.seed, spec.model_kwargs)
         self.module = module.to(self.device).train()
         self.teacher = task.Teacher(spec.model, spec.seed, spec.model_kwargs, self.device)

@@ -96,8 +96,7 @@ class StageLoop:
         self.ws = ws = spec.workers[w]  # its threads and CPUs were set by runtime.launch.run_rank
         self.me = me = Replica(spec, w)
         self.last = len(spec.stages) - 1
-        self.device = task.compute_device("cpu" if ws.cpu else spec.device, local_rank)
-        task.bind_device(self.device)
+        self.device = task.bind_device(task.compute_device("cpu" if ws.cpu else spec.device, local_rank))
         module, _ = task.build(spec.model, spec.seed, spec.model_kwargs)
         self.module = module = module.to(self.device).train()
         self.blocks = stages.blocks(spec.model, module)[slice(*me.stage.blocks)]
@@ -219,6 +218,7 @@ class StageLoop:
             yt = torch.cat([p.clone().view(torch.float32) for p in tgt])
             loss = task.loss_fn(out[0], yt.view(out[0].shape).to(device))
             loss_part = loss.item() * (rng[1] - rng[0])
+        task.sync(device)  # the forward done on the GPU, not only queued
         comp = time.perf_counter() - c0
         self.span(f"forward {m}", a, time.time())
         if me.s < last:
@@ -252,6 +252,7 @@ class StageLoop:
             a, c0 = time.time(), time.perf_counter()
             need = [(o, g) for o, g in zip(floats, grads) if o.requires_grad]
             torch.autograd.backward([o for o, _ in need], [g for _, g in need])
+        task.sync(self.device)  # the backward done on the GPU, not only queued
         comp = time.perf_counter() - c0
         self.span(f"backward {m}", a, time.time())
         if me.s > 0:

@@ -282,13 +282,14 @@ def sparse_tables(model: str, module: nn.Module) -> dict[int, int]:
 
 def touched_rows(model: str, module: nn.Module, x: Acts) -> dict[int, torch.Tensor]:
     """The rows of each :func:`sparse_tables` table that the input ``x`` (ids, dense) reads:
-    index in ``module.parameters()`` -> sorted unique row ids (int64)."""
+    index in ``module.parameters()`` -> sorted unique row ids (int64, on the CPU: they go
+    over gloo in the pull and index the tables wherever those are)."""
     if model not in ("ctr_dnn", "wide_deep"):
         return {}
     m: Any = module
     ids = x[0]
     index = {id(p): i for i, p in enumerate(module.parameters())}
-    out = {index[id(e.weight)]: ids[:, f].unique() for f, e in enumerate(m.emb)}
+    out = {index[id(e.weight)]: ids[:, f].unique().cpu() for f, e in enumerate(m.emb)}
     if model == "wide_deep":
-        out[index[id(m.wide.weight)]] = (ids + m.offsets).unique()
+        out[index[id(m.wide.weight)]] = (ids + m.offsets).unique().cpu()
     return out

@@ -26,12 +26,13 @@ NOISE = 0.1
 PROBE = 256
 
 
-def bind_device(device: str) -> None:
+def bind_device(device: str) -> str:
     """Make ``device`` this process's current CUDA device (a no-op for ``cpu``), so that
     what defaults to the current device (``torch.cuda.synchronize``, ``mem_get_info``, an
-    nccl group's object collectives) means the rank's own GPU, not GPU 0."""
+    nccl group's object collectives) means the rank's own GPU, not GPU 0; returns it."""
     if device.startswith("cuda"):
         torch.cuda.set_device(device)
+    return device
 
 
 def sync(device: str) -> None:

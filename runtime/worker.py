@@ -218,7 +218,7 @@ class PSClient:
                         p = self.params[i]
                         if i in self.rows:  # untouched rows stay stale: this iteration reads none of them
                             k = self.rows[i].numel() * p.shape[1]
-                            p[self.rows[i]] = flat[off:off + k].view(-1, p.shape[1])
+                            p[self.rows[i].to(p.device)] = flat[off:off + k].view(-1, p.shape[1]).to(p.device)
                         else:
                             k = p.numel()
                             p.copy_(flat[off:off + k].view_as(p))
@@ -241,7 +241,7 @@ class PSClient:
             for i in self.owned[s]:
                 g = self.params[i].grad
                 g = g if g is not None else torch.zeros_like(self.params[i])
-                grads.append(g[self.rows[i]] if i in self.rows else g)
+                grads.append(g[self.rows[i].to(g.device)] if i in self.rows else g)
             payload = quant.pack_many(grads, bits, qgen) if grads else None  # a stage may hold none of a shard's tensors
             self.totals["pushed_bytes"] += wire.send(s, wire.PUSH, t, *figures, payload=payload)
 
@@ -249,8 +249,7 @@ class PSClient:
 def run_worker(spec: RunSpec, w: int, local_rank: int = 0) -> None:
     ws = spec.workers[w]  # its threads and CPUs were set by runtime.launch.run_rank
     S = spec.n_shards
-    device = task.compute_device(spec.device, local_rank)
-    task.bind_device(device)
+    device = task.bind_device(task.compute_device(spec.device, local_rank))
     module, _ = task.build(spec.model, spec.seed, spec.model_kwargs)
     module = module.to(device).train()
     teacher = task.Teacher(spec.model, spec.seed, spec.model_kwargs, device)
