@@ -215,3 +215,18 @@ def test_an_allreduce_plan_on_cuda_wants_a_gpu_per_worker(tmp_path: Path, monkey
         entry.prepare(config(tmp_path, runtime={"model_kwargs": KW, "device": "cuda"}))
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     assert entry.prepare(config(tmp_path, runtime={"model_kwargs": KW, "device": "cuda"})).spec.device == "cuda"
+
+
+def test_an_injected_failure_on_cuda_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # nccl collectives block on a dead peer: the group would never be re-formed
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    for var in ("RANK", "WORLD_SIZE", "MASTER_ADDR"):
+        monkeypatch.delenv(var, raising=False)
+    cuda = {"model_kwargs": KW, "device": "cuda"}
+    with pytest.raises(ConfigError, match=r"runtime\.workers\[1\]\.fail_at_iteration: .*hang the others in nccl"):
+        entry.prepare(config(tmp_path, runtime={**cuda, "workers": [{}, {"fail_at_iteration": 3}]}))
+    with pytest.raises(ConfigError, match=r"dynamics: a worker failure .*hang the others in nccl"):
+        entry.prepare(config(tmp_path, runtime=cuda, dynamics=[{"worker": 1, "at_s": 1.0, "fail": True}]))
+    # on cpu (gloo) the same failure is emulated
+    assert entry.prepare(config(tmp_path, runtime={"model_kwargs": KW, "workers": [{}, {"fail_at_iteration": 3}]}))
