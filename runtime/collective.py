@@ -232,8 +232,7 @@ class Worker:
         self.grad_at, self.pace = time.time(), factor if self.ddp is not None else 1.0
         try:
             (loss * scale).backward()
-            if self.device.startswith("cuda"):
-                torch.cuda.synchronize()
+            task.sync(self.device)
         except RuntimeError:
             if self.ddp is None:
                 raise
@@ -292,8 +291,7 @@ class Worker:
                     g.copy_(flat[off:off + g.numel()].view_as(g))
                     off += g.numel()
         self.opt.step()
-        if self.device.startswith("cuda"):
-            torch.cuda.synchronize()
+        task.sync(self.device)
         end = time.time()
         self.totals["compute_s"] += end - a
         self.span(self.spans, "step", a, end)

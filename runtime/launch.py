@@ -155,12 +155,13 @@ def local_rank_of(spec: RunSpec, rank: int) -> int:
 def _child(spec: RunSpec, rank: int, world: int, port: int, result_path: str) -> None:
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    local = local_rank_of(spec, rank)
     os.environ.update({"MASTER_ADDR": LOOPBACK, "MASTER_PORT": str(port), "RANK": str(rank),
-                       "WORLD_SIZE": str(world), "LOCAL_RANK": str(local_rank_of(spec, rank))})
+                       "WORLD_SIZE": str(world), "LOCAL_RANK": str(local)})
     code = 0
     try:
         marker = Path(result_path).with_name(f"connected.{rank}")
-        res = run_rank(spec, rank, world, local_rank=local_rank_of(spec, rank), on_connected=marker.touch)
+        res = run_rank(spec, rank, world, local_rank=local, on_connected=marker.touch)
         if rank == 0:
             tmp = result_path + ".tmp"
             with open(tmp, "wb") as f:

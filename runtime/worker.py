@@ -293,8 +293,7 @@ def run_worker(spec: RunSpec, w: int, local_rank: int = 0) -> None:
             a, p0, c0 = time.time(), time.perf_counter(), time.thread_time()
             loss = task.loss_fn(task.call(module, x), y)
             loss.backward()
-            if device.startswith("cuda"):
-                torch.cuda.synchronize()
+            task.sync(device)
             compute_cpu_s += time.thread_time() - c0
             # pipelined pulls: forward's waits for parameters are waiting, not compute
             waited = puller.waited if puller is not None else 0.0

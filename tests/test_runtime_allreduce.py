@@ -192,16 +192,16 @@ def test_what_the_runtime_does_not_run_is_refused(tmp_path: Path, over: dict, fi
     assert out.returncode == 2 and field in out.stderr and out.stderr.strip().count("\n") == 0
 
 
-def test_hetsim_run_gives_each_worker_its_own_local_rank(tmp_path: Path) -> None:
+def test_hetsim_run_gives_each_worker_its_own_local_rank(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Worker w computes on GPU w modulo the GPUs (runtime.task.compute_device); the
-    coordinator, rank 0, computes on none."""
+    coordinator, rank 0, computes on none. Three workers on two GPUs: 0, 1, then 0 again."""
     from runtime.launch import local_rank_of
 
     spec = entry.prepare(config(tmp_path, workers=3)).spec
     assert spec.first_worker == 1
     assert [local_rank_of(spec, r) for r in range(spec.world_size)] == [0, 0, 1, 2]
-    assert [task.compute_device("cuda", local_rank_of(spec, r)) for r in range(1, 4)] == \
-        [f"cuda:{w % max(1, torch.cuda.device_count())}" for w in range(3)]
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert [task.compute_device("cuda", local_rank_of(spec, r)) for r in range(1, 4)] == ["cuda:0", "cuda:1", "cuda:0"]
 
 
 def test_an_allreduce_plan_on_cuda_wants_a_gpu_per_worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
