@@ -12,7 +12,13 @@ the runtime's torch threads)
 and the loopback path between two processes (point-to-point and all-reduce
 latency and bandwidth, the wake-up latency of a busy host and the runtime's own
 pull and push rates), fitted as ``hetsim profile`` fits any profile. It is the
-quick spec of :func:`calibration.profiler.spec_for` (a few minutes on 2 cores).
+quick spec of :func:`calibration.profiler.spec_for` (a few minutes on 2 cores), its
+repeats taken in :data:`FRESH_ROUNDS` interleaved rounds as a full profile takes them
+(each figure the 20th percentile of samples spread over the whole run): timed back to
+back, one item lands in whatever speed state the machine held for those few
+milliseconds, and the runtime's model, the reference of the speed factor
+(:mod:`calibration.speed_now`), came out 1.2-1.6 times slow in 3 of 6 fresh profiles
+(docs/notes/2026-12-08-fresh-profile-rounds.md).
 
 What it does not measure: the runtime CPU model (``network.runtime_cpu``), fitted
 to real runs of the calibration configs, which ``hetsim validate --fresh-profile``
@@ -35,6 +41,8 @@ from hardware_profiles.schema import DeviceProfile
 #: The zoo models whose layers a fresh profile times: those of the validation configs
 #: (experiments/configs/validation/); another model is priced by the fitted curves.
 FRESH_MODELS = ("mlp", "ctr_dnn", "wide_deep", "resnet18", "transformer")
+#: interleaved rounds of a fresh profile's repeats (``ProfileSpec.rounds``)
+FRESH_ROUNDS = 4
 
 
 def fresh_profile(path: str | os.PathLike[str], threads: int, progress: bool = True,
@@ -64,7 +72,7 @@ def fresh_profile(path: str | os.PathLike[str], threads: int, progress: bool = T
         return prof, False
     from calibration import profiler
 
-    spec = profiler.spec_for(True)
+    spec = dataclasses.replace(profiler.spec_for(True), rounds=FRESH_ROUNDS)
     if models:
         spec = dataclasses.replace(spec, models=dict(models))
     prof, _ = profiler.run_profile("cpu", p, quick=True, threads=threads,

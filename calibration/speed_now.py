@@ -7,7 +7,11 @@ validate` with a fresh profile therefore times, just before each real run and af
 the last, the whole training iteration (forward, backward; no hooks) of the model the
 runtime trains, at the batch shares of the run, where the profile timed that very model
 (a :mod:`calibration.model_variants` label in ``raw["models"]``), with the profiler's own
-harness: now / then, the median over the shares. The DES then runs every process's
+harness: now / then, the median over the shares. "Then" is the profile's figure (a
+fresh profile's: the 20th percentile of samples over its interleaved rounds, the
+machine's fast state), "now" the median of about half a second of iterations (the mix
+of states the runs see), so the factor also carries the profile's fast state to the
+speed the runs ran at. The DES then runs every process's
 work (compute, a shard's aggregation and update, every message's copies) that much
 slower and the loopback links that much slower too: the median over those probes
 (:func:`around`, :func:`with_drift`).
@@ -34,6 +38,12 @@ from typing import Any
 from sim.emulation import RuntimeEmulation
 from sim.problem import Problem
 
+#: a probe's repeats: about PROBE_TARGET_S seconds of the model (at most PROBE_MAX_REPS
+#: iterations), so that a small model's probe spans the machine's speed states as the
+#: runs do (they switch every 0.1-5 s) instead of catching one for 20 ms
+PROBE_TARGET_S = 0.5
+PROBE_MAX_REPS = 100
+
 
 def compute_factor(problem: Problem, label: str, shares: Sequence[int], threads: int) -> dict[str, Any] | None:
     """The iteration of model ``label`` at ``shares`` timed now against the ranks' profile's
@@ -50,8 +60,8 @@ def compute_factor(problem: Problem, label: str, shares: Sequence[int], threads:
 
     from calibration.profiler import measure_models, spec_for
 
-    spec = dataclasses.replace(spec_for(True), models={label: tuple(batches)}, min_reps=3, max_reps=10,
-                               target_s=0.3)
+    spec = dataclasses.replace(spec_for(True), models={label: tuple(batches)}, min_reps=3, max_reps=PROBE_MAX_REPS,
+                               target_s=PROBE_TARGET_S)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:

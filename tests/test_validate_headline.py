@@ -5,6 +5,7 @@ inputs: every expected figure worked out by hand."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -132,7 +133,9 @@ def test_fresh_profile_measures_once_into_a_new_file(tmp_path: Path, monkeypatch
     path = tmp_path / "new.json"
     _, measured = fp.fresh_profile(path, threads=1, progress=False)
     assert measured and calls == [("cpu", {"quick": True, "threads": 1, "models": fp.FRESH_MODELS,
-                                           "progress": False, "spec": profiler.spec_for(True)})]
+                                           "progress": False,
+                                           "spec": replace(profiler.spec_for(True), rounds=fp.FRESH_ROUNDS)})]
+    assert fp.FRESH_ROUNDS == 4  # sampled across the run as a full profile is, not back to back
     _, measured = fp.fresh_profile(path, threads=1)
     assert not measured and len(calls) == 1  # the second config of a suite reuses it
     # named models replace the quick spec's, each at its own batch sizes
@@ -140,6 +143,7 @@ def test_fresh_profile_measures_once_into_a_new_file(tmp_path: Path, monkeypatch
     assert calls[1][1]["models"] == ['mlp{"hidden": 64}']
     assert calls[1][1]["spec"].models == {'mlp{"hidden": 64}': (8, 16)}
     assert calls[1][1]["spec"].gemm == profiler.spec_for(True).gemm
+    assert calls[1][1]["spec"].rounds == 4
 
 
 def test_with_profile_prices_every_rank_with_this_machine() -> None:
