@@ -33,9 +33,12 @@ def test_compute_factor_is_now_over_then_at_the_profiles_batches(monkeypatch: py
     now = {8: 0.12, 16: 0.26}
     asked: list[tuple[int, ...]] = []
 
+    specs = []
+
     def fake(chosen, dev, spec):  # type: ignore[no-untyped-def]
         (label, batches), = chosen.items()
         asked.append(batches)
+        specs.append(spec)
         return {label: [{"batch": b, "iter_s": now[b]} for b in batches]}
 
     monkeypatch.setattr(profiler, "measure_models", fake)
@@ -47,6 +50,8 @@ def test_compute_factor_is_now_over_then_at_the_profiles_batches(monkeypatch: py
     assert speed_now.compute_factor(prob, "mlp{}", [8], threads=1) is None
     assert speed_now.compute_factor(_timed(None), LABEL, [8], threads=1) is None
     assert len(asked) == 2
+    # each probe: about half a second of iterations (at most 100), one round, their median
+    assert [(x.target_s, x.max_reps, x.min_reps, x.rounds) for x in specs] == [(0.5, 100, 3, 1)] * 2
 
 
 def test_with_drift_slows_every_process_and_the_links_by_one_factor() -> None:
