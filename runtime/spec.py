@@ -329,13 +329,12 @@ def check_allreduce_options(problem: Problem, opts: RuntimeOptions, source: str)
             raise ConfigError(source, f"runtime.{name}", "is an option of PS runs, not of job.sync: allreduce")
     if opts.device == "cuda":
         # nccl collectives block on a dead peer rather than fail: the group is never re-formed
+        hang = "in an all-reduce plan on cuda would hang the others in nccl: emulate failures on cpu"
         for w, o in enumerate(opts.workers):
             if o.fail_at_iteration is not None:
-                raise ConfigError(source, f"runtime.workers[{w}].fail_at_iteration", "a worker killed in an "
-                                  "all-reduce plan on cuda would hang the others in nccl: emulate failures on cpu")
+                raise ConfigError(source, f"runtime.workers[{w}].fail_at_iteration", f"a worker killed {hang}")
         if any(d.fail for d in problem.dynamics):
-            raise ConfigError(source, "dynamics", "a worker failure in an all-reduce plan on cuda would hang the "
-                              "others in nccl: emulate failures on cpu")
+            raise ConfigError(source, "dynamics", f"a worker failure {hang}")
 
 
 def worker_specs(problem: Problem, devices: list[str], opts: RuntimeOptions,

@@ -32,8 +32,7 @@ def test_compute_factor_is_now_over_then_at_the_profiles_batches(monkeypatch: py
     prob = _timed({"models": {LABEL: [{"batch": 8, "iter_s": 0.1}, {"batch": 16, "iter_s": 0.2}]}})
     now = {8: 0.12, 16: 0.26}
     asked: list[tuple[int, ...]] = []
-
-    specs = []
+    specs: list[profiler.ProfileSpec] = []
 
     def fake(chosen, dev, spec):  # type: ignore[no-untyped-def]
         (label, batches), = chosen.items()

@@ -134,8 +134,8 @@ def test_fresh_profile_measures_once_into_a_new_file(tmp_path: Path, monkeypatch
     _, measured = fp.fresh_profile(path, threads=1, progress=False)
     assert measured and calls == [("cpu", {"quick": True, "threads": 1, "models": fp.FRESH_MODELS,
                                            "progress": False,
-                                           "spec": replace(profiler.spec_for(True), rounds=fp.FRESH_ROUNDS)})]
-    assert fp.FRESH_ROUNDS == 4  # sampled across the run as a full profile is, not back to back
+                                           # sampled in 4 rounds across the run, as a full profile is
+                                           "spec": replace(profiler.spec_for(True), rounds=4)})]
     _, measured = fp.fresh_profile(path, threads=1)
     assert not measured and len(calls) == 1  # the second config of a suite reuses it
     # named models replace the quick spec's, each at its own batch sizes
